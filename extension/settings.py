@@ -1,0 +1,63 @@
+"""Service settings: one pydantic-settings model, read from ``INPLACE_*`` environment variables and CLI flags.
+
+Every other module receives a :class:`Settings` instance; nothing reads the environment by itself.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MAX_BODY_BYTES = 20 * 1024 * 1024  # CAPI's own SDK server caps request bodies at 20 MiB (capi-hooks.md §9.1)
+
+
+def _default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "inplace-extension"
+
+
+class Settings(BaseSettings):
+    """All knobs of the service. Flag ``--foo-bar`` = field ``foo_bar`` = env ``INPLACE_FOO_BAR``."""
+
+    model_config = SettingsConfigDict(env_prefix="INPLACE_", extra="ignore")
+
+    # edge
+    listen: str = Field("0.0.0.0:9443", description="HOST:PORT to listen on")
+    path_prefix: str = Field("", description="optional URL path prefix before /hooks.runtime.cluster.x-k8s.io")
+    tls_cert: Path | None = Field(None, description="PEM certificate (chain) to serve")
+    tls_key: Path | None = Field(None, description="PEM private key of --tls-cert")
+    self_signed: bool = Field(False, description="generate a self-signed development certificate")
+    plain_http: bool = Field(False, description="serve plain HTTP (local testing only)")
+    client_ca: Path | None = Field(None, description="require client certificates signed by this CA (mTLS)")
+    bearer_token_file: Path | None = Field(None, description="also accept callers presenting this bearer token")
+    max_body_bytes: int = Field(MAX_BODY_BYTES, description="request body cap; larger bodies get HTTP 413")
+    log_format: str = Field("text", pattern="^(text|json)$", description="log line format")
+    log_level: str = Field("INFO", description="log level")
+
+    # runs
+    inventory: Path | None = Field(None, description="inventory YAML mapping Machines to SSH targets")
+    allowed_cidrs: list[str] = Field(default_factory=list, description="host addresses that may be contacted")
+    runs_dir: Path = Field(default_factory=lambda: _default_state_dir() / "runs", description="run artifacts")
+    max_parallel_runs: int = Field(8, ge=1, le=256, description="runs at once; the rest wait in a FIFO queue")
+    retry_after_seconds: int = Field(10, ge=1, le=3600, description="retryAfterSeconds while a run goes on")
+    playbooks_dir: Path | None = Field(None, description="playbooks directory (default: the packaged one)")
+    capabilities_file: Path | None = Field(None, description="user-defined capabilities YAML")
+
+    @field_validator("allowed_cidrs", mode="before")
+    @classmethod
+    def _split_cidrs(cls, value: object) -> object:
+        # env vars and flags give "10.0.0.0/8,192.168.1.0/24"; a list is taken as is
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("allowed_cidrs")
+    @classmethod
+    def _check_cidrs(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            ipaddress.ip_network(cidr, strict=False)
+        return value
