@@ -42,7 +42,7 @@ class ProgressState(enum.Enum):
 
 @dataclass(frozen=True)
 class Progress:
-    """Where an update stands. Messages are deterministic and secret-free (CAPI shows them; capi-hooks.md §3.2)."""
+    """Where an update stands. Messages are deterministic and secret-free (CAPI shows them, §3.2)."""
 
     state: ProgressState
     message: str

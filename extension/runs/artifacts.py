@@ -1,0 +1,231 @@
+"""The runs directory on disk: attempt directories, ansible-runner artifacts, and what an attempt ended as.
+
+Layout (one private data dir per attempt, never reused; ansible-runner pitfalls 3-4 in hostlab/README):
+``<runs_dir>/<ident>/attempt-0001/{meta.json, inputs.json, known_hosts, artifacts/<ident>/, outcome.json}``.
+``outcome.json`` is our one-file summary written when an attempt ends; without it (the service died) the
+ansible-runner ``status`` file and ``job_events/`` are classified again. Plain file reading only.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ATTEMPT_RE = re.compile(r"^attempt-(\d{4,})$")
+# ansible-playbook exit codes for "could not even start": error, parser error, bad options, unexpected error
+PLAYBOOK_ERROR_RCS = frozenset({1, 4, 5, 250})
+STAMP_KEY = "update_machine_stamp"  # set_stats key the playbook fills with the fingerprint on the host
+
+
+class OutcomeKind(enum.Enum):
+    SUCCESSFUL = "successful"  # status successful and the host stamp carries our fingerprint
+    TASK_FAILED = "task_failed"  # a task failed on the host: remembered per fingerprint
+    UNREACHABLE = "unreachable"  # SSH could not reach the host: retried with backoff
+    INTERRUPTED = "interrupted"  # killed, canceled, no status, or no stamp proof: retried
+
+
+RETRIABLE = frozenset({OutcomeKind.UNREACHABLE, OutcomeKind.INTERRUPTED})
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: OutcomeKind
+    capability: str | None = None  # role of the failed task
+    task: str | None = None  # name of the failed task, template part cut off
+    detail: str = ""  # for logs only (never shown to CAPI): status/rc and the like
+    finished: float = 0.0  # wall-clock seconds (time.time()) when the attempt ended
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "capability": self.capability,
+            "task": self.task,
+            "detail": self.detail,
+            "finished": self.finished,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        return cls(
+            kind=OutcomeKind(data["kind"]),
+            capability=data.get("capability"),
+            task=data.get("task"),
+            detail=str(data.get("detail", "")),
+            finished=float(data.get("finished", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt directory as found on disk."""
+
+    number: int
+    path: Path
+    retry_token: str  # hash of the retry annotation when it started ("" = none)
+    outcome: Outcome | None  # None: never summarised (still running, or the service died during it)
+
+
+def write_json(path: Path, data: object, mode: int = 0o600) -> None:
+    """Write JSON atomically (temp file + rename) with the given mode from the start."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, sort_keys=True)
+    tmp.replace(path)
+
+
+def new_attempt_dir(ident_dir: Path) -> tuple[int, Path]:
+    """Create the next ``attempt-NNNN`` directory (mkdir is atomic, so two processes never share one)."""
+    ident_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    number = max((a for a, _ in _attempt_dirs(ident_dir)), default=0) + 1
+    while True:
+        path = ident_dir / f"attempt-{number:04d}"
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            number += 1
+            continue
+        return number, path
+
+
+def _attempt_dirs(ident_dir: Path) -> Iterator[tuple[int, Path]]:
+    try:
+        entries = list(ident_dir.iterdir())
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        m = ATTEMPT_RE.match(entry.name)
+        if m and entry.is_dir():
+            yield int(m.group(1)), entry
+
+
+def load_attempts(ident_dir: Path, ident: str, fingerprint: str) -> list[Attempt]:
+    """All attempts of one ident, oldest first. Attempts without ``outcome.json`` are classified from
+    their ansible-runner artifacts when those are final, else left with ``outcome=None``."""
+    attempts = []
+    for number, path in sorted(_attempt_dirs(ident_dir)):
+        meta = _read_json(path / "meta.json") or {}
+        summary = _read_json(path / "outcome.json")
+        outcome = Outcome.from_json(summary) if summary else None
+        if outcome is None and runner_status(path, ident) is not None:
+            outcome = classify(path, ident, fingerprint)
+        attempts.append(Attempt(number, path, str(meta.get("retry_token", "")), outcome))
+    return attempts
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def runner_status(attempt_dir: Path, ident: str) -> str | None:
+    """ansible-runner's final status (successful, failed, timeout, canceled), or None while unfinished."""
+    try:
+        status = (attempt_dir / "artifacts" / ident / "status").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return status if status in ("successful", "failed", "timeout", "canceled") else None
+
+
+def _events(attempt_dir: Path, ident: str) -> list[dict[str, Any]]:
+    events = []
+    for path in (attempt_dir / "artifacts" / ident / "job_events").glob("*.json"):
+        event = _read_json(path)
+        if event is not None:
+            events.append(event)
+    events.sort(key=lambda e: int(e.get("counter", 0)))
+    return events
+
+
+def _rc(attempt_dir: Path, ident: str) -> int | None:
+    try:
+        return int((attempt_dir / "artifacts" / ident / "rc").read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return None
+
+
+def task_label(name: str) -> str:
+    """A task name fit for a CAPI message: templated parts (which may carry request values) cut off."""
+    head = name.split("{{", 1)[0].strip().rstrip(":").strip()
+    return (head or "unnamed task")[:120]
+
+
+def stamp_confirmed(events: Sequence[dict[str, Any]], fingerprint: str) -> bool:
+    """True when the run's stats carry the host stamp and it equals ``fingerprint``.
+
+    The playbook reports the stamp with ``set_stats`` (``update_machine_stamp``), both when it writes the
+    stamp and when it finds it already there; set_stats data lands in the stats event's ``artifact_data``.
+    """
+    for event in events:
+        if event.get("event") != "playbook_on_stats":
+            continue
+        data = (event.get("event_data") or {}).get("artifact_data") or {}
+        stamp = data.get(STAMP_KEY)
+        if isinstance(stamp, dict):
+            stamp = stamp.get("fingerprint")
+        if stamp == fingerprint:
+            return True
+    return False
+
+
+def classify(attempt_dir: Path, ident: str, fingerprint: str, finished: float | None = None) -> Outcome:
+    """Turn the ansible-runner artifacts of a finished (or dead) attempt into an :class:`Outcome`."""
+    status = runner_status(attempt_dir, ident)
+    rc = _rc(attempt_dir, ident)
+    when = finished if finished is not None else _mtime(attempt_dir / "artifacts" / ident)
+    detail = f"status={status or 'none'} rc={rc}"
+    if status is None:
+        return Outcome(
+            OutcomeKind.INTERRUPTED, detail=detail + " (no final status: run killed)", finished=when
+        )
+    events = _events(attempt_dir, ident)
+    if status == "successful":
+        if stamp_confirmed(events, fingerprint):
+            return Outcome(OutcomeKind.SUCCESSFUL, detail=detail, finished=when)
+        return Outcome(
+            OutcomeKind.INTERRUPTED, detail=detail + " (no stamp with this fingerprint)", finished=when
+        )
+    if any(e.get("event") == "runner_on_unreachable" for e in events):
+        return Outcome(OutcomeKind.UNREACHABLE, detail=detail, finished=when)
+    for event in events:
+        data = event.get("event_data") or {}
+        if event.get("event") == "runner_on_failed" and not data.get("ignore_errors"):
+            role = str(data.get("role") or "update_machine")
+            return Outcome(
+                OutcomeKind.TASK_FAILED,
+                capability=role,
+                task=task_label(str(data.get("task") or "")),
+                detail=detail,
+                finished=when,
+            )
+    if (
+        status == "failed"
+        and rc in PLAYBOOK_ERROR_RCS
+        and not any(e.get("event") == "playbook_on_play_start" for e in events)
+    ):
+        # ansible-playbook refused to start the play (parse error, bad option): retrying cannot help
+        return Outcome(
+            OutcomeKind.TASK_FAILED,
+            capability="update_machine",
+            task=f"load playbook (rc {rc})",
+            detail=detail,
+            finished=when,
+        )
+    # failed without a failed task: ansible-playbook killed, canceled, timed out
+    return Outcome(OutcomeKind.INTERRUPTED, detail=detail + " (no failed task)", finished=when)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -1,0 +1,171 @@
+"""The ansible-runner adapter: the one module that imports ``ansible_runner``.
+
+It prepares a fresh private data dir for one attempt (inputs file, pinned known_hosts, inventory),
+starts ``update_machine.yml`` with ``run_async`` and reports live task starts. It never decides what an
+outcome means (that is :mod:`extension.runs.artifacts`); ansible-runner exceptions become
+:class:`RunStartError` here. Used by :mod:`extension.runs.service` from worker threads only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shlex
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+
+from extension.runs.artifacts import write_json
+from extension.runs.resolve import HostTarget
+
+log = logging.getLogger(__name__)
+
+HOST_KEY_ALIAS = "inplace-extension-target"  # known_hosts lines are written for this alias, see _ssh_args
+CANCEL_POLL_SECONDS = 0.5  # how often ansible-runner asks cancel_callback (its default is 5 s)
+MAX_CONTROL_DIR_LEN = 60  # ssh ControlPath sockets must fit in sun_path (108 bytes) with a 40-char hash
+
+
+class RunStartError(Exception):
+    """ansible-runner refused to start the run (bad private data dir, missing playbook, ...)."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One attempt of one run, fully decided: nothing here comes from a request unvalidated."""
+
+    ident: str
+    host_name: str  # inventory host name (the Machine name, DNS-1123 checked by the service)
+    fingerprint: str
+    capabilities: tuple[str, ...]
+    inputs: Mapping[str, Mapping[str, Any]]
+    target: HostTarget
+    attempt_dir: Path
+    playbook: Path
+    ansible_cfg: Path | None
+    state_dir: Path  # the runs dir: ANSIBLE_HOME and the ssh control sockets live below it
+
+
+TaskListener = Callable[[str | None, str], None]  # (role or None, task name) on every task start
+
+
+class RunHandle:
+    """A started run. ``wait()`` blocks until ansible-playbook is gone and returns runner's status."""
+
+    def __init__(self, thread: threading.Thread, runner: Any) -> None:
+        self._thread = thread
+        self._runner = runner
+
+    def wait(self) -> str:
+        self._thread.join()
+        return str(self._runner.status)
+
+
+def start(spec: RunSpec, on_task: TaskListener, should_cancel: Callable[[], bool]) -> RunHandle:
+    """Write the attempt's files and start ansible-playbook in ansible-runner's thread."""
+    inputs_file = spec.attempt_dir / "inputs.json"
+    # request data reaches the play only through this file (read with lookup(file)|from_json, never templated)
+    write_json(inputs_file, {cap: dict(spec.inputs.get(cap, {})) for cap in spec.capabilities})
+    host_vars = _host_vars(spec.target, spec.attempt_dir)
+
+    def event_handler(event: dict[str, Any]) -> bool:
+        # an exception here would kill runner's thread and leave status "running" (hostlab pitfall 6)
+        try:
+            if event.get("event") == "playbook_on_task_start":
+                data = event.get("event_data") or {}
+                on_task(data.get("role") or None, str(data.get("task") or ""))
+        except Exception:
+            log.exception("run=%s: task listener failed", spec.ident)
+        return True
+
+    try:
+        thread, runner = ansible_runner.run_async(
+            private_data_dir=str(spec.attempt_dir),
+            ident=spec.ident,
+            playbook=str(spec.playbook),
+            inventory={"all": {"hosts": {spec.host_name: host_vars}}},
+            limit=spec.host_name,
+            extravars={
+                "update_machine_ident": spec.ident,
+                "update_machine_fingerprint": spec.fingerprint,
+                "update_machine_capabilities": list(spec.capabilities),
+                "update_machine_inputs_file": str(inputs_file),
+            },
+            envvars=_envvars(spec),
+            settings={"pexpect_timeout": CANCEL_POLL_SECONDS},
+            quiet=True,
+            suppress_env_files=True,
+            event_handler=event_handler,
+            cancel_callback=should_cancel,  # always given: without it runner installs signal handlers
+        )
+    except (ValueError, OSError, RuntimeError) as exc:
+        raise RunStartError(f"ansible-runner could not start: {exc}") from exc
+    return RunHandle(thread, runner)
+
+
+def _host_vars(target: HostTarget, attempt_dir: Path) -> dict[str, Any]:
+    host: dict[str, Any] = {
+        "ansible_host": target.address,
+        "ansible_port": target.port,
+        "ansible_become": target.become,
+        "ansible_host_key_checking": not target.insecure_skip_host_key_check,
+        "ansible_ssh_common_args": _ssh_args(target, attempt_dir),
+    }
+    if target.user:
+        host["ansible_user"] = target.user
+    if target.private_key_file:
+        host["ansible_ssh_private_key_file"] = str(target.private_key_file)
+    if target.python_interpreter:
+        host["ansible_python_interpreter"] = target.python_interpreter
+    return host
+
+
+def _ssh_args(target: HostTarget, attempt_dir: Path) -> str:
+    if target.insecure_skip_host_key_check:
+        return "-o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no"
+    known_hosts = attempt_dir / "known_hosts"
+    # the alias pins the key to this target whatever address/port it has; the system files are ignored
+    known_hosts.write_text("".join(f"{HOST_KEY_ALIAS} {key}\n" for key in target.host_keys), encoding="utf-8")
+    return " ".join(
+        [
+            "-o",
+            shlex.quote(f"UserKnownHostsFile={known_hosts}"),
+            "-o GlobalKnownHostsFile=/dev/null",
+            "-o StrictHostKeyChecking=yes",
+            f"-o HostKeyAlias={HOST_KEY_ALIAS}",
+        ]
+    )
+
+
+def control_path_dir(state_dir: Path) -> Path:
+    """Where ssh ControlPersist sockets go: under the runs dir unless that path is too long for a socket."""
+    wanted = state_dir / "cp"
+    if len(str(wanted)) <= MAX_CONTROL_DIR_LEN:
+        return wanted
+    digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:10]
+    return Path(tempfile.gettempdir()) / f"inplace-cp-{os.getuid()}-{digest}"
+
+
+def _envvars(spec: RunSpec) -> dict[str, str]:
+    cp_dir = control_path_dir(spec.state_dir)
+    cp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    home = spec.state_dir / ".ansible"
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # ansible-runner spawns ansible-playbook through PATH: ours must win (hostlab pitfall 1)
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
+    env = {
+        "PATH": path,
+        "ANSIBLE_HOME": str(home),
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp_dir),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+    }
+    if spec.ansible_cfg is not None:
+        env["ANSIBLE_CONFIG"] = str(spec.ansible_cfg)
+    return env

@@ -1,0 +1,247 @@
+"""RunService: the UpdateMachine executor. ``await poll(request)`` answers at once and never blocks.
+
+Each poll: a run in flight here -> queued/running; else the attempts on disk decide (policy.py): done,
+remembered failure, backoff wait, or resolve the host and queue a new attempt. Attempts run in worker
+threads (registry.py) through the ansible-runner adapter (runner.py); their outcome is summarised into
+the attempt directory, so a restarted service answers from disk. Built by ``extension.cli serve``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import anyio.to_thread
+
+import extension
+from extension.runs import runner
+from extension.runs.artifacts import (
+    Attempt,
+    Outcome,
+    OutcomeKind,
+    classify,
+    load_attempts,
+    new_attempt_dir,
+    write_json,
+)
+from extension.runs.inventory import Inventory, InventoryError, load_inventory
+from extension.runs.model import Progress, ProgressState, RunRequest
+from extension.runs.policy import RETRY_ANNOTATION, Verdict, decide, retry_token
+from extension.runs.registry import Job, RunRegistry
+from extension.runs.resolve import HostTarget, ResolveError, parse_cidrs, resolve_host
+from extension.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Kubernetes naming rules (DNS-1123); they also keep the run ident safe as a directory and Ansible name
+_NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_FINGERPRINT_RE = re.compile(r"^[0-9a-f]{64}$")
+_CAPABILITY_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+MAX_IDENT_LEN = 200  # a directory name; file systems allow 255 bytes
+CLOSE_WAIT_SECONDS = 15.0
+
+
+class RunConfigError(ValueError):
+    """The service cannot run updates as configured (no playbook). Raised at start-up only."""
+
+
+def default_playbooks_dir() -> Path:
+    """The repository's ``playbooks/`` beside the ``extension`` package."""
+    return Path(extension.__file__).resolve().parent.parent / "playbooks"
+
+
+def _invalid(request: RunRequest) -> str | None:
+    if not _NAMESPACE_RE.match(request.namespace):
+        return "namespace is not a valid Kubernetes namespace name"
+    if not _NAME_RE.match(request.name):
+        return "name is not a valid Kubernetes object name"
+    if not _FINGERPRINT_RE.match(request.fingerprint):
+        return "fingerprint is not a sha256 hex digest"
+    if len(request.ident) > MAX_IDENT_LEN:
+        return "namespace and name are too long for a run ident"
+    for cap in request.capabilities:
+        if not _CAPABILITY_RE.match(cap):
+            return "a capability name is not a valid role name"
+    return None
+
+
+class _InventorySource:
+    """The inventory file, read at start-up and again whenever its mtime changes."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._mtime: float | None = None
+        self._inventory = Inventory()
+        if path is not None:
+            self._inventory = load_inventory(path)  # a bad file at start-up stops the service
+            self._mtime = path.stat().st_mtime
+
+    def current(self) -> Inventory:
+        if self._path is None:
+            return self._inventory
+        try:
+            mtime = self._path.stat().st_mtime
+        except OSError as exc:
+            log.error("inventory %s: cannot stat (%s); keeping the last good one", self._path, exc)
+            return self._inventory
+        with self._lock:
+            if mtime != self._mtime:
+                try:
+                    self._inventory = load_inventory(self._path)
+                    log.info("inventory %s reloaded: %d entries", self._path, len(self._inventory.hosts))
+                except InventoryError as exc:
+                    log.error("%s; keeping the last good one", exc)
+                self._mtime = mtime
+            return self._inventory
+
+
+class RunService:
+    """Implements ``UpdateExecutor`` (extension/hooks/update_machine.py): fast, durable, bounded."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._runs_dir = settings.runs_dir.expanduser().resolve()
+        self._runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._allowed = parse_cidrs(settings.allowed_cidrs)
+        self._inventory = _InventorySource(settings.inventory)
+        playbooks = (settings.playbooks_dir or default_playbooks_dir()).resolve()
+        self._playbook = playbooks / "update_machine.yml"
+        if not self._playbook.is_file():
+            raise RunConfigError(f"playbook {self._playbook} not found (set --playbooks-dir)")
+        cfg = playbooks / "ansible.cfg"
+        self._ansible_cfg = cfg if cfg.is_file() else None
+        self._retry_after = settings.retry_after_seconds
+        self._registry = RunRegistry(settings.max_parallel_runs)
+        self._closing = threading.Event()
+        self._cache_lock = threading.Lock()
+        self._attempts: dict[str, list[Attempt]] = {}  # ident -> attempts on disk (cache)
+
+    async def poll(self, request: RunRequest) -> Progress:
+        problem = _invalid(request)
+        if problem is not None:
+            return Progress(ProgressState.FAILED, f"InvalidRequest: {problem}")
+        view = self._registry.view(request.ident)
+        if view is not None:
+            return self._in_progress(view.message())
+        attempts = self._cached(request.ident)
+        if attempts is None:
+            attempts = await anyio.to_thread.run_sync(self._load, request)
+        token = retry_token(request.annotations.get(RETRY_ANNOTATION))
+        decision = decide(attempts, token, time.time(), self._retry_after)
+        if decision.verdict is Verdict.DONE:
+            return Progress(ProgressState.DONE, "update applied")
+        if decision.verdict is Verdict.FAILED:
+            return Progress(ProgressState.FAILED, decision.message)
+        if decision.verdict is Verdict.WAIT:
+            return Progress(ProgressState.IN_PROGRESS, decision.message, decision.wait_seconds)
+        return self._start(request, token)
+
+    def close(self, timeout: float = CLOSE_WAIT_SECONDS) -> None:
+        """Cancel running attempts (they are retried after a restart) and wait for the workers."""
+        self._closing.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._registry.close():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _in_progress(self, message: str) -> Progress:
+        return Progress(ProgressState.IN_PROGRESS, message, self._retry_after)
+
+    def _cached(self, ident: str) -> list[Attempt] | None:
+        with self._cache_lock:
+            return self._attempts.get(ident)
+
+    def _load(self, request: RunRequest) -> list[Attempt]:
+        attempts = load_attempts(self._runs_dir / request.ident, request.ident, request.fingerprint)
+        with self._cache_lock:
+            self._attempts[request.ident] = attempts
+        return attempts
+
+    def _start(self, request: RunRequest, token: str) -> Progress:
+        try:
+            target = resolve_host(
+                request.namespace,
+                request.name,
+                request.labels,
+                request.annotations,
+                self._inventory.current(),
+                self._allowed,
+            )
+        except ResolveError as exc:
+            log.warning("machine=%s run=%s: %s", request.machine, request.ident, exc)
+            return Progress(ProgressState.FAILED, str(exc))
+        job = Job(request.ident, request.machine, lambda job: self._execute(job, request, target, token))
+        self._registry.submit(job)
+        view = self._registry.view(request.ident)
+        if view is None:  # it already ended (or the service is closing): the next poll reads the result
+            return self._in_progress("running: starting")
+        return self._in_progress(view.message())
+
+    def _execute(self, job: Job, request: RunRequest, target: HostTarget, token: str) -> None:
+        """Worker thread: one attempt from its directory to its summarised outcome."""
+        number, attempt_dir = new_attempt_dir(self._runs_dir / request.ident)
+        job.attempt = number
+        write_json(
+            attempt_dir / "meta.json",
+            {"attempt": number, "retry_token": token, "machine": request.machine, "pid": os.getpid()},
+        )
+        log.info(
+            "machine=%s run=%s state=started attempt=%d host=%s source=%s",
+            request.machine,
+            request.ident,
+            number,
+            target.address,
+            target.source,
+        )
+        spec = runner.RunSpec(
+            ident=request.ident,
+            host_name=request.name,
+            fingerprint=request.fingerprint,
+            capabilities=request.capabilities,
+            inputs=request.inputs,
+            target=target,
+            attempt_dir=attempt_dir,
+            playbook=self._playbook,
+            ansible_cfg=self._ansible_cfg,
+            state_dir=self._runs_dir,
+        )
+        seen_capability = False
+
+        def on_task(role: str | None, task: str) -> None:
+            nonlocal seen_capability
+            if role in request.capabilities:
+                seen_capability = True
+                self._registry.set_phase(request.ident, role)
+            else:
+                self._registry.set_phase(request.ident, "finishing" if seen_capability else "starting")
+
+        try:
+            status = runner.start(spec, on_task, self._closing.is_set).wait()
+            outcome = classify(attempt_dir, request.ident, request.fingerprint, finished=time.time())
+        except runner.RunStartError as exc:
+            status = "not started"
+            outcome = Outcome(OutcomeKind.INTERRUPTED, detail=str(exc), finished=time.time())
+        write_json(attempt_dir / "outcome.json", outcome.to_json())
+        log.info(
+            "machine=%s run=%s state=%s attempt=%d runner_status=%s %s",
+            request.machine,
+            request.ident,
+            outcome.kind.value,
+            number,
+            status,
+            outcome.detail,
+        )
+        if outcome.kind is OutcomeKind.TASK_FAILED:
+            log.warning(
+                "machine=%s run=%s failed: capability=%s task=%r (artifacts: %s)",
+                request.machine,
+                request.ident,
+                outcome.capability,
+                outcome.task,
+                attempt_dir,
+            )
+        self._load(request)
