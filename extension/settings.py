@@ -6,11 +6,13 @@ Every other module receives a :class:`Settings` instance; nothing reads the envi
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MAX_BODY_BYTES = 20 * 1024 * 1024  # CAPI's own SDK server caps request bodies at 20 MiB (capi-hooks.md §9.1)
 
@@ -27,31 +29,49 @@ class Settings(BaseSettings):
 
     # edge
     listen: str = Field("0.0.0.0:9443", description="HOST:PORT to listen on")
-    path_prefix: str = Field("", description="optional URL path prefix before /hooks.runtime.cluster.x-k8s.io")
+    path_prefix: str = Field(
+        "", description="optional URL path prefix before /hooks.runtime.cluster.x-k8s.io"
+    )
     tls_cert: Path | None = Field(None, description="PEM certificate (chain) to serve")
     tls_key: Path | None = Field(None, description="PEM private key of --tls-cert")
     self_signed: bool = Field(False, description="generate a self-signed development certificate")
     plain_http: bool = Field(False, description="serve plain HTTP (local testing only)")
     client_ca: Path | None = Field(None, description="require client certificates signed by this CA (mTLS)")
-    bearer_token_file: Path | None = Field(None, description="also accept callers presenting this bearer token")
+    bearer_token_file: Path | None = Field(
+        None, description="also accept callers presenting this bearer token"
+    )
     max_body_bytes: int = Field(MAX_BODY_BYTES, description="request body cap; larger bodies get HTTP 413")
     log_format: str = Field("text", pattern="^(text|json)$", description="log line format")
-    log_level: str = Field("INFO", description="log level")
+    log_level: str = Field(
+        "INFO", pattern="^(?i:debug|info|warning|error|critical)$", description="log level"
+    )
+    tls_dir: Path = Field(
+        default_factory=lambda: _default_state_dir() / "tls",
+        description="where --self-signed keeps its generated CA (ca.crt), certificate and key",
+    )
+    tls_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="extra DNS names/IPs for the --self-signed certificate (comma-separated)",
+    )
 
     # runs
     inventory: Path | None = Field(None, description="inventory YAML mapping Machines to SSH targets")
-    allowed_cidrs: list[str] = Field(default_factory=list, description="host addresses that may be contacted")
+    allowed_cidrs: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="host addresses that may be contacted"
+    )
     runs_dir: Path = Field(default_factory=lambda: _default_state_dir() / "runs", description="run artifacts")
     max_parallel_runs: int = Field(8, ge=1, le=256, description="runs at once; the rest wait in a FIFO queue")
     retry_after_seconds: int = Field(10, ge=1, le=3600, description="retryAfterSeconds while a run goes on")
     playbooks_dir: Path | None = Field(None, description="playbooks directory (default: the packaged one)")
     capabilities_file: Path | None = Field(None, description="user-defined capabilities YAML")
 
-    @field_validator("allowed_cidrs", mode="before")
+    @field_validator("allowed_cidrs", "tls_hosts", mode="before")
     @classmethod
-    def _split_cidrs(cls, value: object) -> object:
-        # env vars and flags give "10.0.0.0/8,192.168.1.0/24"; a list is taken as is
+    def _split_list(cls, value: object) -> object:
+        # env vars and flags give "10.0.0.0/8,192.168.1.0/24" (or a JSON list); a list is taken as is
         if isinstance(value, str):
+            if value.strip().startswith("["):
+                return json.loads(value)
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 

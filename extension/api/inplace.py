@@ -1,0 +1,127 @@
+"""In-place wire types (``inplaceupdate_types.go``): CanUpdateMachine, CanUpdateMachineSet, UpdateMachine.
+
+Objects are free-form JSON (a RawExtension for providers' kinds; a typed Machine/MachineSet whose spec we
+still treat as JSON), with the few metadata fields we rely on validated. ``to_json()`` gives back exactly
+the object that was sent, for the pure core.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from extension.api.common import CommonRequest, CommonResponse, CommonRetryResponse, Patch, WireModel
+
+
+class ObjectMeta(WireModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str | None = None
+    namespace: str | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+
+class NamedObjectMeta(ObjectMeta):
+    """Machine/MachineSet metadata: name and namespace key logs and runs (``metadata.uid`` is not sent)."""
+
+    name: str = Field(min_length=1)
+    namespace: str = Field(min_length=1)
+
+
+class KubeObject(WireModel):
+    """A Kubernetes object as CAPI sends it: apiVersion, kind, a metadata subset, spec; anything else kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    api_version: str | None = None
+    kind: str = Field(min_length=1)
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The object exactly as received (unset fields stay absent, explicit nulls stay null)."""
+        return self.model_dump(mode="python", by_alias=True, exclude_unset=True)
+
+
+class Machine(KubeObject):
+    metadata: NamedObjectMeta
+    spec: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.metadata.namespace}/{self.metadata.name}"
+
+
+class MachineSet(Machine):
+    pass
+
+
+class CanUpdateMachineRequestObjects(WireModel):
+    machine: Machine
+    infrastructure_machine: KubeObject
+    bootstrap_config: KubeObject | None = None  # optional: absent when the Machine has no bootstrap config
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON objects keyed by their wire names, as the pure core takes them."""
+        objects = {
+            "machine": self.machine.to_json(),
+            "infrastructureMachine": self.infrastructure_machine.to_json(),
+        }
+        if self.bootstrap_config is not None:
+            objects["bootstrapConfig"] = self.bootstrap_config.to_json()
+        return objects
+
+
+class CanUpdateMachineRequest(CommonRequest):
+    current: CanUpdateMachineRequestObjects
+    desired: CanUpdateMachineRequestObjects
+
+
+class CanUpdateMachineResponse(CommonResponse):
+    kind: str = "CanUpdateMachineResponse"
+    machine_patch: Patch | None = None
+    infrastructure_machine_patch: Patch | None = None
+    bootstrap_config_patch: Patch | None = None
+
+
+class CanUpdateMachineSetRequestObjects(WireModel):
+    machine_set: MachineSet
+    infrastructure_machine_template: KubeObject
+    bootstrap_config_template: KubeObject | None = (
+        None  # omitted when the MachineSets have no bootstrap.configRef
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        objects = {
+            "machineSet": self.machine_set.to_json(),
+            "infrastructureMachineTemplate": self.infrastructure_machine_template.to_json(),
+        }
+        if self.bootstrap_config_template is not None:
+            objects["bootstrapConfigTemplate"] = self.bootstrap_config_template.to_json()
+        return objects
+
+
+class CanUpdateMachineSetRequest(CommonRequest):
+    current: CanUpdateMachineSetRequestObjects
+    desired: CanUpdateMachineSetRequestObjects
+
+
+class CanUpdateMachineSetResponse(CommonResponse):
+    kind: str = "CanUpdateMachineSetResponse"
+    machine_set_patch: Patch | None = None
+    infrastructure_machine_template_patch: Patch | None = None
+    bootstrap_config_template_patch: Patch | None = None
+
+
+class UpdateMachineRequestObjects(CanUpdateMachineRequestObjects):
+    """Same shape as the CanUpdateMachine objects: the live objects, already holding the new spec (§6.1)."""
+
+
+class UpdateMachineRequest(CommonRequest):
+    desired: UpdateMachineRequestObjects  # no "current": the extension knows the host's real state itself
+
+
+class UpdateMachineResponse(CommonRetryResponse):
+    kind: str = "UpdateMachineResponse"
