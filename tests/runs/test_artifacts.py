@@ -1,0 +1,82 @@
+"""Classifying finished attempts from ansible-runner artifacts, and the attempt directories themselves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from extension.runs.artifacts import (
+    Outcome,
+    OutcomeKind,
+    classify,
+    load_attempts,
+    new_attempt_dir,
+    task_label,
+    write_json,
+)
+
+from .fakes import FP, failed_events, ok_events, unreachable_events, write_artifacts
+
+IDENT = f"ns.m1.{FP[:12]}"
+
+
+def test_success_needs_the_stamp_with_our_fingerprint(tmp_path: Path) -> None:
+    write_artifacts(tmp_path / "a", IDENT, "successful", 0, ok_events(FP))
+    assert classify(tmp_path / "a", IDENT, FP).kind is OutcomeKind.SUCCESSFUL
+    write_artifacts(tmp_path / "b", IDENT, "successful", 0, ok_events("cd" * 32))
+    assert classify(tmp_path / "b", IDENT, FP).kind is OutcomeKind.INTERRUPTED
+    write_artifacts(tmp_path / "c", IDENT, "successful", 0, ok_events(FP)[:2])
+    assert classify(tmp_path / "c", IDENT, FP).kind is OutcomeKind.INTERRUPTED
+
+
+def test_task_failure_names_role_and_task_not_the_result(tmp_path: Path) -> None:
+    write_artifacts(tmp_path, IDENT, "failed", 2, failed_events("kubeadm_files", "Write file"))
+    out = classify(tmp_path, IDENT, FP)
+    assert (out.kind, out.capability, out.task) == (OutcomeKind.TASK_FAILED, "kubeadm_files", "Write file")
+    assert "secret" not in repr(out)
+
+
+def test_unreachable_and_killed_are_retriable_kinds(tmp_path: Path) -> None:
+    write_artifacts(tmp_path / "u", IDENT, "failed", 4, unreachable_events())
+    assert classify(tmp_path / "u", IDENT, FP).kind is OutcomeKind.UNREACHABLE
+    write_artifacts(tmp_path / "k", IDENT, None, None, ok_events(FP)[:2])  # no status: killed mid-run
+    assert classify(tmp_path / "k", IDENT, FP).kind is OutcomeKind.INTERRUPTED
+    write_artifacts(tmp_path / "c", IDENT, "canceled", 254, ok_events(FP)[:2])
+    assert classify(tmp_path / "c", IDENT, FP).kind is OutcomeKind.INTERRUPTED
+
+
+def test_playbook_that_cannot_load_is_a_remembered_failure(tmp_path: Path) -> None:
+    write_artifacts(tmp_path, IDENT, "failed", 4, [{"event": "verbose", "event_data": {}}])
+    out = classify(tmp_path, IDENT, FP)
+    assert (out.kind, out.capability, out.task) == (
+        OutcomeKind.TASK_FAILED,
+        "update_machine",
+        "load playbook (rc 4)",
+    )
+
+
+def test_task_label_cuts_templates() -> None:
+    assert task_label("Upgrade kubelet to {{ kubernetes_version_target }}") == "Upgrade kubelet to"
+    assert task_label("{{ secret }}") == "unnamed task"
+    assert len(task_label("x" * 500)) == 120
+
+
+def test_attempts_are_numbered_and_loaded_in_order(tmp_path: Path) -> None:
+    ident_dir = tmp_path / IDENT
+    n1, d1 = new_attempt_dir(ident_dir)
+    n2, d2 = new_attempt_dir(ident_dir)
+    n3, _ = new_attempt_dir(ident_dir)
+    assert (n1, n2, n3) == (1, 2, 3)
+    assert d1.stat().st_mode & 0o777 == 0o700
+    write_json(d1 / "meta.json", {"retry_token": "t1"})
+    write_json(d1 / "outcome.json", Outcome(OutcomeKind.UNREACHABLE, finished=5.0).to_json())
+    assert (d1 / "outcome.json").stat().st_mode & 0o777 == 0o600
+    write_artifacts(
+        d2, IDENT, "failed", 2, failed_events("ntp", "Restart chrony")
+    )  # service died before summary
+    attempts = load_attempts(ident_dir, IDENT, FP)
+    assert [a.number for a in attempts] == [1, 2, 3]
+    assert attempts[0].outcome == Outcome(OutcomeKind.UNREACHABLE, finished=5.0)
+    assert attempts[0].retry_token == "t1"
+    assert attempts[1].outcome is not None and attempts[1].outcome.capability == "ntp"
+    assert attempts[2].outcome is None
+    assert load_attempts(tmp_path / "absent", IDENT, FP) == []

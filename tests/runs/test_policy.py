@@ -1,0 +1,85 @@
+"""The UpdateMachine state machine (design.md §3) as a pure function of the attempts on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from extension.runs.artifacts import Attempt, Outcome, OutcomeKind
+from extension.runs.policy import Verdict, backoff_seconds, decide, retry_token
+
+NOW = 1000.0
+
+
+def att(
+    n: int,
+    kind: OutcomeKind | None,
+    token: str = "",
+    finished: float = NOW,
+    capability: str | None = None,
+    task: str | None = None,
+) -> Attempt:
+    outcome = None if kind is None else Outcome(kind, capability, task, finished=finished)
+    return Attempt(n, Path(f"/x/attempt-{n:04d}"), token, outcome)
+
+
+def test_nothing_yet_starts() -> None:
+    assert decide([], "", NOW, 10).verdict is Verdict.START
+
+
+def test_any_success_is_done() -> None:
+    attempts = [att(1, OutcomeKind.UNREACHABLE), att(2, OutcomeKind.SUCCESSFUL)]
+    assert decide(attempts, "", NOW, 10).verdict is Verdict.DONE
+
+
+def test_task_failure_is_remembered_until_the_retry_token_changes() -> None:
+    attempts = [att(1, OutcomeKind.TASK_FAILED, token="", capability="ntp", task="Write config")]
+    first = decide(attempts, "", NOW, 10)
+    again = decide(attempts, "", NOW + 9999, 10)
+    assert first.verdict is Verdict.FAILED
+    assert first.message == 'ntp: task "Write config" failed on host'
+    assert again == first
+    retried = decide(attempts, retry_token("1"), NOW, 10)
+    assert (retried.verdict, retried.next_attempt) == (Verdict.START, 2)
+
+
+def test_retriable_outcomes_back_off_exponentially() -> None:
+    one = [att(1, OutcomeKind.UNREACHABLE, finished=NOW - 3)]
+    d = decide(one, "", NOW, 10)
+    assert (d.verdict, d.wait_seconds, d.message) == (
+        Verdict.WAIT,
+        7,
+        "host unreachable, retrying (attempt 2)",
+    )
+    assert decide(one, "", NOW + 7, 10).verdict is Verdict.START
+    three = [
+        att(1, OutcomeKind.UNREACHABLE),
+        att(2, OutcomeKind.INTERRUPTED),
+        att(3, OutcomeKind.UNREACHABLE),
+    ]
+    d = decide(three, "", NOW + 1, 10)
+    assert (d.verdict, d.wait_seconds, d.message) == (
+        Verdict.WAIT,
+        39,
+        "host unreachable, retrying (attempt 4)",
+    )
+    # a remembered failure before the retriable tail does not count toward the backoff
+    mixed = [att(1, OutcomeKind.TASK_FAILED, token="a"), att(2, OutcomeKind.INTERRUPTED)]
+    d = decide(mixed, "b", NOW, 10)
+    assert (d.verdict, d.wait_seconds, d.message) == (
+        Verdict.WAIT,
+        10,
+        "run interrupted, retrying (attempt 3)",
+    )
+
+
+def test_attempt_without_outcome_is_restarted_at_once() -> None:
+    d = decide([att(1, OutcomeKind.UNREACHABLE, finished=NOW), att(2, None)], "", NOW, 10)
+    assert (d.verdict, d.next_attempt) == (Verdict.START, 3)
+
+
+def test_backoff_is_capped_and_token_is_hashed() -> None:
+    assert [backoff_seconds(n, 10) for n in (1, 2, 3, 4)] == [10, 20, 40, 80]
+    assert backoff_seconds(30, 10) == 300
+    assert retry_token(None) == ""
+    assert retry_token("x") != retry_token("y")
+    assert len(retry_token("x")) == 16

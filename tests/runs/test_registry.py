@@ -1,0 +1,105 @@
+"""The in-memory registry: bounded parallelism, FIFO positions, one run per Machine at a time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from extension.runs.registry import Job, JobState, RunRegistry
+
+
+def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+class Gates:
+    def __init__(self) -> None:
+        self.release: dict[str, threading.Event] = {}
+        self.ran: list[str] = []
+        self.lock = threading.Lock()
+        self.active: set[str] = set()
+        self.max_active = 0
+
+    def job(self, ident: str, machine: str) -> Job:
+        self.release[ident] = threading.Event()
+        return Job(ident, machine, self.work)
+
+    def work(self, job: Job) -> None:
+        with self.lock:
+            self.ran.append(job.ident)
+            self.active.add(job.ident)
+            self.max_active = max(self.max_active, len(self.active))
+        self.release[job.ident].wait(10)
+        with self.lock:
+            self.active.discard(job.ident)
+
+
+def test_fifo_queue_with_positions_and_bounded_slots() -> None:
+    reg, gates = RunRegistry(2), Gates()
+    for i in range(5):
+        assert reg.submit(gates.job(f"r{i}", f"ns/m{i}"))
+    assert not reg.submit(Job("r0", "ns/m0", gates.work))  # same ident: already known
+    until(lambda: len(gates.ran) == 2)
+    assert [reg.view(f"r{i}").message() for i in range(5)] == [  # type: ignore[union-attr]
+        "running: starting",
+        "running: starting",
+        "queued: position 1 of 3",
+        "queued: position 2 of 3",
+        "queued: position 3 of 3",
+    ]
+    reg.set_phase("r0", "ntp")
+    assert reg.view("r0").message() == "running: ntp"  # type: ignore[union-attr]
+    gates.release["r1"].set()
+    until(lambda: gates.ran == ["r0", "r1", "r2"])
+    assert reg.view("r1") is None
+    assert reg.view("r3").message() == "queued: position 1 of 2"  # type: ignore[union-attr]
+    for ev in gates.release.values():
+        ev.set()
+    until(lambda: reg.in_flight() == 0)
+    assert gates.ran == ["r0", "r1", "r2", "r3", "r4"]
+    assert gates.max_active == 2
+
+
+def test_one_machine_never_runs_twice_at_once() -> None:
+    reg, gates = RunRegistry(4), Gates()
+    reg.submit(gates.job("a1", "ns/a"))
+    reg.submit(gates.job("a2", "ns/a"))  # new fingerprint for the same Machine
+    reg.submit(gates.job("b1", "ns/b"))
+    until(lambda: sorted(gates.ran) == ["a1", "b1"])
+    view = reg.view("a2")
+    assert view is not None and view.state is JobState.QUEUED
+    gates.release["a1"].set()
+    until(lambda: "a2" in gates.ran)
+    for ev in gates.release.values():
+        ev.set()
+    until(lambda: reg.in_flight() == 0)
+
+
+def test_a_crashing_worker_gives_its_slot_back() -> None:
+    reg = RunRegistry(1)
+    done = threading.Event()
+
+    def boom(job: Job) -> None:
+        raise RuntimeError("bug")
+
+    reg.submit(Job("x", "ns/x", boom))
+    reg.submit(Job("y", "ns/y", lambda job: done.set()))
+    assert done.wait(5)
+
+
+def test_close_drops_the_queue() -> None:
+    reg, gates = RunRegistry(1), Gates()
+    reg.submit(gates.job("a", "ns/a"))
+    reg.submit(gates.job("b", "ns/b"))
+    until(lambda: gates.ran == ["a"])
+    threads = reg.close()
+    assert len(threads) == 1
+    assert reg.view("b") is None
+    assert not reg.submit(gates.job("c", "ns/c"))
+    gates.release["a"].set()
+    threads[0].join(5)
+    assert gates.ran == ["a"]

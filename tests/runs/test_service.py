@@ -1,0 +1,248 @@
+"""RunService.poll end to end with a fake ansible-runner: the design.md §3 state machine, durably."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from extension.runs import runner as runner_mod
+from extension.runs.inventory import InventoryError
+from extension.runs.model import Progress, ProgressState, RunRequest
+from extension.runs.policy import RETRY_ANNOTATION
+from extension.runs.resolve import ADDRESS_ANNOTATION
+from extension.runs.service import RunConfigError, RunService
+from extension.settings import Settings
+
+from .fakes import FP, FakeRunner, failed_events, unreachable_events
+
+pytestmark = pytest.mark.anyio
+PLAYBOOKS = Path(__file__).parent / "playbooks"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJAm/+qD5i6Qm8kDm+Qr9ygOJL1jDRtSlh6jlxmhLn0T"
+INVENTORY = f"""\
+hosts:
+  - match: {{name: "m*"}}
+    address: 10.79.9.11
+    known_hosts: "{KEY}"
+defaults: {{user: ansible, private_key_file: /keys/id}}
+"""
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
+    fake = FakeRunner()
+    monkeypatch.setattr(runner_mod, "start", fake.start)
+    return fake
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(INVENTORY)
+    return Settings(
+        inventory=inv,
+        allowed_cidrs=["10.79.9.0/24"],
+        runs_dir=tmp_path / "runs",
+        playbooks_dir=PLAYBOOKS,
+        retry_after_seconds=1,
+        max_parallel_runs=2,
+    )
+
+
+@pytest.fixture
+def svc(settings: Settings, fake: FakeRunner) -> Iterator[RunService]:
+    service = RunService(settings)
+    yield service
+    if fake.gate is not None:
+        fake.gate.set()
+    service.close()
+
+
+def req(name: str = "m1", fp: str = FP, annotations: dict[str, str] | None = None) -> RunRequest:
+    return RunRequest(
+        namespace="default",
+        name=name,
+        fingerprint=fp,
+        capabilities=("ntp", "kubeadm_files"),
+        inputs={"ntp": {"ntp_servers": ["a"]}, "kubeadm_files": {"kubeadm_files_files": []}},
+        annotations=annotations or {},
+    )
+
+
+async def settle(svc: RunService, request: RunRequest, within: float = 5.0) -> Progress:
+    """Poll like CAPI (without the waiting) until the answer is no longer 'running'/'queued'."""
+    deadline = time.monotonic() + within
+    while True:
+        progress = await svc.poll(request)
+        if not progress.message.startswith(("running:", "queued:")):
+            return progress
+        assert time.monotonic() < deadline, f"still {progress.message}"
+        await anyio.sleep(0.01)
+
+
+def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+async def test_first_poll_runs_then_done_and_no_second_run(svc: RunService, fake: FakeRunner) -> None:
+    first = await svc.poll(req())
+    assert first.state is ProgressState.IN_PROGRESS
+    assert first.retry_after_seconds == 1
+    assert first.message.startswith("running: ")
+    done = await settle(svc, req())
+    assert (done.state, done.retry_after_seconds) == (ProgressState.DONE, 0)
+    assert (await svc.poll(req())).state is ProgressState.DONE
+    assert fake.count("m1") == 1
+    spec = fake.started[0]
+    assert spec.ident == f"default.m1.{FP[:12]}"
+    assert spec.target.address == "10.79.9.11"
+    assert spec.attempt_dir.parent.name == spec.ident
+    assert spec.playbook == PLAYBOOKS.resolve() / "update_machine.yml"
+
+
+async def test_messages_name_queue_position_and_capability(settings: Settings, fake: FakeRunner) -> None:
+    fake.gate = threading.Event()
+    service = RunService(settings.model_copy(update={"max_parallel_runs": 1}))
+    try:
+        assert (await service.poll(req("m1"))).message.startswith("running: ")
+        for name in ("m2", "m3"):
+            await service.poll(req(name))
+        until(lambda: fake.count("m1") == 1)
+        assert (await service.poll(req("m1"))).message == "running: kubeadm_files"  # last role started
+        assert (await service.poll(req("m2"))).message == "queued: position 1 of 2"
+        assert (await service.poll(req("m3"))).message == "queued: position 2 of 2"
+        fake.gate.set()
+        for name in ("m1", "m2", "m3"):
+            assert (await settle(service, req(name))).state is ProgressState.DONE
+    finally:
+        fake.gate.set()
+        service.close()
+
+
+async def test_task_failure_is_remembered_and_retry_annotation_recovers(
+    svc: RunService, fake: FakeRunner
+) -> None:
+    fake.scripts["m1"] = [lambda spec: ("failed", 2, failed_events("ntp", "Restart {{ ntp_service }}"))]
+    failed = await settle(svc, req())
+    assert failed.state is ProgressState.FAILED
+    assert failed.message == 'ntp: task "Restart" failed on host'
+    for _ in range(3):
+        assert await svc.poll(req()) == failed
+    assert fake.count("m1") == 1
+    retried = req(annotations={RETRY_ANNOTATION: "try-2"})
+    assert (await settle(svc, retried)).state is ProgressState.DONE
+    assert fake.count("m1") == 2
+    # the same token again does not re-run a success, and a new fingerprint starts afresh
+    assert (await svc.poll(retried)).state is ProgressState.DONE
+    assert (await settle(svc, req(fp="cd" * 32))).state is ProgressState.DONE
+    assert fake.count("m1") == 3
+
+
+async def test_unreachable_is_retried_with_backoff(svc: RunService, fake: FakeRunner) -> None:
+    fake.scripts["m1"] = [lambda spec: ("failed", 4, unreachable_events())]
+    answer = await settle(svc, req())
+    assert answer.state is ProgressState.IN_PROGRESS
+    assert answer.message == "host unreachable, retrying (attempt 2)"
+    assert answer.retry_after_seconds == 1
+    assert fake.count("m1") == 1
+    deadline = time.monotonic() + 5
+    while (answer := await svc.poll(req())).state is not ProgressState.DONE:
+        assert time.monotonic() < deadline
+        await anyio.sleep(0.05)
+    assert fake.count("m1") == 2
+
+
+async def test_restart_answers_from_disk(settings: Settings, fake: FakeRunner) -> None:
+    fake.scripts["m2"] = [lambda spec: ("failed", 2, failed_events("users", "Create users"))]
+    first = RunService(settings)
+    assert (await settle(first, req("m1"))).state is ProgressState.DONE
+    assert (await settle(first, req("m2"))).state is ProgressState.FAILED
+    first.close()
+    second = RunService(settings)
+    assert (await second.poll(req("m1"))).state is ProgressState.DONE
+    assert (await second.poll(req("m2"))).message == 'users: task "Create users" failed on host'
+    assert fake.count("m1") == fake.count("m2") == 1
+    second.close()
+
+
+async def test_interrupted_run_is_restarted_never_reported_done(settings: Settings, fake: FakeRunner) -> None:
+    ident = req().ident
+    killed = settings.runs_dir / ident / "attempt-0001"
+    killed.mkdir(parents=True)  # a previous process died mid-run: no status, no outcome
+    service = RunService(settings)
+    try:
+        answer = await service.poll(req())
+        assert answer.state is ProgressState.IN_PROGRESS
+        assert (await settle(service, req())).state is ProgressState.DONE
+        assert fake.started[0].attempt_dir.name == "attempt-0002"
+    finally:
+        service.close()
+
+
+async def test_close_cancels_running_attempts(settings: Settings, fake: FakeRunner) -> None:
+    fake.gate = threading.Event()
+    service = RunService(settings)
+    await service.poll(req())
+    until(lambda: fake.count("m1") == 1)
+    service.close()
+    outcome = (fake.started[0].attempt_dir / "outcome.json").read_text()
+    assert '"interrupted"' in outcome
+
+
+async def test_resolution_failures_are_clear(svc: RunService, fake: FakeRunner) -> None:
+    outside = await svc.poll(req(annotations={ADDRESS_ANNOTATION: "10.80.0.1"}))
+    assert (outside.state, outside.message) == (
+        ProgressState.FAILED,
+        "HostNotAllowed: the address from the annotation is outside --allowed-cidrs",
+    )
+    missing = await svc.poll(req("x1"))
+    assert missing.state is ProgressState.FAILED
+    assert missing.message.startswith("HostNotFound: ")
+    assert fake.started == []
+
+
+async def test_invalid_requests_are_refused(svc: RunService, fake: FakeRunner) -> None:
+    bad = [
+        RunRequest("default", "../etc", FP, (), {}),
+        RunRequest("Default", "m1", FP, (), {}),
+        RunRequest("default", "m1", "zz", (), {}),
+        RunRequest("default", "m1", FP, ("ntp; rm -rf /",), {}),
+    ]
+    for request in bad:
+        answer = await svc.poll(request)
+        assert answer.state is ProgressState.FAILED
+        assert answer.message.startswith("InvalidRequest: ")
+    assert fake.started == []
+
+
+async def test_inventory_is_reloaded_when_it_changes(
+    svc: RunService, settings: Settings, fake: FakeRunner
+) -> None:
+    assert settings.inventory is not None
+    assert (await svc.poll(req("x1"))).message.startswith("HostNotFound")
+    settings.inventory.write_text(INVENTORY.replace('"m*"', '"x*"'))
+    stamp = settings.inventory.stat().st_mtime + 5
+    os.utime(settings.inventory, (stamp, stamp))
+    assert (await settle(svc, req("x1"))).state is ProgressState.DONE
+
+
+def test_bad_configuration_stops_start_up(settings: Settings, tmp_path: Path) -> None:
+    assert settings.inventory is not None
+    settings.inventory.write_text("hosts: [{address: 1}]\n")
+    with pytest.raises(InventoryError, match="line 1"):
+        RunService(settings)
+    with pytest.raises(RunConfigError, match="playbook"):
+        RunService(settings.model_copy(update={"inventory": None, "playbooks_dir": tmp_path}))
