@@ -20,17 +20,19 @@ from typing import Any
 ATTEMPT_RE = re.compile(r"^attempt-(\d{4,})$")
 # ansible-playbook exit codes for "could not even start": error, parser error, bad options, unexpected error
 PLAYBOOK_ERROR_RCS = frozenset({1, 4, 5, 250})
-STAMP_KEY = "update_machine_stamp"  # set_stats key the playbook fills with the fingerprint on the host
+STAMP_KEY = "update_machine_stamp"  # set_stats key a custom playbook may fill with the applied fingerprint
+HOST_STATE_MODULE = "inplace_host_state"  # playbooks/library: the host lock and stamp
 
 
 class OutcomeKind(enum.Enum):
     SUCCESSFUL = "successful"  # status successful and the host stamp carries our fingerprint
     TASK_FAILED = "task_failed"  # a task failed on the host: remembered per fingerprint
     UNREACHABLE = "unreachable"  # SSH could not reach the host: retried with backoff
+    HOST_BUSY = "host_busy"  # the host lock stayed with another run (or was lost to it): retried
     INTERRUPTED = "interrupted"  # killed, canceled, no status, or no stamp proof: retried
 
 
-RETRIABLE = frozenset({OutcomeKind.UNREACHABLE, OutcomeKind.INTERRUPTED})
+RETRIABLE = frozenset({OutcomeKind.UNREACHABLE, OutcomeKind.HOST_BUSY, OutcomeKind.INTERRUPTED})
 
 
 @dataclass(frozen=True)
@@ -159,21 +161,33 @@ def task_label(name: str) -> str:
     return (head or "unnamed task")[:120]
 
 
-def stamp_confirmed(events: Sequence[dict[str, Any]], fingerprint: str) -> bool:
-    """True when the run's stats carry the host stamp and it equals ``fingerprint``.
+def _is_host_state(data: dict[str, Any]) -> bool:
+    action = str(data.get("resolved_action") or data.get("task_action") or "")
+    return action.rsplit(".", 1)[-1] == HOST_STATE_MODULE
 
-    The playbook reports the stamp with ``set_stats`` (``update_machine_stamp``), both when it writes the
-    stamp and when it finds it already there; set_stats data lands in the stats event's ``artifact_data``.
+
+def stamp_confirmed(events: Sequence[dict[str, Any]], fingerprint: str) -> bool:
+    """True when the run's events show the host stamp holding ``fingerprint``.
+
+    playbooks/update_machine.yml reports it through its ``inplace_host_state`` module: ``state=locked``
+    returns ``up_to_date`` with ``applied_fingerprint`` when the host already had it (the run ends
+    early), ``state=stamped`` returns the ``fingerprint`` it wrote. A playbook of one's own
+    (``--playbooks-dir``) can instead ``set_stats`` ``update_machine_stamp: <fingerprint>``.
     """
     for event in events:
-        if event.get("event") != "playbook_on_stats":
-            continue
-        data = (event.get("event_data") or {}).get("artifact_data") or {}
-        stamp = data.get(STAMP_KEY)
-        if isinstance(stamp, dict):
-            stamp = stamp.get("fingerprint")
-        if stamp == fingerprint:
-            return True
+        data = event.get("event_data") or {}
+        if event.get("event") == "runner_on_ok" and _is_host_state(data):
+            res = data.get("res") or {}
+            if res.get("up_to_date") is True and res.get("applied_fingerprint") == fingerprint:
+                return True
+            if res.get("changed") is True and res.get("fingerprint") == fingerprint:
+                return True
+        if event.get("event") == "playbook_on_stats":
+            stamp = (data.get("artifact_data") or {}).get(STAMP_KEY)
+            if isinstance(stamp, dict):
+                stamp = stamp.get("fingerprint")
+            if stamp == fingerprint:
+                return True
     return False
 
 
@@ -199,6 +213,10 @@ def classify(attempt_dir: Path, ident: str, fingerprint: str, finished: float | 
     for event in events:
         data = event.get("event_data") or {}
         if event.get("event") == "runner_on_failed" and not data.get("ignore_errors"):
+            if _is_host_state(data):
+                # waiting for the host lock timed out, or a stale-lock takeover took it from us:
+                # another run owns the host right now, which is not a failure of this update
+                return Outcome(OutcomeKind.HOST_BUSY, detail=detail, finished=when)
             role = str(data.get("role") or "update_machine")
             return Outcome(
                 OutcomeKind.TASK_FAILED,

@@ -75,7 +75,10 @@ def decide(attempts: Sequence[Attempt], token: str, now: float, base_backoff: in
     remaining = outcome.finished + backoff_seconds(failures, base_backoff) - now
     if remaining <= 0:
         return Decision(Verdict.START, next_attempt=next_attempt)
-    what = "host unreachable" if outcome.kind is OutcomeKind.UNREACHABLE else "run interrupted"
+    what = {
+        OutcomeKind.UNREACHABLE: "host unreachable",
+        OutcomeKind.HOST_BUSY: "host locked by another run",
+    }.get(outcome.kind, "run interrupted")
     return Decision(
         Verdict.WAIT,
         f"{what}, retrying (attempt {next_attempt})",

@@ -80,3 +80,33 @@ def test_attempts_are_numbered_and_loaded_in_order(tmp_path: Path) -> None:
     assert attempts[1].outcome is not None and attempts[1].outcome.capability == "ntp"
     assert attempts[2].outcome is None
     assert load_attempts(tmp_path / "absent", IDENT, FP) == []
+
+
+def host_state(event: str, res: dict[str, object], task: str = "Take the host lock") -> dict[str, object]:
+    return {"event": event, "event_data": {"task": task, "task_action": "inplace_host_state", "res": res}}
+
+
+def test_stamp_proof_from_the_host_state_module(tmp_path: Path) -> None:
+    early_end = [
+        host_state("runner_on_ok", {"up_to_date": True, "applied_fingerprint": FP, "changed": False})
+    ]
+    write_artifacts(tmp_path / "e", IDENT, "successful", 0, early_end)
+    assert classify(tmp_path / "e", IDENT, FP).kind is OutcomeKind.SUCCESSFUL
+    stamped = [
+        host_state("runner_on_ok", {"up_to_date": False, "applied_fingerprint": None, "changed": False}),
+        host_state("runner_on_ok", {"changed": True, "fingerprint": FP}, task="Write the stamp"),
+    ]
+    write_artifacts(tmp_path / "s", IDENT, "successful", 0, stamped)
+    assert classify(tmp_path / "s", IDENT, FP).kind is OutcomeKind.SUCCESSFUL
+    other = [host_state("runner_on_ok", {"up_to_date": True, "applied_fingerprint": "cd" * 32})]
+    write_artifacts(tmp_path / "o", IDENT, "successful", 0, other)
+    assert classify(tmp_path / "o", IDENT, FP).kind is OutcomeKind.INTERRUPTED
+
+
+def test_lock_timeout_is_host_busy_not_a_failure(tmp_path: Path) -> None:
+    events = [
+        {"event": "playbook_on_play_start", "event_data": {}},
+        host_state("runner_on_failed", {"msg": "host lock held by run x", "holder": "x", "locked": False}),
+    ]
+    write_artifacts(tmp_path, IDENT, "failed", 2, events)
+    assert classify(tmp_path, IDENT, FP).kind is OutcomeKind.HOST_BUSY

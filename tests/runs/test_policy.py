@@ -83,3 +83,8 @@ def test_backoff_is_capped_and_token_is_hashed() -> None:
     assert retry_token(None) == ""
     assert retry_token("x") != retry_token("y")
     assert len(retry_token("x")) == 16
+
+
+def test_host_busy_is_retried_with_its_own_message() -> None:
+    d = decide([att(1, OutcomeKind.HOST_BUSY)], "", NOW, 10)
+    assert (d.verdict, d.message) == (Verdict.WAIT, "host locked by another run, retrying (attempt 2)")
