@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from extension.runs.artifacts import (
     Outcome,
@@ -82,7 +83,7 @@ def test_attempts_are_numbered_and_loaded_in_order(tmp_path: Path) -> None:
     assert load_attempts(tmp_path / "absent", IDENT, FP) == []
 
 
-def host_state(event: str, res: dict[str, object], task: str = "Take the host lock") -> dict[str, object]:
+def host_state(event: str, res: dict[str, Any], task: str = "Take the host lock") -> dict[str, Any]:
     return {"event": event, "event_data": {"task": task, "task_action": "inplace_host_state", "res": res}}
 
 
