@@ -1,0 +1,146 @@
+"""CAPABILITIES: the one table of what can change in place, which role does it, and what inputs it gets.
+
+A capability = name (= role name = Ansible tag) + claims (spec-relative JSON pointers per object kind, each
+with a guard) + role inputs (declared types and the extractor that reads them from the desired objects).
+Pointers are relative to the machine spec, so one declaration serves Machine ``/spec``, MachineSet
+``/spec/template/spec``, KubeadmConfig ``/spec`` and KubeadmConfigTemplate ``/spec/template/spec``.
+The table order is the run order of the roles in ``playbooks/update_machine.yml`` (architecture.md):
+accounts and time first, files before the kubelet flags that may reference them, the Kubernetes
+upgrade (which restarts everything) last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from extension.inplace import guards
+from extension.inplace.entries import INIT_ARGS, JOIN_ARGS
+from extension.inplace.inputs import (
+    DesiredObjects,
+    InputSpec,
+    extract_kubeadm_files,
+    extract_kubelet_args,
+    extract_kubernetes_version,
+    extract_ntp,
+    extract_users,
+)
+from extension.inplace.objects import ClaimKind
+from extension.inplace.pointers import join_pointer, parse_pointer
+
+Extractor = Callable[[DesiredObjects], "dict[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    kind: ClaimKind
+    pointer: str  # relative to the machine spec, e.g. "/files"
+    guard: guards.Guard
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        return parse_pointer(self.pointer)
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str
+    claims: tuple[Claim, ...]
+    inputs: Mapping[str, InputSpec]  # role variable name -> declared type; what argument_specs must list
+    extract: Extractor  # desired objects -> role inputs, or None when the capability does not apply
+
+    def claims_for(self, kind: ClaimKind) -> tuple[Claim, ...]:
+        return tuple(claim for claim in self.claims if claim.kind is kind)
+
+
+_STR = InputSpec("str")
+_BOOL = InputSpec("bool")
+
+_USER_OPTIONS: Final = {
+    "name": InputSpec("str", required=True),
+    "gecos": _STR,
+    "groups": _STR,
+    "home_dir": _STR,
+    "inactive": _BOOL,
+    "shell": _STR,
+    "passwd": InputSpec("str", no_log=True),  # a password hash, still sensitive
+    "primary_group": _STR,
+    "lock_password": _BOOL,
+    "sudo": _STR,
+    "ssh_authorized_keys": InputSpec("list", required=True, elements="str"),
+}
+_FILE_OPTIONS: Final = {
+    "path": InputSpec("str", required=True),
+    "content": InputSpec("str", required=True),
+    "owner": InputSpec("str", required=True),
+    "permissions": InputSpec("str", required=True),
+    "append": InputSpec("bool", required=True),
+}
+_ARG_OPTIONS: Final = {"name": InputSpec("str", required=True), "value": InputSpec("str", required=True)}
+
+_CLUSTER_CONFIGURATION_WITH_UPGRADE: Final = (
+    "/clusterConfiguration/etcd/local/imageTag",
+    "/clusterConfiguration/featureGates",
+    "/clusterConfiguration/imageRepository",
+    "/clusterConfiguration/dns/imageTag",
+)
+
+CAPABILITIES: Final[tuple[Capability, ...]] = (
+    Capability(
+        name="users",
+        claims=(Claim(ClaimKind.KUBEADM_CONFIG, "/users", guards.users),),
+        inputs={"users_users": InputSpec("list", required=True, elements="dict", options=_USER_OPTIONS)},
+        extract=extract_users,
+    ),
+    Capability(
+        name="ntp",
+        claims=(Claim(ClaimKind.KUBEADM_CONFIG, "/ntp", guards.ntp),),
+        inputs={
+            "ntp_enabled": InputSpec("bool", required=True),
+            "ntp_servers": InputSpec("list", required=True, elements="str"),
+        },
+        extract=extract_ntp,
+    ),
+    Capability(
+        name="kubeadm_files",
+        claims=(Claim(ClaimKind.KUBEADM_CONFIG, "/files", guards.kubeadm_files),),
+        inputs={
+            "kubeadm_files_files": InputSpec("list", required=True, elements="dict", options=_FILE_OPTIONS)
+        },
+        extract=extract_kubeadm_files,
+    ),
+    Capability(
+        name="kubelet_args",
+        claims=(
+            Claim(ClaimKind.KUBEADM_CONFIG, join_pointer(JOIN_ARGS), guards.kubelet_args),
+            Claim(ClaimKind.KUBEADM_CONFIG, join_pointer(INIT_ARGS), guards.kubelet_args),
+        ),
+        inputs={
+            "kubelet_args_extra_args": InputSpec("list", required=True, elements="dict", options=_ARG_OPTIONS)
+        },
+        extract=extract_kubelet_args,
+    ),
+    Capability(
+        name="kubernetes_version",
+        claims=(
+            Claim(ClaimKind.MACHINE, "/version", guards.kubernetes_upgrade),
+            *(
+                Claim(ClaimKind.KUBEADM_CONFIG, p, guards.with_version_upgrade)
+                for p in _CLUSTER_CONFIGURATION_WITH_UPGRADE
+            ),
+        ),
+        inputs={
+            "kubernetes_version_target": InputSpec("str", required=True),
+            "kubernetes_version_control_plane": InputSpec("bool", required=True),
+        },
+        extract=extract_kubernetes_version,
+    ),
+)
+
+# The claim whose verdict the clusterConfiguration claims depend on (see guards.with_version_upgrade).
+VERSION_CLAIM: Final = CAPABILITIES[-1].claims[0]
+
+
+def capability_names() -> tuple[str, ...]:
+    return tuple(capability.name for capability in CAPABILITIES)

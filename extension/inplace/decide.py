@@ -1,0 +1,176 @@
+"""CanUpdateMachine / CanUpdateMachineSet decisions: which changed fields are claimed, and the patches.
+
+For every object of the request (Machine or MachineSet first, then the infrastructure object, then the
+bootstrap config) the changed fields of the machine spec are found, each capability claim whose guard
+passes copies desired over current at its pointer, and everything else stays unclaimed -- that is the
+decline, after which CAPI rolls the machine out (capi-hooks.md §7.2-§7.4). ExtensionConfig settings
+(disableInPlaceUpdates, requireInPlace) are applied by the hook, not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from extension.inplace.capabilities import CAPABILITIES, VERSION_CLAIM
+from extension.inplace.guards import Change
+from extension.inplace.objects import (
+    MACHINE_SET_SLOTS,
+    MACHINE_SLOTS,
+    ClaimKind,
+    Role,
+    Slot,
+    claim_kind,
+    comparable_machine_spec,
+    kind_of,
+    spec_of,
+)
+from extension.inplace.patches import SpecPatch
+from extension.inplace.pointers import MISSING, changed_pointers, get_in, is_under, json_equal
+
+
+@dataclass(frozen=True)
+class FieldVerdict:
+    target: str  # response patch field it belongs to: "machinePatch", "bootstrapConfigTemplatePatch", ...
+    kind: str  # kind of the object, e.g. "KubeadmConfigTemplate"
+    pointer: str  # JSON pointer of the changed field, relative to the machine spec ("/version", "/files")
+    in_place: bool  # claimed?
+    capability: str | None
+    reason: str  # deterministic, never contains field values (they may be secrets)
+
+
+@dataclass(frozen=True)
+class Decision:
+    patches: Mapping[str, list[dict[str, Any]]]  # patch field -> RFC 6902 ops (only targets with ops)
+    verdicts: tuple[FieldVerdict, ...]  # one per changed field, claimed or not
+
+    @property
+    def fully_claimed(self) -> bool:
+        """True when every change is claimed (also when nothing changed): CAPI will update in place."""
+        return all(verdict.in_place for verdict in self.verdicts)
+
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        """Capabilities with at least one claimed field, in CAPABILITIES (run) order."""
+        used = {verdict.capability for verdict in self.verdicts if verdict.in_place}
+        return tuple(capability.name for capability in CAPABILITIES if capability.name in used)
+
+    @property
+    def unclaimed(self) -> tuple[FieldVerdict, ...]:
+        return tuple(verdict for verdict in self.verdicts if not verdict.in_place)
+
+    def message(self) -> str:
+        """Deterministic, secret-free summary for the response message."""
+        if not self.verdicts:
+            return "no changes"
+        claimed = ", ".join(self.capabilities)
+        if self.fully_claimed:
+            return f"in place: {claimed}"
+        rollout = "; ".join(f"{verdict.kind} {verdict.reason}" for verdict in self.unclaimed)
+        return f"rollout needed: {rollout}" + (f"; in place alone: {claimed}" if claimed else "")
+
+
+def decide_can_update_machine(current: Mapping[str, Any], desired: Mapping[str, Any]) -> Decision:
+    """current/desired: {"machine", "infrastructureMachine", "bootstrapConfig" (optional)} JSON objects."""
+    return _decide(current, desired, MACHINE_SLOTS)
+
+
+def decide_can_update_machine_set(current: Mapping[str, Any], desired: Mapping[str, Any]) -> Decision:
+    """current/desired: {"machineSet", "infrastructureMachineTemplate", "bootstrapConfigTemplate"?}."""
+    return _decide(current, desired, MACHINE_SET_SLOTS)
+
+
+def _decide(current: Mapping[str, Any], desired: Mapping[str, Any], slots: tuple[Slot, ...]) -> Decision:
+    patches: dict[str, list[dict[str, Any]]] = {}
+    verdicts: list[FieldVerdict] = []
+    upgrade_claimed = False
+    for slot in slots:
+        slot_verdicts, ops = _decide_slot(slot, current.get(slot.key), desired.get(slot.key), upgrade_claimed)
+        if slot.role is Role.MACHINE:
+            upgrade_claimed = any(v.in_place and v.pointer == VERSION_CLAIM.pointer for v in slot_verdicts)
+        verdicts.extend(slot_verdicts)
+        if ops:
+            patches[slot.target] = ops
+    return Decision(patches, tuple(verdicts))
+
+
+def _decide_slot(
+    slot: Slot, current_obj: Any, desired_obj: Any, upgrade_claimed: bool
+) -> tuple[list[FieldVerdict], list[dict[str, Any]]]:
+    if current_obj is None and desired_obj is None:
+        return [], []
+    kind = kind_of(desired_obj if isinstance(desired_obj, Mapping) else current_obj or {})
+    if not isinstance(current_obj, Mapping) or not isinstance(desired_obj, Mapping):
+        return [_unclaimed(slot, kind, "", f"{slot.key} is not present as an object on both sides")], []
+    current_spec, desired_spec = spec_of(current_obj, slot), spec_of(desired_obj, slot)
+    if current_spec is MISSING and desired_spec is MISSING:
+        return [], []
+    if not isinstance(current_spec, Mapping) or not isinstance(desired_spec, Mapping):
+        return [_unclaimed(slot, kind, "", f"{slot.key}{_dotted(slot)} is not an object on both sides")], []
+    comparable = comparable_machine_spec if slot.role is Role.MACHINE else _as_is
+    if not changed_pointers(comparable(current_spec), comparable(desired_spec)):
+        return [], []
+    # Patches are computed on the real specs (CAPI applies them to the real object); changes are judged on
+    # what CAPI compares, so the Machine fields it ignores never need a claim (capi-hooks.md §7.3).
+    patch = SpecPatch(current_spec, desired_spec, slot.spec_pointer)
+    verdicts: list[FieldVerdict] = []
+    ckind = claim_kind(desired_obj)
+    if ckind is not None and ckind is claim_kind(current_obj):
+        verdicts = _claim(
+            slot, kind, ckind, patch, comparable(current_spec), comparable(desired_spec), upgrade_claimed
+        )
+    decided = [verdict.pointer for verdict in verdicts]
+    for pointer in changed_pointers(comparable(patch.spec), comparable(desired_spec)):
+        if not any(is_under(pointer, claimed) for claimed in decided):
+            verdicts.append(
+                _unclaimed(slot, kind, pointer, f"{pointer or '/'}: no capability changes it in place")
+            )
+    verdicts.sort(key=lambda verdict: verdict.pointer)
+    return verdicts, patch.ops
+
+
+def _claim(
+    slot: Slot,
+    kind: str,
+    ckind: ClaimKind,
+    patch: SpecPatch,
+    current_spec: Mapping[str, Any],
+    desired_spec: Mapping[str, Any],
+    upgrade_claimed: bool,
+) -> list[FieldVerdict]:
+    """Run every claim of this kind whose field changed: guard first, then copy desired over current."""
+    verdicts = []
+    for capability in CAPABILITIES:
+        for claim in capability.claims_for(ckind):
+            old, new = get_in(current_spec, claim.tokens), get_in(desired_spec, claim.tokens)
+            if _same(old, new):
+                continue
+            change = Change(claim.pointer, old, new, current_spec, desired_spec, upgrade_claimed)
+            problem = claim.guard(change) or patch.claim(claim.tokens)
+            if problem is None:
+                reason = f"{claim.pointer}: {capability.name} changes it in place"
+            else:
+                reason = f"{claim.pointer}: {capability.name} does not change it in place: {problem}"
+            verdicts.append(
+                FieldVerdict(slot.target, kind, claim.pointer, problem is None, capability.name, reason)
+            )
+    return verdicts
+
+
+def _same(old: Any, new: Any) -> bool:
+    if old is MISSING or new is MISSING:
+        return old is new
+    return json_equal(old, new)
+
+
+def _as_is(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    return spec
+
+
+def _unclaimed(slot: Slot, kind: str, pointer: str, reason: str) -> FieldVerdict:
+    return FieldVerdict(slot.target, kind, pointer, False, None, reason)
+
+
+def _dotted(slot: Slot) -> str:
+    return "".join("." + part for part in slot.spec_path)

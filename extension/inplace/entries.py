@@ -1,0 +1,142 @@
+"""KubeadmConfig values turned into role inputs: users, ntp and kubelet arguments (files live in files.py).
+
+Each parser either returns the role's input, raises EntrySkipped (the value is not ours to carry out, e.g. a
+user whose password comes from a Secret) or EntryInvalid (malformed; names the key at fault). Messages
+name keys and rules, never values: request data may be secret.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from extension.inplace.pointers import MISSING, get_in
+
+_USER_KEYS: Final[Mapping[str, str]] = {  # KubeadmConfig v1beta2 User JSON name -> users role input name
+    "name": "name",
+    "gecos": "gecos",
+    "groups": "groups",
+    "homeDir": "home_dir",
+    "inactive": "inactive",
+    "shell": "shell",
+    "passwd": "passwd",
+    "primaryGroup": "primary_group",
+    "lockPassword": "lock_password",
+    "sudo": "sudo",
+    "sshAuthorizedKeys": "ssh_authorized_keys",
+}
+_USER_BOOLS: Final = frozenset({"inactive", "lockPassword"})
+_USER_NAME: Final = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_ARG_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+_KEY_NAME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+
+JOIN_ARGS: Final = ("joinConfiguration", "nodeRegistration", "kubeletExtraArgs")
+INIT_ARGS: Final = ("initConfiguration", "nodeRegistration", "kubeletExtraArgs")
+
+
+class EntrySkipped(Exception):
+    """Not ours to carry out (needs a Secret, not text, unknown field): never claimed, left out of plans."""
+
+
+class EntryInvalid(Exception):
+    """Malformed value; ``field`` is the key at fault relative to the entry ("" for the entry itself)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}" if field else reason)
+        self.field = field
+        self.reason = reason
+
+
+def describe_key(key: object) -> str:
+    """A key name for a message: quoted when it looks like a field name, otherwise not echoed at all."""
+    return repr(key) if isinstance(key, str) and _KEY_NAME.match(key) else "an unexpected field"
+
+
+def entries_of(value: Any) -> list[Any]:
+    """A list field's entries; absence is an empty list. Raises EntryInvalid for a non-list."""
+    if value is MISSING:
+        return []
+    if not isinstance(value, list):
+        raise EntryInvalid("", "must be a list")
+    return value
+
+
+def parse_user(entry: Any) -> dict[str, Any]:
+    """One ``users`` entry -> ``users_users`` item."""
+    if not isinstance(entry, Mapping):
+        raise EntryInvalid("", "must be an object")
+    if "passwdFrom" in entry:
+        raise EntrySkipped("uses passwdFrom, which needs access to a Secret")
+    unknown = sorted(set(entry) - set(_USER_KEYS))
+    if unknown:
+        raise EntrySkipped(f"has field {describe_key(unknown[0])}, which the users role does not carry out")
+    name = entry.get("name")
+    if not isinstance(name, str) or not _USER_NAME.match(name):
+        raise EntryInvalid("name", "must be a POSIX user name (lower case, at most 32 characters)")
+    result: dict[str, Any] = {"ssh_authorized_keys": []}
+    for key, value in entry.items():
+        if key in _USER_BOOLS:
+            if not isinstance(value, bool):
+                raise EntryInvalid(key, "must be a boolean")
+        elif key == "sshAuthorizedKeys":
+            if not isinstance(value, list) or not all(isinstance(k, str) and k for k in value):
+                raise EntryInvalid(key, "must be a list of non-empty strings")
+            if any(_CONTROL.search(k) for k in value):
+                raise EntryInvalid(key, "must not contain line breaks or control characters")
+        elif not isinstance(value, str):
+            raise EntryInvalid(key, "must be a string")
+        result[_USER_KEYS[key]] = value
+    return result
+
+
+def parse_kubelet_arg(entry: Any) -> dict[str, str]:
+    """One v1beta2 ``kubeletExtraArgs`` item ``{name, value}`` -> ``kubelet_args_extra_args`` item."""
+    if not isinstance(entry, Mapping):
+        raise EntryInvalid("", "must be an object")
+    unknown = sorted(set(entry) - {"name", "value"})
+    if unknown:
+        raise EntryInvalid(
+            "", f"has field {describe_key(unknown[0])}, which a kubelet argument does not have"
+        )
+    name = entry.get("name")
+    if not isinstance(name, str) or not _ARG_NAME.match(name):
+        raise EntryInvalid("name", "must be a kubelet flag name (letters, digits, '-', '_', '.')")
+    value = entry.get("value", "")
+    if not isinstance(value, str):
+        raise EntryInvalid("value", "must be a string")
+    if _CONTROL.search(value):
+        # The role writes one environment line; a line break would start a new variable.
+        raise EntryInvalid("value", "must not contain line breaks or control characters")
+    return {"name": name, "value": value}
+
+
+def effective_kubelet_args(spec: Any) -> tuple[tuple[str, ...] | None, Any]:
+    """Where the node's kubelet arguments come from: joinConfiguration if it sets them, else init.
+
+    Returns (spec-relative tokens, value); (None, MISSING) when neither sets them.
+    """
+    for tokens in (JOIN_ARGS, INIT_ARGS):
+        value = get_in(spec, tokens)
+        if value is not MISSING:
+            return tokens, value
+    return None, MISSING
+
+
+def parse_ntp(value: Any) -> dict[str, Any]:
+    """``ntp`` {servers, enabled} -> the ntp role's inputs. cloud-init enables NTP unless told otherwise."""
+    if not isinstance(value, Mapping):
+        raise EntryInvalid("", "must be an object")
+    unknown = sorted(set(value) - {"servers", "enabled"})
+    if unknown:
+        raise EntrySkipped(f"has field {describe_key(unknown[0])}, which the ntp role does not carry out")
+    servers = value.get("servers", [])
+    if not isinstance(servers, list) or not all(isinstance(s, str) and s for s in servers):
+        raise EntryInvalid("servers", "must be a list of non-empty strings")
+    if any(_CONTROL.search(s) or " " in s for s in servers):
+        raise EntryInvalid("servers", "must not contain spaces or control characters")
+    enabled = value.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise EntryInvalid("enabled", "must be a boolean")
+    return {"ntp_enabled": enabled, "ntp_servers": list(servers)}

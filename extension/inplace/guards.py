@@ -1,0 +1,126 @@
+"""Claim guards: why a changed field is NOT carried out in place, or None when its capability can do it.
+
+A guard sees one changed field (current and desired values at the claim pointer, both whole specs) and
+answers with a deterministic reason that names rules, entry indexes and keys, never values (design.md §2,
+"Claim only what a role really carries out"; when in doubt, decline: a rollout is always correct).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from extension.inplace.entries import (
+    EntryInvalid,
+    EntrySkipped,
+    effective_kubelet_args,
+    entries_of,
+    parse_kubelet_arg,
+    parse_ntp,
+    parse_user,
+)
+from extension.inplace.files import parse_file
+from extension.inplace.pointers import MISSING
+from extension.inplace.versions import upgrade_problem
+
+
+@dataclass(frozen=True)
+class Change:
+    """One claimed pointer whose value differs between current and desired (values may be ``MISSING``)."""
+
+    pointer: str
+    current: Any
+    desired: Any
+    current_spec: Mapping[str, Any]
+    desired_spec: Mapping[str, Any]
+    version_upgrade_claimed: bool  # did kubernetes_version claim this request's Machine version change?
+
+
+Guard = Callable[[Change], "str | None"]
+
+
+def kubernetes_upgrade(change: Change) -> str | None:
+    return upgrade_problem(change.current, change.desired)
+
+
+def with_version_upgrade(change: Change) -> str | None:
+    # kubeadm upgrade node re-applies these cluster settings; on their own nothing would apply them.
+    if change.version_upgrade_claimed:
+        return None
+    return "it changes in place only together with an in-place Kubernetes version upgrade"
+
+
+def kubeadm_files(change: Change) -> str | None:
+    return _list_problem(
+        change.current, change.desired, "path", parse_file, "files written earlier are not deleted"
+    )
+
+
+def users(change: Change) -> str | None:
+    return _list_problem(change.current, change.desired, "name", parse_user, "users are not deleted")
+
+
+def kubelet_args(change: Change) -> str | None:
+    # Both claimed pointers are judged on the list the node actually uses (join, else init): the same
+    # choice the plan makes, so a claim is exactly what the role will write.
+    _, current = effective_kubelet_args(change.current_spec)
+    _, desired = effective_kubelet_args(change.desired_spec)
+    return _list_problem(current, desired, "name", parse_kubelet_arg, "arguments set earlier are not removed")
+
+
+def ntp(change: Change) -> str | None:
+    if change.desired is MISSING:
+        return "removing the ntp settings is not carried out in place (the earlier time settings are unknown)"
+    try:
+        parse_ntp(change.desired)
+    except EntrySkipped as exc:
+        return f"the desired value {exc}"
+    except EntryInvalid as exc:
+        return _invalid("the desired value", exc)
+    return None
+
+
+def _list_problem(
+    current: Any, desired: Any, key: str, parse: Callable[[Any], object], removal_rule: str
+) -> str | None:
+    """Lists of entries: nothing removed, and every new or changed entry carried out by the role."""
+    try:
+        current_entries = entries_of(current)
+    except EntryInvalid:
+        return "the current value is not a list"
+    try:
+        desired_entries = entries_of(desired)
+    except EntryInvalid:
+        return "the desired value is not a list"
+    desired_keys = {_identity(entry, key) for entry in desired_entries}
+    for index, entry in enumerate(current_entries):
+        if _identity(entry, key) not in desired_keys:
+            return f"entry {index} of the current list is removed, and {removal_rule} in place"
+    unchanged = {_canonical(entry) for entry in current_entries}
+    for index, entry in enumerate(desired_entries):
+        try:
+            parse(entry)
+        except EntrySkipped as exc:
+            # An unchanged entry the role leaves alone stays as bootstrap wrote it: only new ones block.
+            if _canonical(entry) not in unchanged:
+                return f"entry {index} {exc}"
+        except EntryInvalid as exc:
+            # Invalid even when unchanged: the UpdateMachine plan would refuse it.
+            return _invalid(f"entry {index}", exc)
+    return None
+
+
+def _identity(entry: Any, key: str) -> str | None:
+    """An entry's identity in its list: a file's path, a user's or an argument's name."""
+    value = entry.get(key) if isinstance(entry, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+def _canonical(entry: Any) -> str:
+    return json.dumps(entry, sort_keys=True, separators=(",", ":"))
+
+
+def _invalid(subject: str, exc: EntryInvalid) -> str:
+    return f"{subject} {exc.field} {exc.reason}" if exc.field else f"{subject} {exc.reason}"
