@@ -42,6 +42,7 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(MAX_BODY_BYTES, description="request body cap; larger bodies get HTTP 413")
     log_format: str = Field("text", pattern="^(text|json)$", description="log line format")
+    access_log: bool = Field(False, description="also log one line per HTTP request (uvicorn's access log)")
     log_level: str = Field(
         "INFO", pattern="^(?i:debug|info|warning|error|critical)$", description="log level"
     )

@@ -102,5 +102,8 @@ class CommonResponse(WireModel):
 
 
 class CommonRetryResponse(CommonResponse):
+    # the schema documents what we send: retryAfterSeconds always (a default alone would make it optional)
+    model_config = ConfigDict(json_schema_extra={"required": ["status", "retryAfterSeconds"]})
+
     # required on the wire, no omitempty: 0 = done, >0 = call again after N seconds (capi-hooks.md §6.4)
     retry_after_seconds: int = 0

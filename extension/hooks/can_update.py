@@ -1,0 +1,93 @@
+"""CanUpdateMachine and CanUpdateMachineSet: one shared core over the pure decision in ``extension.inplace``.
+
+A decline is ``Success`` with partial or no patches (CAPI then rolls the machine out, capi-hooks.md §7.4);
+``Failure`` only in strict mode (``requireInPlace``), where it lists every unclaimed field and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from extension.api.common import Patch, ResponseStatus
+from extension.api.inplace import (
+    CanUpdateMachineRequest,
+    CanUpdateMachineResponse,
+    CanUpdateMachineSetRequest,
+    CanUpdateMachineSetResponse,
+)
+from extension.hooks.context import HookContext, HookOptions
+from extension.inplace.decide import Decision, decide_can_update_machine, decide_can_update_machine_set
+
+logger = logging.getLogger(__name__)
+
+DISABLED_MESSAGE = "in-place updates are disabled by the ExtensionConfig setting disableInPlaceUpdates"
+
+
+@dataclass(frozen=True)
+class CanUpdateAnswer:
+    status: ResponseStatus
+    message: str | None
+    decision: str  # log value: in-place | rollout | no-change | disabled | refused
+    patches: Mapping[str, Patch] = field(default_factory=dict)  # wire patch field -> Patch
+
+
+def strict_refusal(decision: Decision) -> str:
+    """The strict-mode Failure message: every unclaimed field, with the core's (value-free) reason."""
+    unclaimed = [f"{v.kind} {v.pointer}: {v.reason}" for v in decision.verdicts if not v.in_place]
+    return "requireInPlace: changes that cannot be applied in place: " + "; ".join(unclaimed)
+
+
+def answer_can_update(options: HookOptions, decide: Callable[[], Decision]) -> CanUpdateAnswer:
+    """Apply the ExtensionConfig switches around the pure decision and encode its patches."""
+    if options.disable_in_place_updates:
+        return CanUpdateAnswer(ResponseStatus.SUCCESS, DISABLED_MESSAGE, "disabled")
+    decision = decide()
+    if options.require_in_place and not decision.fully_claimed:
+        return CanUpdateAnswer(ResponseStatus.FAILURE, strict_refusal(decision), "refused")
+    patches = {target: Patch.json_patch(ops) for target, ops in decision.patches.items() if ops}
+    label = "in-place" if decision.fully_claimed else "rollout"
+    if not decision.verdicts:
+        label = "no-change"
+    return CanUpdateAnswer(ResponseStatus.SUCCESS, decision.message() or None, label, patches)
+
+
+def _log(hook: str, machine: str, answer: CanUpdateAnswer) -> None:
+    targets = ",".join(sorted(answer.patches)) or "-"
+    logger.info("hook=%s machine=%s decision=%s patches=%s", hook, machine, answer.decision, targets)
+
+
+async def can_update_machine(
+    request: CanUpdateMachineRequest, context: HookContext
+) -> CanUpdateMachineResponse:
+    current, desired = request.current.to_json(), request.desired.to_json()
+    answer = answer_can_update(
+        HookOptions.from_settings(request.settings), lambda: decide_can_update_machine(current, desired)
+    )
+    _log("CanUpdateMachine", request.desired.machine.key, answer)
+    return CanUpdateMachineResponse(
+        status=answer.status,
+        message=answer.message,
+        machine_patch=answer.patches.get("machinePatch"),
+        infrastructure_machine_patch=answer.patches.get("infrastructureMachinePatch"),
+        bootstrap_config_patch=answer.patches.get("bootstrapConfigPatch"),
+    )
+
+
+async def can_update_machine_set(
+    request: CanUpdateMachineSetRequest, context: HookContext
+) -> CanUpdateMachineSetResponse:
+    current, desired = request.current.to_json(), request.desired.to_json()
+    answer = answer_can_update(
+        HookOptions.from_settings(request.settings), lambda: decide_can_update_machine_set(current, desired)
+    )
+    # the old MachineSet is the object CAPI asks about (its Machines would move)
+    _log("CanUpdateMachineSet", request.current.machine_set.key, answer)
+    return CanUpdateMachineSetResponse(
+        status=answer.status,
+        message=answer.message,
+        machine_set_patch=answer.patches.get("machineSetPatch"),
+        infrastructure_machine_template_patch=answer.patches.get("infrastructureMachineTemplatePatch"),
+        bootstrap_config_template_patch=answer.patches.get("bootstrapConfigTemplatePatch"),
+    )
