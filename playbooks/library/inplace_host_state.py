@@ -1,0 +1,290 @@
+#!/usr/bin/python3
+"""Ansible module: the host lock and the applied-fingerprint stamp of inplace-extension.
+
+It owns everything under the state directory (default /var/lib/inplace-extension) that is not a
+role's own manifest:
+
+* ``lock/``        the exclusive host lock: a directory holding ``owner.json`` {ident, token,
+                   acquired_at, pid}; it appears atomically (built beside, then renamed into place).
+* ``lock.guard``   a file that is flock()ed only while a run looks at or changes ``lock/``, so
+                   check-and-take, stale takeover and release never race each other. The kernel
+                   drops the flock when a process dies, so a killed module never wedges it.
+* ``lock.log``     one JSON line per lock event (acquired, took-over, released, up-to-date).
+* ``stamp.json``   {fingerprint, ident, applied_at} of the last fully applied update.
+* ``stamp.log``    one JSON line per stamp write.
+
+Why a module and not a chain of tasks: every module execution costs about half a second over SSH
+(design.md section 7). ``state=locked`` takes the lock AND reads the stamp in one execution; when
+the stamp already matches it releases the lock in the same execution, so a run that has nothing to
+do costs one module execution.
+
+The lock survives between tasks (each task is its own process), hence the directory; a run that is
+killed keeps it until it is older than ``stale_seconds``, then the next run takes it over.
+Lock bookkeeping reports ``changed: false``: it is transient and released by the same run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: inplace_host_state
+short_description: Host lock and applied-fingerprint stamp for inplace-extension
+description:
+  - C(state=locked) waits for the exclusive host lock (taking over a stale one), then reads the
+    stamp; if the stamp already holds I(fingerprint) it releases the lock and returns
+    C(up_to_date=true).
+  - C(state=stamped) writes the stamp (only while this run holds the lock).
+  - C(state=unlocked) releases the lock if this run holds it, and does nothing otherwise.
+options:
+  state: {description: What to do., type: str, required: true, choices: [locked, unlocked, stamped]}
+  ident: {description: Run ident for the lock owner, the logs and the stamp., type: str, required: true}
+  fingerprint: {description: Fingerprint of the inputs of this run (locked and stamped)., type: str}
+  token: {description: The token returned by state=locked (unlocked and stamped)., type: str}
+  state_dir: {description: Directory holding lock and stamp., type: path, default: /var/lib/inplace-extension}
+  wait_seconds: {description: How long state=locked waits for another run's lock., type: float, default: 300}
+  stale_seconds: {description: Age after which a lock counts as left behind by a dead run., type: float,
+                  default: 1800}
+  poll_seconds: {description: How often a waiting run looks at the lock again., type: float, default: 0.5}
+"""
+
+RETURN = r"""
+locked: {description: Whether this run holds the lock after the call., type: bool}
+up_to_date: {description: The stamp already holds the requested fingerprint., type: bool}
+token: {description: Nonce of this lock holding; pass it to unlocked and stamped., type: str}
+applied_fingerprint: {description: Fingerprint in the stamp before this run (null if none)., type: str}
+took_over_from: {description: Ident of the stale holder this run displaced (null if none)., type: str}
+released: {description: state=unlocked removed this run's lock., type: bool}
+"""
+
+OWNER = "owner.json"
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, (json.dumps(data, sort_keys=True) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    tmp.replace(path)
+
+
+def _append_log(state_dir: Path, name: str, entry: dict[str, Any]) -> None:
+    line = json.dumps({"time": round(_now(), 3), **entry}, sort_keys=True)
+    fd = os.open(state_dir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _guard(state_dir: Path) -> Iterator[None]:
+    """Hold the flock that serialises every look at and change of ``lock/``."""
+    fd = os.open(state_dir / "lock.guard", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
+def _holder(lock_dir: Path) -> dict[str, Any] | None:
+    """The current lock owner, or None when nobody holds the lock."""
+    try:
+        st = lock_dir.stat()
+    except FileNotFoundError:
+        return None
+    owner = _read_json(lock_dir / OWNER) or {}
+    # An unreadable owner file cannot happen through this module (the directory is renamed into
+    # place complete); fall back to the directory's age so even a hand-made lock goes stale.
+    acquired_at = owner.get("acquired_at")
+    if not isinstance(acquired_at, (int, float)):
+        acquired_at = st.st_mtime
+    return {
+        "ident": str(owner.get("ident", "unknown")),
+        "token": str(owner.get("token", "")),
+        "acquired_at": float(acquired_at),
+    }
+
+
+def _create_lock(state_dir: Path, lock_dir: Path, ident: str, token: str) -> None:
+    staging = state_dir / f"lock.new-{token[:8]}"
+    staging.mkdir(mode=0o700)
+    _write_json_atomic(
+        staging / OWNER,
+        {"ident": ident, "token": token, "acquired_at": _now(), "pid": os.getpid()},
+    )
+    staging.rename(lock_dir)  # atomic; the guard makes sure lock_dir does not exist
+
+
+def _remove_leftover_staging(state_dir: Path) -> None:
+    # A module killed between mkdir and rename leaves its staging directory; only a holder of the
+    # guard can be in that window, so anything found here while we hold it is dead.
+    for leftover in state_dir.glob("lock.new-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def acquire(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
+    state_dir, ident, fingerprint = Path(p["state_dir"]), p["ident"], p["fingerprint"]
+    lock_dir = state_dir / "lock"
+    stamp = _read_json(state_dir / "stamp.json") or {}
+    applied = stamp.get("fingerprint")
+    if module.check_mode:
+        return {
+            "changed": False,
+            "locked": False,
+            "up_to_date": applied == fingerprint,
+            "token": "",
+            "applied_fingerprint": applied,
+            "took_over_from": None,
+        }
+    token = secrets.token_hex(16)
+    deadline = time.monotonic() + p["wait_seconds"]
+    took_over_from = None
+    while True:
+        with _guard(state_dir):
+            _remove_leftover_staging(state_dir)
+            holder = _holder(lock_dir)
+            if holder is not None and _now() - holder["acquired_at"] > p["stale_seconds"]:
+                shutil.rmtree(lock_dir)
+                took_over_from = holder["ident"]
+                _append_log(
+                    state_dir, "lock.log", {"event": "took-over", "ident": ident, "previous": holder["ident"]}
+                )
+                holder = None
+            if holder is None:
+                _create_lock(state_dir, lock_dir, ident, token)
+                _append_log(state_dir, "lock.log", {"event": "acquired", "ident": ident})
+                # Read the stamp again under the lock: the run we waited for may have written it.
+                stamp = _read_json(state_dir / "stamp.json") or {}
+                applied = stamp.get("fingerprint")
+                if applied == fingerprint:
+                    shutil.rmtree(lock_dir)
+                    _append_log(
+                        state_dir, "lock.log", {"event": "released", "ident": ident, "reason": "up-to-date"}
+                    )
+                    return {
+                        "changed": False,
+                        "locked": False,
+                        "up_to_date": True,
+                        "token": "",
+                        "applied_fingerprint": applied,
+                        "took_over_from": took_over_from,
+                    }
+                return {
+                    "changed": False,
+                    "locked": True,
+                    "up_to_date": False,
+                    "token": token,
+                    "applied_fingerprint": applied,
+                    "took_over_from": took_over_from,
+                }
+        if time.monotonic() >= deadline:
+            age = int(_now() - holder["acquired_at"])
+            module.fail_json(
+                msg=(
+                    f"host lock {lock_dir} is held by run {holder['ident']} (for {age}s); "
+                    f"gave up after waiting {p['wait_seconds']:g}s. It counts as stale after "
+                    f"{p['stale_seconds']:g}s."
+                ),
+                locked=False,
+                holder=holder["ident"],
+            )
+        time.sleep(p["poll_seconds"])
+
+
+def release(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
+    state_dir = Path(p["state_dir"])
+    lock_dir = state_dir / "lock"
+    if module.check_mode or not p["token"]:
+        return {"changed": False, "released": False, "locked": False}
+    with _guard(state_dir):
+        holder = _holder(lock_dir)
+        if holder is None or not secrets.compare_digest(holder["token"], p["token"]):
+            # Not ours (any more): a run that outlived stale_seconds was taken over. Leave it.
+            return {
+                "changed": False,
+                "released": False,
+                "locked": False,
+                "holder": None if holder is None else holder["ident"],
+            }
+        shutil.rmtree(lock_dir)
+        _append_log(state_dir, "lock.log", {"event": "released", "ident": p["ident"]})
+    return {"changed": False, "released": True, "locked": False}
+
+
+def write_stamp(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
+    state_dir = Path(p["state_dir"])
+    lock_dir = state_dir / "lock"
+    if module.check_mode:
+        return {"changed": True}
+    with _guard(state_dir):
+        holder = _holder(lock_dir)
+        if holder is None or not secrets.compare_digest(holder["token"], p["token"] or ""):
+            module.fail_json(
+                msg=(
+                    "not writing the stamp: this run no longer holds the host lock "
+                    f"(now held by {'nobody' if holder is None else holder['ident']}); "
+                    "it was probably taken over as stale"
+                ),
+            )
+        _write_json_atomic(
+            state_dir / "stamp.json",
+            {"fingerprint": p["fingerprint"], "ident": p["ident"], "applied_at": _now()},
+        )
+        _append_log(state_dir, "stamp.log", {"fingerprint": p["fingerprint"], "ident": p["ident"]})
+    return {"changed": True, "fingerprint": p["fingerprint"]}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "state": {"type": "str", "required": True, "choices": ["locked", "unlocked", "stamped"]},
+            "ident": {"type": "str", "required": True},
+            "fingerprint": {"type": "str"},
+            # Not a secret: a per-run nonce so a run never releases a lock it lost to a takeover.
+            "token": {"type": "str", "default": ""},
+            "state_dir": {"type": "path", "default": "/var/lib/inplace-extension"},
+            "wait_seconds": {"type": "float", "default": 300.0},
+            "stale_seconds": {"type": "float", "default": 1800.0},
+            "poll_seconds": {"type": "float", "default": 0.5},
+        },
+        required_if=[("state", "locked", ["fingerprint"]), ("state", "stamped", ["fingerprint", "token"])],
+        supports_check_mode=True,
+    )
+    p = module.params
+    if p["wait_seconds"] < 0 or p["stale_seconds"] <= 0 or p["poll_seconds"] <= 0:
+        module.fail_json(msg="wait_seconds must be >= 0, stale_seconds and poll_seconds > 0")
+    Path(p["state_dir"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+    action = {"locked": acquire, "unlocked": release, "stamped": write_stamp}[p["state"]]
+    module.exit_json(**action(module, p))
+
+
+if __name__ == "__main__":
+    main()
