@@ -50,6 +50,7 @@ class RunSpec:
     playbook: Path
     ansible_cfg: Path | None
     state_dir: Path  # the runs dir: ANSIBLE_HOME and the ssh control sockets live below it
+    wrapper: Path  # from install_wrapper()
 
 
 TaskListener = Callable[[str | None, str], None]  # (role or None, task name) on every task start
@@ -67,7 +68,28 @@ class RunHandle:
         return str(self._runner.status)
 
 
-def start(spec: RunSpec, on_task: TaskListener, should_cancel: Callable[[], bool]) -> RunHandle:
+def install_wrapper(state_dir: Path) -> Path:
+    """Write ``detach.py`` as an executable under the runs dir, pinned to this interpreter.
+
+    Written at start-up rather than executed from the package because installed packages do not keep
+    the executable bit; the shebang names ``sys.executable`` so no other Python is picked up.
+    """
+    source = Path(__file__).with_name("detach.py").read_text(encoding="utf-8")
+    bin_dir = state_dir / ".bin"
+    bin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    wrapper = bin_dir / "ansible-playbook-detached"
+    tmp = bin_dir / ".ansible-playbook-detached.tmp"
+    tmp.write_text(f"#!{sys.executable}\n{source}", encoding="utf-8")
+    tmp.chmod(0o700)
+    tmp.replace(wrapper)
+    return wrapper
+
+
+def _never_cancel() -> bool:
+    return False
+
+
+def start(spec: RunSpec, on_task: TaskListener) -> RunHandle:
     """Write the attempt's files and start ansible-playbook in ansible-runner's thread."""
     inputs_file = spec.attempt_dir / "inputs.json"
     # request data reaches the play only through this file (read with lookup(file)|from_json, never templated)
@@ -89,6 +111,10 @@ def start(spec: RunSpec, on_task: TaskListener, should_cancel: Callable[[], bool
             private_data_dir=str(spec.attempt_dir),
             ident=spec.ident,
             playbook=str(spec.playbook),
+            # ansible-playbook via detach.py, which survives the service's death; with a custom binary
+            # ansible-runner leaves out the playbook argument, so it goes in through cmdline
+            binary=str(spec.wrapper),
+            cmdline=shlex.quote(str(spec.playbook)),
             inventory={"all": {"hosts": {spec.host_name: host_vars}}},
             limit=spec.host_name,
             extravars={
@@ -102,7 +128,10 @@ def start(spec: RunSpec, on_task: TaskListener, should_cancel: Callable[[], bool
             quiet=True,
             suppress_env_files=True,
             event_handler=event_handler,
-            cancel_callback=should_cancel,  # always given: without it runner installs signal handlers
+            # Always given: without it runner installs its own SIGINT/SIGTERM handlers (hostlab pitfall 7).
+            # Never true: killing a play mid-way leaves the host lock held until it counts as stale,
+            # while a play left alone finishes (detach.py) and a later attempt finds its stamp.
+            cancel_callback=_never_cancel,
         )
     except (ValueError, OSError, RuntimeError) as exc:
         raise RunStartError(f"ansible-runner could not start: {exc}") from exc

@@ -115,9 +115,9 @@ class RunService:
             raise RunConfigError(f"playbook {self._playbook} not found (set --playbooks-dir)")
         cfg = playbooks / "ansible.cfg"
         self._ansible_cfg = cfg if cfg.is_file() else None
+        self._wrapper = runner.install_wrapper(self._runs_dir)
         self._retry_after = settings.retry_after_seconds
         self._registry = RunRegistry(settings.max_parallel_runs)
-        self._closing = threading.Event()
         self._cache_lock = threading.Lock()
         self._attempts: dict[str, list[Attempt]] = {}  # ident -> attempts on disk (cache)
 
@@ -142,8 +142,11 @@ class RunService:
         return self._start(request, token)
 
     def close(self, timeout: float = CLOSE_WAIT_SECONDS) -> None:
-        """Cancel running attempts (they are retried after a restart) and wait for the workers."""
-        self._closing.set()
+        """Admit no more runs and give the running ones ``timeout`` seconds to end.
+
+        Runs are never killed: one still going when the process exits finishes on its own (detach.py),
+        and the next service's attempt waits for its host lock and finds the stamp.
+        """
         deadline = time.monotonic() + timeout
         for thread in self._registry.close():
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -208,6 +211,7 @@ class RunService:
             playbook=self._playbook,
             ansible_cfg=self._ansible_cfg,
             state_dir=self._runs_dir,
+            wrapper=self._wrapper,
         )
         seen_capability = False
 
@@ -220,7 +224,7 @@ class RunService:
                 self._registry.set_phase(request.ident, "finishing" if seen_capability else "starting")
 
         try:
-            status = runner.start(spec, on_task, self._closing.is_set).wait()
+            status = runner.start(spec, on_task).wait()
             outcome = classify(attempt_dir, request.ident, request.fingerprint, finished=time.time())
         except runner.RunStartError as exc:
             status = "not started"

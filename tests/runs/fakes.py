@@ -77,14 +77,12 @@ class FakeRunner:
     started: list[runner.RunSpec] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def start(
-        self, spec: runner.RunSpec, on_task: runner.TaskListener, should_cancel: Callable[[], bool]
-    ) -> _FakeHandle:
+    def start(self, spec: runner.RunSpec, on_task: runner.TaskListener) -> _FakeHandle:
         with self.lock:
             self.started.append(spec)
             queue = self.scripts.get(spec.host_name, [])
             script = queue.pop(0) if queue else succeed
-        return _FakeHandle(self, spec, script, on_task, should_cancel)
+        return _FakeHandle(self, spec, script, on_task)
 
     def count(self, host_name: str) -> int:
         with self.lock:
@@ -98,24 +96,14 @@ class _FakeHandle:
         spec: runner.RunSpec,
         script: Script,
         on_task: runner.TaskListener,
-        should_cancel: Callable[[], bool],
     ) -> None:
-        self.fake, self.spec, self.script, self.on_task, self.should_cancel = (
-            fake,
-            spec,
-            script,
-            on_task,
-            should_cancel,
-        )
+        self.fake, self.spec, self.script, self.on_task = fake, spec, script, on_task
 
     def wait(self) -> str:
         for cap in self.spec.capabilities:
             self.on_task(cap, "Do it")
         if self.fake.gate is not None:
-            while not self.fake.gate.wait(0.05):
-                if self.should_cancel():
-                    write_artifacts(self.spec.attempt_dir, self.spec.ident, "canceled", 254, [])
-                    return "canceled"
+            self.fake.gate.wait(30)
         status, rc, events = self.script(self.spec)
         write_artifacts(self.spec.attempt_dir, self.spec.ident, status, rc, events)
         return status

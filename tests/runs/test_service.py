@@ -192,14 +192,23 @@ async def test_interrupted_run_is_restarted_never_reported_done(settings: Settin
         service.close()
 
 
-async def test_close_cancels_running_attempts(settings: Settings, fake: FakeRunner) -> None:
+async def test_close_waits_for_running_attempts_and_admits_no_more(
+    settings: Settings, fake: FakeRunner
+) -> None:
     fake.gate = threading.Event()
-    service = RunService(settings)
-    await service.poll(req())
+    service = RunService(settings.model_copy(update={"max_parallel_runs": 1}))
+    await service.poll(req("m1"))
+    await service.poll(req("m2"))
     until(lambda: fake.count("m1") == 1)
-    service.close()
-    outcome = (fake.started[0].attempt_dir / "outcome.json").read_text()
-    assert '"interrupted"' in outcome
+    closer = threading.Thread(target=service.close)
+    closer.start()
+    closer.join(0.3)  # bounded: proves close() blocks while the run goes on
+    assert closer.is_alive()  # waiting for m1's run, which is never killed
+    fake.gate.set()
+    closer.join(5)
+    assert not closer.is_alive()
+    assert "successful" in (fake.started[0].attempt_dir / "outcome.json").read_text()
+    assert fake.count("m2") == 0  # the queue was dropped; a restarted service starts it on its poll
 
 
 async def test_resolution_failures_are_clear(svc: RunService, fake: FakeRunner) -> None:

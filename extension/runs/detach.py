@@ -1,0 +1,48 @@
+"""ansible-playbook, detached from ansible-runner's pty so that a run outlives a killed service.
+
+ansible-runner starts its command on a pty it owns. When the service dies (SIGKILL, OOM), the pty
+hangs up and ansible-playbook dies with it, in the middle of a role and holding the host lock, which
+then wedges the host until the lock counts as stale. Run through this wrapper (``runner.py`` installs
+it under the runs dir and passes it as ansible-runner's ``binary``), ansible-playbook lives in its own
+session and writes into a pipe we drain: when the pty goes away the wrapper keeps draining, the play
+finishes and releases the lock, and the restarted service's next attempt finds the stamp.
+Standard library only: it runs as a script, not as part of the package.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+
+def main(argv: list[str]) -> int:
+    # the pty hanging up must not end us: we are the pipe's only reader
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    proc = subprocess.Popen(
+        ["ansible-playbook", *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        # a pipe would make Python block-buffer ansible's output; runner reads live events from it
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    pipe = proc.stdout
+    if pipe is None:  # cannot happen with stdout=PIPE; keeps the type checker honest
+        raise RuntimeError("no pipe from ansible-playbook")
+    out = sys.stdout.buffer
+    forwarding = True
+    while chunk := os.read(pipe.fileno(), 65536):
+        if forwarding:
+            try:
+                out.write(chunk)
+                out.flush()
+            except OSError:
+                forwarding = False  # the service is gone; keep draining so the play is never blocked
+    return proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
