@@ -1,0 +1,1 @@
+"""Tests of the container image recipe and the kustomize base under deploy/."""

@@ -1,0 +1,265 @@
+"""deploy/: a real kustomize build, every resource validated against published schemas, and the pieces
+checked against each other and against the code (Settings fields, hook settings, Dockerfile paths)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+
+from extension.hooks.context import HookOptions
+from extension.settings import Settings
+
+from .support import DEPLOY, KUBERNETES_VERSIONS, dockerfile_stages, one, rendered, validation_errors
+
+NAMESPACE = "inplace-extension-system"
+EXPECTED_KINDS = {
+    "Namespace",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+    "Deployment",
+    "Service",
+    "Issuer",
+    "Certificate",
+    "ExtensionConfig",
+}
+
+
+def _container() -> dict[str, Any]:
+    containers = one("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+def _mounts() -> dict[str, str]:
+    """volume name -> mount path"""
+    return {m["name"]: m["mountPath"] for m in _container()["volumeMounts"]}
+
+
+def _volumes() -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in one("Deployment")["spec"]["template"]["spec"]["volumes"]}
+
+
+def _pod_env() -> dict[str, str]:
+    """What the process sees: image ENV, then the ConfigMap (envFrom), then explicit env."""
+    env = dict(dockerfile_stages()[-1].env())
+    env.update(one("ConfigMap", "inplace-extension-config")["data"])
+    env.update({e["name"]: e["value"] for e in _container()["env"]})
+    return env
+
+
+def _settings_from_pod_env(monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for key, value in _pod_env().items():
+        if key.startswith("INPLACE_"):
+            monkeypatch.setenv(key, value)
+    return Settings()
+
+
+def _under(path: str, directory: str) -> bool:
+    return PurePosixPath(directory) in PurePosixPath(path).parents
+
+
+def test_kustomize_renders_exactly_the_expected_resources() -> None:
+    kinds = [doc["kind"] for doc in rendered()]
+    assert sorted(kinds) == sorted(EXPECTED_KINDS)
+    for doc in rendered():
+        if doc["kind"] not in {"Namespace", "ExtensionConfig"}:  # the two cluster-scoped kinds
+            assert doc["metadata"].get("namespace") == NAMESPACE, doc["kind"]
+        else:
+            assert "namespace" not in doc["metadata"], doc["kind"]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_resource_validates_against_its_schema(version: str) -> None:
+    problems = {f"{d['kind']}/{d['metadata']['name']}": validation_errors(d, version) for d in rendered()}
+    assert {k: v for k, v in problems.items() if v} == {}
+
+
+@pytest.mark.parametrize(
+    ("kind", "mutate", "expected"),
+    [
+        (
+            "Deployment",
+            lambda d: d["spec"]["template"]["spec"]["containers"][0].update(imagePullPolcy="x"),
+            "imagePullPolcy",
+        ),
+        ("Deployment", lambda d: d["spec"].update(replicas="one"), "one"),
+        ("Service", lambda d: d["spec"]["ports"][0].update(port="443"), "443"),
+        ("ExtensionConfig", lambda d: d["spec"]["clientConfig"]["service"].update(port="443"), "443"),
+        ("ExtensionConfig", lambda d: d["spec"].update(namespaceSelectr={}), "namespaceSelectr"),
+        ("ExtensionConfig", lambda d: d["spec"]["settings"].update(retries=3), "3"),
+        ("Certificate", lambda d: d["spec"].pop("secretName"), "secretName"),
+        ("Certificate", lambda d: d["spec"]["usages"].append("sever auth"), "sever auth"),
+        (
+            "Issuer",
+            lambda d: d["spec"]["selfSigned"].update(crlDistributionPoint=["x"]),
+            "crlDistributionPoint",
+        ),
+        ("Role", lambda d: d["rules"][0].update(verb=["get"]), "verb"),
+        ("ExtensionConfig", lambda d: d["metadata"]["annotations"].update(x=1), "metadata.annotations"),
+    ],
+)
+def test_validation_rejects_broken_resources(kind: str, mutate: Any, expected: str) -> None:
+    doc = copy.deepcopy(one(kind))
+    mutate(doc)
+    errors = validation_errors(doc, KUBERNETES_VERSIONS[-1])
+    assert errors, f"a broken {kind} validated"
+    assert expected in " ".join(errors)
+
+
+def test_a_kind_without_schema_is_an_error_not_a_pass() -> None:
+    doc = {"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "x"}}
+    assert validation_errors(doc, KUBERNETES_VERSIONS[-1]) != []
+
+
+def test_pod_runs_restricted_non_root_read_only() -> None:
+    pod = one("Deployment")["spec"]["template"]["spec"]
+    container = _container()
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert sc.get("privileged", False) is False
+    assert one("Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    # the image's USER is what runAsUser/fsGroup assume
+    user = dockerfile_stages()[-1].last("USER").args
+    assert user == f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}"
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
+
+
+def test_single_replica_that_never_overlaps() -> None:
+    spec = one("Deployment")["spec"]
+    # the run registry is process memory (design.md B6): two Pods could start the same run twice
+    assert spec["replicas"] == 1
+    assert spec["strategy"]["type"] == "Recreate"
+
+
+def test_probes_use_the_app_health_paths_on_the_https_port() -> None:
+    container = _container()
+    port_names = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
+    assert port_names["https"] == int(_pod_env()["INPLACE_LISTEN"].rpartition(":")[2])
+
+
+def test_every_inplace_variable_is_a_setting_and_parses(monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = [k for k in _pod_env() if k.startswith("INPLACE_")]
+    assert keys
+    unknown = [k for k in keys if k.removeprefix("INPLACE_").lower() not in Settings.model_fields]
+    assert unknown == []
+    settings = _settings_from_pod_env(monkeypatch)  # raises if a value does not parse
+    assert settings.log_format == "json"
+    assert settings.allowed_cidrs == ["10.0.0.0/8"]
+
+
+def test_mounted_paths_match_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = _settings_from_pod_env(monkeypatch)
+    mounts, volumes = _mounts(), _volumes()
+    assert settings.tls_cert is not None and settings.tls_key is not None and settings.inventory is not None
+    # TLS: the cert-manager Secret's tls.crt/tls.key appear exactly where --tls-cert/--tls-key point
+    tls_items = {item["path"] for item in volumes["tls"]["secret"]["items"]}
+    assert str(settings.tls_cert) == f"{mounts['tls']}/tls.crt"
+    assert str(settings.tls_key) == f"{mounts['tls']}/tls.key"
+    assert tls_items == {"tls.crt", "tls.key"}
+    # inventory file inside the inventory Secret mount
+    assert str(settings.inventory.parent) == mounts["inventory"]
+    # state: runs directory on the writable volume, and the image keeps HOME and Ansible's home there too
+    assert _under(str(settings.runs_dir), mounts["state"])
+    image_env = dockerfile_stages()[-1].env()
+    assert _under(image_env["ANSIBLE_HOME"], mounts["state"]) or image_env["ANSIBLE_HOME"] == mounts["state"]
+    assert image_env["HOME"] == mounts["state"]
+    assert _under(image_env["ANSIBLE_LOCAL_TEMP"], mounts["tmp"])
+    # the playbooks are where the image copies them
+    copies = {i.args.split()[-1].rstrip("/"): i.args.split()[-2] for i in dockerfile_stages()[-1].all("COPY")}
+    assert copies[str(settings.playbooks_dir)] == "playbooks/"
+    # writable mounts are exactly the emptyDirs; Secrets are read-only
+    for name, volume in volumes.items():
+        readonly = next(m.get("readOnly", False) for m in _container()["volumeMounts"] if m["name"] == name)
+        assert readonly == ("secret" in volume), name
+
+
+def test_example_inventory_uses_the_ssh_mount() -> None:
+    from extension.runs.inventory import Inventory
+
+    example = yaml.safe_load((DEPLOY / "examples" / "inventory.yaml").read_text(encoding="utf-8"))
+    inventory = Inventory.model_validate(example)
+    keys = [inventory.defaults.private_key_file, *(h.private_key_file for h in inventory.hosts)]
+    assert [k for k in keys if k is not None]
+    for key in keys:
+        if key is not None:
+            assert _under(str(key), _mounts()["ssh"])
+    # Secrets mounted 0440: the fsGroup can read them, and ssh accepts a key file owned by another uid
+    assert _volumes()["ssh"]["secret"]["defaultMode"] == 0o440
+
+
+def test_rbac_only_reads_its_own_configmap() -> None:
+    assert not [d for d in rendered() if d["kind"] in {"ClusterRole", "ClusterRoleBinding"}]
+    rules = one("Role")["rules"]
+    assert rules == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["inplace-extension-config"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    binding = one("RoleBinding")
+    assert binding["roleRef"]["name"] == one("Role")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": one("ServiceAccount")["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    pod = one("Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == one("ServiceAccount")["metadata"]["name"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_service_certificate_and_extensionconfig_agree() -> None:
+    service, cert, ext = one("Service"), one("Certificate"), one("ExtensionConfig")
+    pod_labels = one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    # Service 443 -> the container's https port, selecting the Pod
+    assert service["spec"]["ports"] == [
+        {"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    # CAPI dials https://<svc>.<ns>.svc:<port> and checks that name (capi-hooks.md §1.3)
+    svc_host = f"{service['metadata']['name']}.{NAMESPACE}.svc"
+    assert svc_host in cert["spec"]["dnsNames"]
+    assert "server auth" in cert["spec"]["usages"]
+    assert ext["spec"]["clientConfig"] == {
+        "service": {"name": service["metadata"]["name"], "namespace": NAMESPACE, "port": 443}
+    }
+    # one Secret: issued by cert-manager, served by the Pod, injected into caBundle by CAPI
+    secret = cert["spec"]["secretName"]
+    assert _volumes()["tls"]["secret"]["secretName"] == secret
+    annotation = ext["metadata"]["annotations"]["runtime.cluster.x-k8s.io/inject-ca-from-secret"]
+    assert annotation == f"{NAMESPACE}/{secret}"
+    issuer = one("Issuer", cert["spec"]["issuerRef"]["name"])
+    assert cert["spec"]["issuerRef"]["kind"] == "Issuer"
+    assert "selfSigned" in issuer["spec"]
+
+
+def test_extensionconfig_selects_namespaces_and_sends_settings_the_hooks_read() -> None:
+    spec = one("ExtensionConfig")["spec"]
+    # an empty selector would offer every namespace; the base opts namespaces in by label
+    assert spec["namespaceSelector"]["matchLabels"]
+    defaults = HookOptions.from_settings({})
+    assert HookOptions.from_settings(spec["settings"]) == defaults  # the example values are the defaults
+    for key, value in spec["settings"].items():
+        assert value in {"true", "false"}
+        # each key changes what the hooks do when flipped to "true": no typo'd, ignored keys
+        assert HookOptions.from_settings({key: "true"}) != defaults, key
+
+
+def test_images_are_overridable_by_name() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text(encoding="utf-8"))
+    names = {image["name"] for image in kustomization["images"]}
+    assert _container()["image"].split(":")[0] in names
+    assert _container()["image"] == f"inplace-extension:{kustomization['images'][0]['newTag']}"
