@@ -22,6 +22,7 @@ from extension.api.inplace import (
     UpdateMachineRequest,
     UpdateMachineResponse,
 )
+from extension.runs.inventory import Inventory
 from extension.settings import Settings
 
 REGENERATE_COMMAND = "python -m extension.schemas  (or: inplace-extension schemas --write schemas)"
@@ -37,6 +38,7 @@ MODELS: dict[str, tuple[type[BaseModel], Literal["validation", "serialization"]]
     "UpdateMachineRequest.json": (UpdateMachineRequest, "validation"),
     "UpdateMachineResponse.json": (UpdateMachineResponse, "serialization"),
     "Settings.json": (Settings, "validation"),
+    "inventory.schema.json": (Inventory, "validation"),  # the --inventory file (extension/runs/inventory.py)
 }
 
 
