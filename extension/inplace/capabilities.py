@@ -60,7 +60,7 @@ _BOOL = InputSpec("bool")
 _USER_OPTIONS: Final = {
     "name": InputSpec("str", required=True),
     "gecos": _STR,
-    "groups": _STR,
+    "groups": InputSpec("list", elements="str"),  # KubeadmConfig's comma-separated string, split
     "home_dir": _STR,
     "inactive": _BOOL,
     "shell": _STR,
@@ -70,12 +70,13 @@ _USER_OPTIONS: Final = {
     "sudo": _STR,
     "ssh_authorized_keys": InputSpec("list", required=True, elements="str"),
 }
+# The plan always fills owner, permissions and append (cloud-init's defaults); the role has the same defaults.
 _FILE_OPTIONS: Final = {
     "path": InputSpec("str", required=True),
-    "content": InputSpec("str", required=True),
-    "owner": InputSpec("str", required=True),
-    "permissions": InputSpec("str", required=True),
-    "append": InputSpec("bool", required=True),
+    "content": InputSpec("str", required=True, no_log=True),  # files may hold credentials
+    "owner": _STR,
+    "permissions": _STR,
+    "append": _BOOL,
 }
 _ARG_OPTIONS: Final = {"name": InputSpec("str", required=True), "value": InputSpec("str", required=True)}
 

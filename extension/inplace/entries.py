@@ -77,18 +77,30 @@ def parse_user(entry: Any) -> dict[str, Any]:
         raise EntryInvalid("name", "must be a POSIX user name (lower case, at most 32 characters)")
     result: dict[str, Any] = {"ssh_authorized_keys": []}
     for key, value in entry.items():
-        if key in _USER_BOOLS:
-            if not isinstance(value, bool):
-                raise EntryInvalid(key, "must be a boolean")
-        elif key == "sshAuthorizedKeys":
-            if not isinstance(value, list) or not all(isinstance(k, str) and k for k in value):
-                raise EntryInvalid(key, "must be a list of non-empty strings")
-            if any(_CONTROL.search(k) for k in value):
-                raise EntryInvalid(key, "must not contain line breaks or control characters")
-        elif not isinstance(value, str):
-            raise EntryInvalid(key, "must be a string")
-        result[_USER_KEYS[key]] = value
+        result[_USER_KEYS[key]] = _user_value(key, value)
     return result
+
+
+def _user_value(key: str, value: Any) -> Any:
+    if key in _USER_BOOLS:
+        if not isinstance(value, bool):
+            raise EntryInvalid(key, "must be a boolean")
+        return value
+    if key == "sshAuthorizedKeys":
+        if not isinstance(value, list) or not all(isinstance(k, str) and k for k in value):
+            raise EntryInvalid(key, "must be a list of non-empty strings")
+        if any(_CONTROL.search(k) for k in value):
+            raise EntryInvalid(key, "must not contain line breaks or control characters")
+        return value
+    if not isinstance(value, str):
+        raise EntryInvalid(key, "must be a string")
+    if _CONTROL.search(value):
+        # These land in /etc/passwd, /etc/sudoers.d and the like, one record per line.
+        raise EntryInvalid(key, "must not contain line breaks or control characters")
+    if key == "groups":
+        # v1beta2 carries groups as one comma-separated string (as cloud-init does); the role takes a list.
+        return [group.strip() for group in value.split(",") if group.strip()]
+    return value
 
 
 def parse_kubelet_arg(entry: Any) -> dict[str, str]:
