@@ -53,8 +53,9 @@ def serve_floor() -> None:
 
     import uvicorn
 
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY, see cli._bind
     sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)  # listening before the port is announced, as the service does
     print(f"floor: serving http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
     config = uvicorn.Config(floor_app(), log_level="warning", access_log=False)  # type: ignore[arg-type]
     uvicorn.Server(config).run(sockets=[sock])

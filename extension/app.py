@@ -135,8 +135,5 @@ def create_app(
     ]
     # auth outermost, so no body is read before the caller is known (extension/auth.py)
     policy = AuthPolicy.build(settings.client_ca, settings.bearer_token_file, settings.plain_http)
-    return Starlette(
-        routes=routes,
-        middleware=[Middleware(AuthMiddleware, policy=policy)],
-        exception_handlers={HTTPException: _http_error},
-    )
+    middleware = [Middleware(AuthMiddleware, policy=policy)] if policy.enabled else []
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error})

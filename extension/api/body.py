@@ -42,28 +42,57 @@ def parse_json(body: bytes) -> Any:
     return document
 
 
+def _fits(value: Any, depth: int) -> bool:
+    """Fast check of the whole tree: within MAX_DEPTH, no non-finite number (recursion <= MAX_DEPTH)."""
+    if depth >= MAX_DEPTH:
+        return False
+    items = value.values() if type(value) is dict else value
+    for item in items:
+        kind = type(item)
+        if kind is dict or kind is list:
+            if not _fits(item, depth + 1):
+                return False
+        elif kind is float and not math.isfinite(item):
+            return False
+    return True
+
+
 def _check_tree(document: Any) -> None:
-    # iterative walk: the depth bound and the non-finite check must not themselves recurse
+    if type(document) not in (dict, list) or _fits(document, 0):
+        return
+    # something is wrong: walk again, iteratively, to name the field path of the first problem
     stack: list[tuple[Any, tuple[int | str, ...]]] = [(document, ())]
     while stack:
         value, loc = stack.pop()
-        if isinstance(value, dict):
+        if isinstance(value, dict | list):
             if len(loc) >= MAX_DEPTH:
                 raise InvalidRequest(field_path(loc), f"nested deeper than {MAX_DEPTH} levels")
-            stack.extend((item, (*loc, key)) for key, item in value.items())
-        elif isinstance(value, list):
-            if len(loc) >= MAX_DEPTH:
-                raise InvalidRequest(field_path(loc), f"nested deeper than {MAX_DEPTH} levels")
-            stack.extend((item, (*loc, index)) for index, item in enumerate(value))
+            pairs = value.items() if isinstance(value, dict) else enumerate(value)
+            stack.extend((item, (*loc, key)) for key, item in pairs)
         elif isinstance(value, float) and not math.isfinite(value):
             raise InvalidRequest(field_path(loc), "number out of range")
+
+
+# pydantic's wording for the common cases, in JSON terms (its own names Python types and our class names)
+_PROBLEMS = {
+    "missing": "missing",
+    "model_type": "must be a JSON object",
+    "model_attributes_type": "must be a JSON object",
+    "dict_type": "must be a JSON object",
+    "list_type": "must be a JSON array",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "bool_type": "must be a boolean",
+    "bool_parsing": "must be a boolean",
+}
 
 
 def to_invalid_request(exc: ValidationError) -> InvalidRequest:
     """The first validation error as ``InvalidRequest`` naming its field path (+ how many more there are)."""
     errors = exc.errors(include_url=False, include_input=False, include_context=False)
     first = errors[0]
-    problem = "missing" if first["type"] == "missing" else first["msg"]
+    problem = _PROBLEMS.get(first["type"], first["msg"])
     if len(errors) > 1:
         problem += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     return InvalidRequest(field_path(tuple(first["loc"])), problem)

@@ -35,7 +35,8 @@ class CanUpdateAnswer:
 
 def strict_refusal(decision: Decision) -> str:
     """The strict-mode Failure message: every unclaimed field, with the core's (value-free) reason."""
-    unclaimed = [f"{v.kind} {v.pointer}: {v.reason}" for v in decision.verdicts if not v.in_place]
+    # a verdict's reason starts with its pointer ("/customImage: no capability changes it in place")
+    unclaimed = [f"{v.kind} {v.reason}" for v in decision.verdicts if not v.in_place]
     return "requireInPlace: changes that cannot be applied in place: " + "; ".join(unclaimed)
 
 

@@ -49,10 +49,8 @@ def _explain_decision(title: str, decision: Decision, answer: CanUpdateAnswer) -
     width = max((len(f"{v.kind} {v.pointer}") for v in decision.verdicts), default=0)
     for verdict in decision.verdicts:
         where = f"{verdict.kind} {verdict.pointer}".ljust(width)
-        if verdict.in_place:
-            lines.append(f"  in place  {where}  by {verdict.capability}: {verdict.reason}")
-        else:
-            lines.append(f"  ROLLOUT   {where}  {verdict.reason}")
+        reason = verdict.reason.removeprefix(f"{verdict.pointer}: ")  # the pointer is already in its column
+        lines.append(f"  {'in place' if verdict.in_place else 'ROLLOUT ':<8}  {where}  {reason}")
     rollouts = sum(1 for v in decision.verdicts if not v.in_place)
     outcome = (
         "in place" if decision.fully_claimed else f"rollout ({rollouts} of {len(decision.verdicts)} changes)"

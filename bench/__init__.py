@@ -1,0 +1,1 @@
+"""Benchmarks: each prints its own numbers against a baseline measured in the same run (see README)."""

@@ -1,0 +1,49 @@
+"""Hook-layer fixtures: the real app over httpx.ASGITransport, CAPI fixture bodies, a fake executor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from extension.app import create_app
+from extension.hooks.update_machine import UpdateExecutor
+from extension.runs.model import Progress, ProgressState, RunRequest
+from extension.settings import Settings
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "capi"
+API = "/hooks.runtime.cluster.x-k8s.io/v1alpha1"
+CAN_UPDATE_MACHINE = f"{API}/canupdatemachine/can-update-machine"
+CAN_UPDATE_MACHINE_SET = f"{API}/canupdatemachineset/can-update-machineset"
+UPDATE_MACHINE = f"{API}/updatemachine/update-machine"
+TOKEN = "abcdef.0123456789abcdef"  # the bootstrap token placeholder in the 6A/6B fixtures
+
+
+def load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / name).read_text())
+    return data
+
+
+def client_for(executor: UpdateExecutor | None = None, **settings: Any) -> httpx.AsyncClient:
+    app = create_app(Settings(plain_http=True, **settings), executor)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://capi.test")
+
+
+class FakeExecutor:
+    """Records every RunRequest and answers a fixed Progress."""
+
+    def __init__(self, progress: Progress | None = None) -> None:
+        self.progress = progress or Progress(ProgressState.IN_PROGRESS, "running kubeadm_files", 0)
+        self.requests: list[RunRequest] = []
+
+    async def poll(self, request: RunRequest) -> Progress:
+        self.requests.append(request)
+        return self.progress
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
