@@ -24,9 +24,9 @@ NAMESPACE: Final = "inplace_extension"
 HookStatus = Literal["Success", "Failure"]
 """The ``status`` of a hook answer as CAPI reads it (capi-hooks.md §3.2)."""
 
-RunOutcome = Literal["successful", "failed", "unreachable", "timeout", "canceled", "error"]
-"""How a run ended: ansible-runner's final statuses, plus ``unreachable`` (SSH never connected) and
-``error`` (the run could not be started or its artifacts could not be read)."""
+RunOutcome = Literal["successful", "task_failed", "unreachable", "host_busy", "interrupted"]
+"""How a run ended: the values of ``extension.runs.artifacts.OutcomeKind`` (successful; a task failed;
+SSH never connected; the host lock was held by another run; killed or no proof of completion)."""
 
 HOOK_STATUSES: Final[frozenset[str]] = frozenset(get_args(HookStatus))
 RUN_OUTCOMES: Final[frozenset[str]] = frozenset(get_args(RunOutcome))
@@ -100,8 +100,9 @@ class Metrics:
         self._hook_calls.labels(hook=hook, status=status).inc()
         self._hook_seconds.labels(hook=hook).observe(duration)
 
-    def run_finished(self, outcome: RunOutcome, seconds: float) -> None:
-        """Count one finished run and record its duration."""
+    def run_finished(self, outcome: str, seconds: float) -> None:
+        """Count one finished run and record its duration. ``outcome`` is a :data:`RunOutcome` value;
+        it is typed ``str`` so ``OutcomeKind.value`` passes as is, and checked here instead."""
         if outcome not in RUN_OUTCOMES:
             raise ValueError(f"run outcome must be one of {sorted(RUN_OUTCOMES)}, got {outcome!r}")
         duration = _duration(seconds)

@@ -157,3 +157,17 @@ def test_bad_values_are_refused_precisely(call: object, message: str) -> None:
         call(metrics)  # type: ignore[operator]
     # nothing was recorded by the refused call
     assert "hook_calls_total{" not in metrics.render()[0].decode()
+
+
+def test_run_outcomes_are_the_run_engine_outcome_kinds() -> None:
+    # run_finished(outcome.kind.value, ...) must be accepted for every outcome the run engine records
+    from extension.runs.artifacts import OutcomeKind
+
+    assert {kind.value for kind in OutcomeKind} == RUN_OUTCOMES
+    metrics = Metrics()
+    for kind in OutcomeKind:
+        metrics.run_finished(kind.value, 1.0)
+    assert (
+        f'inplace_extension_runs_total{{outcome="{OutcomeKind.HOST_BUSY.value}"}} 1.0'
+        in metrics.render()[0].decode()
+    )
