@@ -29,7 +29,7 @@ from extension.inplace.inputs import (
 from extension.inplace.objects import ClaimKind
 from extension.inplace.pointers import join_pointer, parse_pointer
 
-Extractor = Callable[[DesiredObjects], "dict[str, Any] | None"]
+Extractor = Callable[[DesiredObjects], dict[str, Any] | None]
 
 
 @dataclass(frozen=True)

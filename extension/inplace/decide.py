@@ -100,7 +100,7 @@ def _decide_slot(
 ) -> tuple[list[FieldVerdict], list[dict[str, Any]]]:
     if current_obj is None and desired_obj is None:
         return [], []
-    kind = kind_of(desired_obj if isinstance(desired_obj, Mapping) else current_obj or {})
+    kind = next((kind_of(obj) for obj in (desired_obj, current_obj) if isinstance(obj, Mapping)), "object")
     if not isinstance(current_obj, Mapping) or not isinstance(desired_obj, Mapping):
         return [_unclaimed(slot, kind, "", f"{slot.key} is not present as an object on both sides")], []
     current_spec, desired_spec = spec_of(current_obj, slot), spec_of(desired_obj, slot)

@@ -38,7 +38,7 @@ class Change:
     version_upgrade_claimed: bool  # did kubernetes_version claim this request's Machine version change?
 
 
-Guard = Callable[[Change], "str | None"]
+Guard = Callable[[Change], str | None]
 
 
 def kubernetes_upgrade(change: Change) -> str | None:

@@ -508,3 +508,25 @@ def test_decide_can_update_machine_accepts_missing_bootstrap_config() -> None:
     decision = decide_can_update_machine(request["current"], request["desired"])
     assert decision.message() == "in place: kubernetes_version"
     assert list(decision.patches) == ["machinePatch"]
+
+
+@pytest.mark.parametrize("broken", [["not", "an", "object"], "text", 5])
+def test_malformed_object_is_unclaimed_not_a_crash(broken: Any) -> None:
+    request = load(CUM_4A)
+    request["desired"]["infrastructureMachine"] = broken
+    decision = decide_can_update_machine(request["current"], request["desired"])
+    verdict = _verdict(decision, "")
+    assert (verdict.target, verdict.kind, verdict.in_place) == (
+        "infrastructureMachinePatch",
+        "DockerMachine",
+        False,
+    )
+    assert _verdict(decision, "/version").in_place
+
+
+def test_malformed_spec_is_unclaimed_not_a_crash() -> None:
+    request = load(CUM_4A)
+    request["desired"]["bootstrapConfig"]["spec"] = ["x"]
+    decision = decide_can_update_machine(request["current"], request["desired"])
+    assert _verdict(decision, "").reason == "bootstrapConfig.spec is not an object on both sides"
+    assert "bootstrapConfigPatch" not in decision.patches
