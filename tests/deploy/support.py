@@ -137,15 +137,24 @@ def dockerfile_stages() -> tuple[Stage, ...]:
 # -- kustomize + schemas ----------------------------------------------------------------------------
 
 
-@cache
-def rendered() -> tuple[dict[str, Any], ...]:
-    """``kubectl kustomize deploy`` (kustomize built into kubectl), parsed."""
+def kustomize(directory: Path) -> tuple[dict[str, Any], ...]:
+    """``kubectl kustomize <directory>`` (kustomize built into kubectl), parsed."""
     result = subprocess.run(
-        [tool("kubectl"), "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=120, check=False
+        [tool("kubectl"), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     if result.returncode != 0:
-        raise AssertionError(f"kustomize build failed:\n{result.stderr}")
+        raise AssertionError(f"kustomize build of {directory} failed:\n{result.stderr}")
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+@cache
+def rendered() -> tuple[dict[str, Any], ...]:
+    """The base, ``deploy/``."""
+    return kustomize(DEPLOY)
 
 
 def one(kind: str, name: str | None = None) -> dict[str, Any]:

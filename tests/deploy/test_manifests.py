@@ -4,7 +4,8 @@ checked against each other and against the code (Settings fields, hook settings,
 from __future__ import annotations
 
 import copy
-from pathlib import PurePosixPath
+import os
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -13,7 +14,15 @@ import yaml
 from extension.hooks.context import HookOptions
 from extension.settings import Settings
 
-from .support import DEPLOY, KUBERNETES_VERSIONS, dockerfile_stages, one, rendered, validation_errors
+from .support import (
+    DEPLOY,
+    KUBERNETES_VERSIONS,
+    dockerfile_stages,
+    kustomize,
+    one,
+    rendered,
+    validation_errors,
+)
 
 NAMESPACE = "inplace-extension-system"
 EXPECTED_KINDS = {
@@ -263,3 +272,39 @@ def test_images_are_overridable_by_name() -> None:
     names = {image["name"] for image in kustomization["images"]}
     assert _container()["image"].split(":")[0] in names
     assert _container()["image"] == f"inplace-extension:{kustomization['images'][0]['newTag']}"
+
+
+def _with_client_auth(tmp_path: Path) -> tuple[dict[str, Any], ...]:
+    """The base plus deploy/components/client-auth, through an overlay outside deploy/ as README says."""
+    base = os.path.relpath(DEPLOY, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources:\n  - {base}\ncomponents:\n  - {base}/components/client-auth\n", encoding="utf-8"
+    )
+    return kustomize(tmp_path)
+
+
+def test_client_auth_component_validates_and_points_settings_into_its_mounts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = _with_client_auth(tmp_path)
+    for version in KUBERNETES_VERSIONS:
+        assert {d["kind"]: validation_errors(d, version) for d in docs if validation_errors(d, version)} == {}
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    base_env = {e["name"]: e["value"] for e in _container()["env"]}
+    assert set(env) - set(base_env) == {"INPLACE_CLIENT_CA", "INPLACE_BEARER_TOKEN_FILE"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert settings.client_ca is not None and settings.bearer_token_file is not None
+    assert str(settings.client_ca.parent) == mounts["client-ca"]
+    assert str(settings.bearer_token_file.parent) == mounts["token"]
+    assert secrets["client-ca"] == "inplace-extension-client-ca"
+    assert secrets["token"] == "inplace-extension-token"
+    # the base's mounts and probes are untouched: probes stay open under client auth (extension.auth)
+    assert container["livenessProbe"] == _container()["livenessProbe"]
+    assert {m["name"] for m in _container()["volumeMounts"]} < set(mounts)
