@@ -15,6 +15,7 @@ from typing import Any
 from extension.inplace.entries import (
     EntryInvalid,
     EntrySkipped,
+    describe_key,
     effective_kubelet_args,
     entries_of,
     parse_kubelet_arg,
@@ -59,7 +60,34 @@ def kubeadm_files(change: Change) -> str | None:
 
 
 def users(change: Change) -> str | None:
-    return _list_problem(change.current, change.desired, "name", parse_user, "users are not deleted")
+    problem = _list_problem(change.current, change.desired, "name", parse_user, "users are not deleted")
+    if problem is not None:
+        return problem
+    current_by_name = {_identity(entry, "name"): entry for entry in entries_of(change.current)}
+    for index, entry in enumerate(entries_of(change.desired)):
+        before = current_by_name.get(_identity(entry, "name"))
+        if isinstance(before, Mapping) and isinstance(entry, Mapping):
+            problem = _user_change_problem(before, entry)
+            if problem is not None:
+                return f"entry {index} {problem}"
+    return None
+
+
+def _user_change_problem(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
+    """What the users role cannot undo for an existing user (it converges towards more, not less)."""
+    dropped = sorted(set(before) - set(after))
+    if dropped:
+        return f"drops field {describe_key(dropped[0])}, which is not undone in place"
+    if _groups(before.get("groups")) - _groups(after.get("groups")):
+        return "leaves a group; group memberships are only added in place"
+    if before.get("sudo") and before.get("sudo") != after.get("sudo"):
+        # sudo rules add up: the one written at bootstrap would stay in force beside the new one.
+        return "changes its sudo rule; the earlier rule would stay in force"
+    return None
+
+
+def _groups(value: Any) -> set[str]:
+    return {group.strip() for group in value.split(",") if group.strip()} if isinstance(value, str) else set()
 
 
 def kubelet_args(change: Change) -> str | None:

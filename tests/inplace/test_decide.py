@@ -530,3 +530,35 @@ def test_malformed_spec_is_unclaimed_not_a_crash() -> None:
     decision = decide_can_update_machine(request["current"], request["desired"])
     assert _verdict(decision, "").reason == "bootstrapConfig.spec is not an object on both sides"
     assert "bootstrapConfigPatch" not in decision.patches
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "why"),
+    [
+        ({"name": "ops", "shell": "/bin/bash"}, {"name": "ops"}, "entry 0 drops field 'shell'"),
+        ({"name": "ops", "passwd": "$6$x"}, {"name": "ops"}, "drops field 'passwd'"),
+        ({"name": "ops", "groups": "adm,docker"}, {"name": "ops", "groups": "adm"}, "leaves a group"),
+        ({"name": "ops", "sudo": "ALL=(ALL) ALL"}, {"name": "ops", "sudo": "ALL=(ALL) /bin/ls"}, "sudo rule"),
+    ],
+)
+def test_users_not_claimed_when_an_existing_user_would_lose_something(
+    before: dict[str, Any], after: dict[str, Any], why: str
+) -> None:
+    request = unchanged(load(CUMS_5A))
+    bootstrap_spec(request, "current")["users"] = [before]
+    bootstrap_spec(request, "desired")["users"] = [after]
+    decision, result = decide_and_emulate(request)
+    assert result.outcome == "rollout"
+    assert why in _verdict(decision, "/users").reason
+
+
+def test_users_claimed_when_an_existing_user_only_gains() -> None:
+    request = unchanged(load(CUMS_5A))
+    bootstrap_spec(request, "current")["users"] = [{"name": "ops", "groups": "adm"}]
+    bootstrap_spec(request, "desired")["users"] = [
+        {"name": "ops", "groups": "adm,docker", "sudo": "ALL=(ALL) NOPASSWD:ALL", "shell": "/bin/zsh"},
+        {"name": "dev"},
+    ]
+    decision, result = decide_and_emulate(request)
+    assert result.in_place, result.diff
+    assert decision.message() == "in place: users"
