@@ -54,9 +54,23 @@ def with_version_upgrade(change: Change) -> str | None:
 
 
 def kubeadm_files(change: Change) -> str | None:
-    return _list_problem(
+    problem = _list_problem(
         change.current, change.desired, "path", parse_file, "files written earlier are not deleted"
     )
+    if problem is not None:
+        return problem
+    current_by_path = {_identity(entry, "path"): entry for entry in entries_of(change.current)}
+    for index, entry in enumerate(entries_of(change.desired)):
+        before = current_by_path.get(_identity(entry, "path"))
+        appends = _appends(before) or (before is not None and _appends(entry))
+        if appends and _canonical(before) != _canonical(entry):
+            # What bootstrap appended (or wrote whole) has no marker the role could find and replace.
+            return f"entry {index} changes an append entry of an existing file, which is not undone in place"
+    return None
+
+
+def _appends(entry: Any) -> bool:
+    return isinstance(entry, Mapping) and entry.get("append") is True
 
 
 def users(change: Change) -> str | None:

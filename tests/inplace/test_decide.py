@@ -562,3 +562,26 @@ def test_users_claimed_when_an_existing_user_only_gains() -> None:
     decision, result = decide_and_emulate(request)
     assert result.in_place, result.diff
     assert decision.message() == "in place: users"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "claimed"),
+    [
+        ({"append": True, "content": "a\n"}, {"append": True, "content": "b\n"}, False),
+        ({"content": "a\n"}, {"append": True, "content": "a\n"}, False),
+        ({"append": True, "content": "a\n"}, {"content": "a\n"}, False),
+        ({"content": "a\n"}, {"content": "b\n", "permissions": "0600"}, True),
+    ],
+)
+def test_files_append_entries_of_existing_files_are_not_rewritten(
+    before: dict[str, Any], after: dict[str, Any], claimed: bool
+) -> None:
+    request = unchanged(load(CUMS_5A))
+    bootstrap_spec(request, "current")["files"] = [{"path": "/etc/hosts", **before}]
+    bootstrap_spec(request, "desired")["files"] = [
+        {"path": "/etc/hosts", **after},
+        {"path": "/new", "append": True},
+    ]
+    decision, result = decide_and_emulate(request)
+    assert result.in_place is claimed
+    assert _verdict(decision, "/files").in_place is claimed
