@@ -291,3 +291,35 @@ def test_config_errors_are_precise(tmp_path: Path, pki: dict[str, Path]) -> None
             AuthPolicy.build(settings.client_ca, settings.bearer_token_file, settings.plain_http)
     with pytest.raises(AuthConfigError, match="cannot load it"):
         server_tls(pki["cert"], pki["key"], not_pem)
+
+
+def test_the_real_app_wired_as_cli_should(pki: dict[str, Path], ca: trustme.CA) -> None:
+    """create_app + AuthMiddleware + server_tls + PeerCertH11Protocol: the wiring cli.py is asked to adopt."""
+    from extension.app import create_app
+
+    settings = Settings(
+        tls_cert=pki["cert"], tls_key=pki["key"], client_ca=pki["ca"], bearer_token_file=pki["token"]
+    )
+    app = create_app(settings)
+    app.add_middleware(
+        AuthMiddleware,
+        policy=AuthPolicy.build(settings.client_ca, settings.bearer_token_file, settings.plain_http),
+    )
+    assert settings.tls_cert is not None
+    with _serve(app, server_tls(settings.tls_cert, settings.tls_key, settings.client_ca)) as url:
+        with _client(ca) as anonymous:
+            assert anonymous.post(url + HOOK, json=DISCOVERY).status_code == 401
+            assert anonymous.get(url + "/metrics").status_code == 401
+            assert anonymous.get(url + "/healthz").status_code == 200
+            assert anonymous.get(url + "/readyz").status_code == 200
+            with_token = anonymous.post(
+                url + HOOK, json=DISCOVERY, headers={"authorization": f"Bearer {TOKEN}"}
+            )
+            assert with_token.status_code == 200
+        with _client(ca, ca.issue_cert("capi")) as capi:
+            answer = capi.post(url + HOOK, json=DISCOVERY)
+            assert answer.status_code == 200
+            assert answer.json()["status"] == "Success"
+            assert {h["name"] for h in answer.json()["handlers"]} >= {"can-update-machine", "update-machine"}
+            metrics = capi.get(url + "/metrics").text
+            assert 'inplace_extension_hook_calls_total{hook="Discovery",status="Success"} 2.0' in metrics
