@@ -1,0 +1,1 @@
+"""Tests of extension.inplace, the pure core, and of tests/capi_emulator.py."""
