@@ -109,7 +109,17 @@ def _run(args: argparse.Namespace) -> int:
     lab = Lab(args.name, cfg)
     if args.command == "up":
         started = time.monotonic()
-        hosts = lab.up(args.count, slot=args.slot, disk_mb=args.disk_mb, log=print)
+        owner = os.environ.get("HOSTLAB_OWNER_PID", "")
+        if owner and not owner.isdigit():
+            raise LabError(f"HOSTLAB_OWNER_PID must be a process ID, got {owner!r}")
+        # with an owner, 'hostlab down --stale' (and every test session) reaps the lab once the owner is gone
+        hosts = lab.up(
+            args.count,
+            slot=args.slot,
+            disk_mb=args.disk_mb,
+            owner_pid=int(owner) if owner else None,
+            log=print,
+        )
         print(f"hostlab: lab {lab.name} with {len(hosts)} hosts up in {time.monotonic() - started:.1f}s")
         _print_status(lab.status())
     elif args.command == "down":

@@ -501,6 +501,9 @@ class Lab:
     def down(self, log: Log = _quiet) -> None:
         """Stop every host and the proxy, remove the bridge and the lab directory. Idempotent."""
         if not self.dir.exists():
+            if self._lock_path.exists():  # left by an up that failed before creating anything
+                with self._locked():
+                    self._lock_path.unlink(missing_ok=True)
             return
         with self._locked():
             state = self._load() if self.exists() else None
@@ -514,6 +517,8 @@ class Lab:
                 if state.bridge_created and link_exists(bridge):
                     run(["ip", "link", "del", bridge])
             shutil.rmtree(self.dir)
+            # the lock file too (still held, so a concurrent waiter on this name re-checks the state)
+            self._lock_path.unlink(missing_ok=True)
             log(f"hostlab: lab {self.name} down")
 
     # ----- queries and helpers ---------------------------------------------------------------------

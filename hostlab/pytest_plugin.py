@@ -49,7 +49,10 @@ def _unavailable(reason: str) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     uses_lab = LAB_FIXTURES & set(getattr(item, "fixturenames", ()))
     if uses_lab and item.get_closest_marker("lab") is None:
-        pytest.fail(f"{item.nodeid} uses {', '.join(sorted(uses_lab))} but is not marked @pytest.mark.lab")
+        pytest.fail(
+            f"{item.nodeid} uses {', '.join(sorted(uses_lab))} but is not marked @pytest.mark.lab",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")
