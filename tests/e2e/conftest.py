@@ -1,0 +1,190 @@
+"""End-to-end fixtures: the real service as a subprocess, lab hosts with Kubernetes stand-ins, and a
+release server on the lab gateway for the kubernetes_version role's binary downloads.
+
+What is a stand-in here: kubeadm, kubelet, kubectl and systemctl on the lab hosts (tests/playbooks/
+standins.py; the hosts have no systemd and no Kubernetes). The service, the playbooks, SSH and the hosts'
+files, users and configs are real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+from playbooks.standins import install_standins, lab_run_on_host, standin_binary
+
+from extension.runs.runner import control_path_dir
+from hostlab.lab import Host, Lab
+
+REPO = Path(__file__).resolve().parents[2]
+START_VERSION = "v1.30.2"
+NEXT_VERSION = "v1.31.0"
+SERVING_RE = re.compile(r"serving http://127\.0\.0\.1:(\d+)")
+
+
+class Service:
+    """``inplace-extension serve`` in a subprocess, driven over plain HTTP on loopback."""
+
+    def __init__(self, argv: Sequence[str], log_path: Path, runs_dir: Path) -> None:
+        self.log_path = log_path
+        self.runs_dir = runs_dir
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            list(argv), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO
+        )
+        deadline = time.monotonic() + 30
+        while not (match := SERVING_RE.search(self.log())):
+            assert self.proc.poll() is None, f"service exited: {self.log()}"
+            assert time.monotonic() < deadline, f"service did not start: {self.log()}"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{match.group(1)}"
+        self.client = httpx.Client(base_url=self.url, timeout=15)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL, as an OOM kill or a node failure would."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.client.close()
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.client.close()
+        self._log.close()
+
+
+StartService = Callable[..., Service]
+
+
+def _close_ssh_masters(runs_dir: Path) -> None:
+    """End the ControlPersist ssh masters the service's runs opened (they would linger for 60 s)."""
+    cp_dir = control_path_dir(runs_dir)
+    for sock in cp_dir.glob("*") if cp_dir.is_dir() else ():
+        subprocess.run(
+            ["ssh", "-O", "exit", "-o", f"ControlPath={sock}", "lab-host"],
+            capture_output=True, timeout=10, check=False,
+        )  # fmt: skip
+
+
+def _wait_for_orphans(runs_dir: Path, within: float = 120.0) -> None:
+    """Plays left running by a killed service (they are detached on purpose) must end before teardown."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = []
+        for pid_dir in Path("/proc").iterdir():
+            if not pid_dir.name.isdigit():
+                continue
+            try:
+                cmdline = (pid_dir / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"ansible-playbook" in cmdline and str(runs_dir).encode() in cmdline:
+                alive.append(pid_dir.name)
+        if not alive:
+            return
+        assert time.monotonic() < deadline, f"ansible-playbook processes still running: {alive}"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def start_service(tmp_path: Path, e2e_playbooks: Path, lab: Lab) -> Iterator[StartService]:
+    started: list[Service] = []
+
+    def start(
+        inventory: Path, runs_dir: Path | None = None, *, max_parallel: int = 8, name: str = "service"
+    ) -> Service:
+        runs = runs_dir or tmp_path / f"runs-{name}"
+        argv = [
+            sys.executable, "-m", "extension", "serve",
+            "--listen", "127.0.0.1:0", "--plain-http",
+            "--inventory", str(inventory),
+            "--allowed-cidrs", str(lab.network),
+            "--runs-dir", str(runs),
+            "--playbooks-dir", str(e2e_playbooks),
+            "--retry-after-seconds", "1",
+            "--max-parallel-runs", str(max_parallel),
+        ]  # fmt: skip
+        service = Service(argv, tmp_path / f"{name}.log", runs)
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        service.stop()
+    for runs in {s.runs_dir for s in started}:
+        _wait_for_orphans(runs)
+        _close_ssh_masters(runs)
+
+
+class _ReleaseHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@pytest.fixture(scope="session")
+def release_server(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """dl.k8s.io's layout for NEXT_VERSION (stand-in binaries + .sha256), served on the lab gateway:
+    the lab hosts reach nothing else."""
+    root = tmp_path_factory.mktemp("release")
+    arch_dir = root / "release" / NEXT_VERSION / "bin" / "linux" / "amd64"
+    arch_dir.mkdir(parents=True)
+    for name in ("kubeadm", "kubelet", "kubectl"):
+        data = standin_binary(name, NEXT_VERSION)
+        (arch_dir / name).write_bytes(data)
+        (arch_dir / f"{name}.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+
+    def handler(*args: object, **kwargs: object) -> _ReleaseHandler:
+        return _ReleaseHandler(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
+
+    server = http.server.ThreadingHTTPServer((lab.gateway, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://{lab.gateway}:{server.server_address[1]}/release"
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+@pytest.fixture(scope="session")
+def e2e_playbooks(release_server: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's playbooks with one test override: Kubernetes binaries from the lab release server."""
+    target = tmp_path_factory.mktemp("playbooks") / "playbooks"
+    shutil.copytree(REPO / "playbooks", target)
+    (target / "group_vars").mkdir(exist_ok=True)
+    (target / "group_vars" / "all.yml").write_text(
+        "---\n"
+        "# e2e override (tests/e2e/conftest.py): lab hosts reach only the lab gateway\n"
+        "kubernetes_version_package_source: binary\n"
+        f"kubernetes_version_binary_base_url: {release_server}\n"
+        "kubernetes_version_health_delay_seconds: 1\n"
+        "kubelet_args_health_delay_seconds: 1\n"
+    )
+    return target
+
+
+@pytest.fixture
+def nodes(lab: Lab, lab_hosts: list[Host]) -> list[Host]:
+    """Fresh lab hosts with the Kubernetes stand-ins at START_VERSION."""
+    for host in lab_hosts:
+        install_standins(lab_run_on_host(lab, host), version=START_VERSION)
+    return lab_hosts

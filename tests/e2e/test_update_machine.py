@@ -1,0 +1,198 @@
+"""UpdateMachine end to end on lab hosts: the real service, driven over HTTP the way CAPI drives it.
+
+Each test: CanUpdateMachineSet for a MachineDeployment change, then UpdateMachine polled per Machine
+honouring retryAfterSeconds, then the hosts are inspected over SSH/nsenter. See conftest.py for what
+is a stand-in.
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from hostlab import faults
+from hostlab.lab import Host, Lab
+from hostlab.pytest_plugin import WriteInventory
+
+from .capi import BOOTSTRAP_TOKEN, NodeSpec, Polled, can_update_machine_set, poll_update_machine
+from .conftest import NEXT_VERSION, START_VERSION, StartService
+from .hostcheck import lock_events, overlapping_holders, run_on, stamp_writes
+
+pytestmark = pytest.mark.lab
+
+MACHINES = ["md-0-aaaaa", "md-0-bbbbb", "md-0-ccccc"]
+PAYLOAD = "hello {{ lookup('pipe', 'touch /tmp/e2e-pwned') }} $(touch /tmp/e2e-pwned2)\n"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci1lMmUtdGVzdHMtb25seQ e2e@test"
+RETRY = "inplace-extension.io/retry"
+CAPABILITIES = ("users", "ntp", "kubeadm_files", "kubelet_args", "kubernetes_version")
+MESSAGE_RE = re.compile(
+    r"^(queued: position \d+ of \d+|running: (starting|finishing|" + "|".join(CAPABILITIES) + r")"
+    r"|host unreachable, retrying \(attempt \d+\)|host locked by another run, retrying \(attempt \d+\)"
+    r"|run interrupted, retrying \(attempt \d+\)|update applied)$"
+)
+
+
+def kubelet_args(*pairs: tuple[str, str]) -> dict[str, object]:
+    return {"nodeRegistration": {"kubeletExtraArgs": [{"name": k, "value": v} for k, v in pairs]}}
+
+
+OLD = NodeSpec(START_VERSION, {"joinConfiguration": kubelet_args(("max-pods", "110"))})
+FULL = NodeSpec(
+    NEXT_VERSION,
+    {
+        "files": [
+            {"path": "/etc/e2e/hello.conf", "content": PAYLOAD, "owner": "root:root", "permissions": "0640"}
+        ],
+        "users": [{"name": "e2euser", "shell": "/bin/bash", "sshAuthorizedKeys": [KEY]}],
+        "ntp": {"enabled": True, "servers": ["ntp1.example.org", "ntp2.example.org"]},
+        "joinConfiguration": kubelet_args(("max-pods", "120"), ("node-labels", "e2e=yes")),
+    },
+)
+FILES_AND_ARGS = NodeSpec(
+    START_VERSION,
+    {
+        "files": [
+            {"path": "/etc/e2e/small.conf", "content": "small\n", "owner": "root:root", "permissions": "0644"}
+        ],
+        "joinConfiguration": kubelet_args(("max-pods", "130")),
+    },
+)
+
+
+def poll_all(client: httpx.Client, spec: NodeSpec, names: list[str], **kw: Any) -> dict[str, Polled]:
+    with ThreadPoolExecutor(len(names)) as pool:
+        futures = {n: pool.submit(poll_update_machine, client, n, spec, **kw) for n in names}
+        return {n: f.result() for n, f in futures.items()}
+
+
+def attempts(runs_dir: Path, name: str) -> list[Path]:
+    return sorted(runs_dir.glob(f"e2e.{name}.*/attempt-*"))
+
+
+def test_rollout_updates_every_capability_on_three_hosts(
+    lab: Lab, nodes: list[Host], lab_inventory: WriteInventory, start_service: StartService
+) -> None:
+    service = start_service(lab_inventory(MACHINES))
+    can_update_machine_set(service.client, OLD, FULL)
+    results = poll_all(service.client, FULL, MACHINES)
+    for name, host in zip(MACHINES, nodes, strict=True):
+        polled = results[name]
+        assert (polled.status, polled.message) == ("Success", "update applied"), polled.messages
+        assert polled.calls > 1  # the run took time: CAPI was told to come back
+        assert all(MESSAGE_RE.match(m) for m in polled.messages), polled.messages
+        assert any(m.startswith("running: ") for m in polled.messages)
+        # the host: literal payload (never templated, never run by a shell), owner and mode
+        assert run_on(lab, host, ["cat", "/etc/e2e/hello.conf"]) == PAYLOAD
+        assert run_on(lab, host, ["stat", "-c", "%U:%G %a", "/etc/e2e/hello.conf"]).strip() == "root:root 640"
+        assert run_on(lab, host, ["sh", "-c", "ls /tmp/e2e-pwned* 2>/dev/null || true"]) == ""
+        kubelet_env = run_on(lab, host, ["cat", "/etc/default/kubelet"])
+        assert "--max-pods=120" in kubelet_env and "--node-labels=e2e=yes" in kubelet_env
+        assert run_on(lab, host, ["getent", "passwd", "e2euser"]).startswith("e2euser:")
+        assert KEY in run_on(lab, host, ["cat", "/home/e2euser/.ssh/authorized_keys"])
+        ntp_conf = run_on(lab, host, ["sh", "-c", "cat /etc/systemd/timesyncd.conf.d/*.conf"])
+        assert "ntp1.example.org" in ntp_conf and "ntp2.example.org" in ntp_conf
+        assert NEXT_VERSION in run_on(lab, host, ["kubelet", "--version"])
+        assert len(stamp_writes(lab, host)) == 1
+    assert not Path("/tmp/e2e-pwned").exists() and not Path("/tmp/e2e-pwned2").exists()
+    # CAPI may call again after completion: done at once, nothing re-applied
+    again = poll_all(service.client, FULL, MACHINES)
+    assert all((p.status, p.calls) == ("Success", 1) for p in again.values())
+    assert all(len(stamp_writes(lab, h)) == 1 for h in nodes)
+    log = service.log()
+    for name in MACHINES:
+        assert re.search(rf"machine=e2e/{name} run=e2e\.{name}\.[0-9a-f]{{12}} state=successful", log)
+    assert BOOTSTRAP_TOKEN not in log
+
+
+def test_task_failure_is_stable_until_the_retry_annotation_changes(
+    lab: Lab, nodes: list[Host], lab_inventory: WriteInventory, start_service: StartService
+) -> None:
+    service = start_service(lab_inventory(MACHINES[:1]))
+    host, name = nodes[0], MACHINES[0]
+    can_update_machine_set(service.client, OLD, FILES_AND_ARGS)
+    faults.fail_next(lab, host, "systemctl")  # the kubelet restart after the new flags fails once
+    first = poll_update_machine(service.client, name, FILES_AND_ARGS)
+    assert first.status == "Failure"
+    assert re.fullmatch(r'kubelet_args: task "[^"{}]+" failed on host', first.message), first.message
+    for _ in range(2):  # CAPI backs off and calls again: the same answer, no new run
+        again = poll_update_machine(service.client, name, FILES_AND_ARGS)
+        assert (again.status, again.message, again.calls) == ("Failure", first.message, 1)
+    assert len(attempts(service.runs_dir, name)) == 1
+    assert stamp_writes(lab, host) == []
+    retried = poll_update_machine(service.client, name, FILES_AND_ARGS, {RETRY: "1"})
+    assert (retried.status, retried.message) == ("Success", "update applied"), retried.messages
+    assert len(attempts(service.runs_dir, name)) == 2
+    assert "--max-pods=130" in run_on(lab, host, ["cat", "/etc/default/kubelet"])
+    assert len(stamp_writes(lab, host)) == 1
+
+
+def test_link_down_is_retried_and_converges_when_back(
+    lab: Lab, nodes: list[Host], lab_inventory: WriteInventory, start_service: StartService
+) -> None:
+    service = start_service(lab_inventory(MACHINES[:1]))
+    host, name = nodes[0], MACHINES[0]
+    can_update_machine_set(service.client, OLD, FILES_AND_ARGS)
+    faults.link(lab, host, up=False)
+    try:
+        down = poll_update_machine(service.client, name, FILES_AND_ARGS, max_calls=200, within=120)
+        while not any(m.startswith("host unreachable, retrying") for m in down.messages):
+            assert down.status == "Success" and down.message.startswith(("running:", "queued:")), (
+                down.messages
+            )
+            down = poll_update_machine(service.client, name, FILES_AND_ARGS, max_calls=1)
+        assert down.status == "Success"  # retriable: CAPI keeps calling, no Failure
+    finally:
+        faults.link(lab, host, up=True)
+    back = poll_update_machine(service.client, name, FILES_AND_ARGS, within=180)
+    assert (back.status, back.message) == ("Success", "update applied"), back.messages
+    assert len(stamp_writes(lab, host)) == 1
+    assert len(attempts(service.runs_dir, name)) >= 2
+
+
+def test_sigkill_mid_run_then_restart_applies_exactly_once(
+    lab: Lab, nodes: list[Host], lab_inventory: WriteInventory, start_service: StartService, tmp_path: Path
+) -> None:
+    inventory = lab_inventory(MACHINES)
+    runs_dir = tmp_path / "runs-shared"
+    first = start_service(inventory, runs_dir, name="first")
+    can_update_machine_set(first.client, OLD, FULL)
+    # one call each starts the runs; then wait (honouring retryAfterSeconds) until a role is running
+    seen = poll_all(first.client, FULL, MACHINES, max_calls=1)
+    running = re.compile(r"running: (" + "|".join(CAPABILITIES) + ")")
+    while not any(running.fullmatch(p.message) for p in seen.values()):
+        assert all(p.status == "Success" and p.message != "update applied" for p in seen.values()), seen
+        seen = poll_all(first.client, FULL, MACHINES, max_calls=1)
+    first.kill()
+    second = start_service(inventory, runs_dir, name="second")
+    results = poll_all(second.client, FULL, MACHINES, within=400)
+    for name, host in zip(MACHINES, nodes, strict=True):
+        assert (results[name].status, results[name].message) == ("Success", "update applied"), results[name]
+        writes = stamp_writes(lab, host)
+        assert len(writes) == 1, writes  # exactly one successful apply per fingerprint
+        assert not overlapping_holders(lock_events(lab, host))
+        assert NEXT_VERSION in run_on(lab, host, ["kubelet", "--version"])
+
+
+def test_two_services_never_update_one_host_at_once(
+    lab: Lab, nodes: list[Host], lab_inventory: WriteInventory, start_service: StartService
+) -> None:
+    inventory = lab_inventory(MACHINES)
+    one = start_service(inventory, name="one")
+    two = start_service(inventory, name="two")
+    can_update_machine_set(one.client, OLD, FILES_AND_ARGS)
+    with ThreadPoolExecutor(2) as pool:
+        a = pool.submit(poll_all, one.client, FILES_AND_ARGS, MACHINES)
+        b = pool.submit(poll_all, two.client, FILES_AND_ARGS, MACHINES)
+        results = [a.result(), b.result()]
+    for polled in results:
+        assert all((p.status, p.message) == ("Success", "update applied") for p in polled.values()), polled
+    for host in nodes:
+        events = lock_events(lab, host)
+        assert events.count("acquired") == 2, events  # both services' runs took the lock, one after the other
+        assert not overlapping_holders(events), events
+        assert len(stamp_writes(lab, host)) == 1
