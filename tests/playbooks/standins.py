@@ -3,7 +3,7 @@
 The lab hosts (hostlab) are plain Debian with sshd under a tiny init: no systemd and no Kubernetes
 packages. The kubelet_args and kubernetes_version roles stay real (they run ``systemctl restart
 kubelet``, ``kubelet --version``, ``kubeadm upgrade node``, wait on the kubelet healthz endpoint and
-download release binaries); on lab hosts these commands are STAND-INS from ``standins/``:
+download release binaries); on lab hosts these commands are STAND-INS from ``standin_files/``:
 
 * ``/usr/bin/kubelet``   ``--version`` prints the baked-in version; otherwise it serves
   ``http://127.0.0.1:10248/healthz`` (``/usr/local/lib/inplace-standins/healthz.py``).
@@ -13,10 +13,11 @@ download release binaries); on lab hosts these commands are STAND-INS from ``sta
 
 Every call is appended to ``/var/lib/inplace-standins/calls.log`` as ``<name>[@version] <args>``.
 
-Use::
+Use (``tests/`` is on sys.path under pytest, so this package imports as ``playbooks``)::
 
-    from tests.playbooks.standins import install_standins, ssh_run_on_host, standin_binary
-    install_standins(ssh_run_on_host(address, user, key_file, known_hosts), version="v1.30.2")
+    from playbooks.standins import install_standins, lab_run_on_host, standin_binary
+    install_standins(lab_run_on_host(lab, host), version="v1.30.2")     # hostlab fixture objects
+    install_standins(ssh_run_on_host(address, user, key_file, known_hosts))  # any SSH host
 
 ``install_standins(run_on_host, version)`` needs only a callable ``run_on_host(argv, stdin)`` that
 runs ``argv`` AS ROOT on the host with ``stdin`` bytes and raises on a non-zero exit, so any lab
@@ -26,13 +27,18 @@ as a "release binary" to the role's binary download.
 
 from __future__ import annotations
 
+import base64
 import io
 import subprocess
 import tarfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-STANDINS_DIR = Path(__file__).parent / "standins"
+if TYPE_CHECKING:
+    from hostlab.lab import Host, Lab
+
+STANDINS_DIR = Path(__file__).parent / "standin_files"
 CALLS_LOG = "/var/lib/inplace-standins/calls.log"
 KUBERNETES_BINARIES = ("kubeadm", "kubelet", "kubectl")
 
@@ -94,5 +100,18 @@ def ssh_run_on_host(address: str, user: str, key_file: str, known_hosts: str) ->
         proc = subprocess.run(cmd, input=stdin, capture_output=True, timeout=60, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} on {address} failed ({proc.returncode}): {proc.stderr!r}")
+
+    return run
+
+
+def lab_run_on_host(lab: Lab, host: Host) -> RunOnHost:
+    """A ``run_on_host`` for :func:`install_standins` through hostlab's ``exec_in`` (root, no SSH)."""
+
+    def run(argv: Sequence[str], stdin: bytes) -> None:
+        # exec_in passes text: carry the bytes as base64 and decode them on the host
+        wrapped = ["sh", "-c", 'base64 -d | "$@"', "sh", *argv]
+        proc = lab.exec_in(host, wrapped, input_text=base64.b64encode(stdin).decode())
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} on {host.name} failed ({proc.returncode}): {proc.stderr}")
 
     return run

@@ -1,0 +1,283 @@
+"""Helpers for the playbook tests: run playbooks/update_machine.yml on one lab host, read results.
+
+``run_update`` drives the real playbook through ansible-runner exactly as extension.runs does (inputs
+JSON file + the four update_machine_* extra vars, ANSIBLE_CONFIG pointing at playbooks/ansible.cfg,
+host-key checking on with the lab's pinned known_hosts) and returns a :class:`RunResult` built from the
+job events. ``ReleaseServer`` serves stand-in "release binaries" on the lab gateway for the
+kubernetes_version role's binary download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import re
+import sys
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+
+from hostlab.lab import Host, Lab
+
+from .standins import KUBERNETES_BINARIES, standin_binary
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOK = REPO / "playbooks" / "update_machine.yml"
+ANSIBLE_CFG = REPO / "playbooks" / "ansible.cfg"
+STATE_DIR = "/var/lib/inplace-extension"
+ALL_CAPABILITIES = ("users", "ntp", "kubeadm_files", "kubelet_args", "kubernetes_version")
+
+
+@dataclass
+class RunResult:
+    status: str
+    rc: int
+    events: list[dict[str, Any]]
+    artifacts: Path
+    private_data_dir: Path
+    ident: str
+    fingerprint: str
+
+    def _task_results(self) -> Iterator[dict[str, Any]]:
+        for event in self.events:
+            if event["event"] in (
+                "runner_on_ok",
+                "runner_item_on_ok",
+                "runner_on_failed",
+                "runner_item_on_failed",
+            ):
+                yield event
+
+    @property
+    def changed_tasks(self) -> list[str]:
+        """Names of tasks (handlers included) that reported a change, in order, without repeats."""
+        names: list[str] = []
+        for event in self._task_results():
+            data = event["event_data"]
+            if data.get("res", {}).get("changed") and data["task"] not in names:
+                names.append(data["task"])
+        return names
+
+    @property
+    def roles_run(self) -> list[str]:
+        """Roles that ran at least one task (argument validation counts), in order."""
+        roles: list[str] = []
+        for event in self.events:
+            role = event.get("event_data", {}).get("role")
+            if event["event"] == "runner_on_ok" and role and role not in roles:
+                roles.append(role)
+        return roles
+
+    @property
+    def failure_messages(self) -> list[str]:
+        return [
+            str(e["event_data"].get("res", {}).get("msg", ""))
+            for e in self.events
+            if e["event"] in ("runner_on_failed", "runner_item_on_failed")
+        ]
+
+    @property
+    def failed_roles(self) -> list[str | None]:
+        return [e["event_data"].get("role") for e in self.events if e["event"] == "runner_on_failed"]
+
+    def task_start_time(self, task_name: str) -> float:
+        """When the task started (epoch seconds; ansible-runner stamps events in UTC)."""
+        for event in self.events:
+            if event["event"] == "playbook_on_task_start" and event["event_data"]["task"] == task_name:
+                created = datetime.fromisoformat(str(event["created"]))
+                return created.replace(tzinfo=created.tzinfo or UTC).timestamp()
+        raise AssertionError(f"task {task_name!r} never started in run {self.ident}")
+
+    def all_text(self) -> str:
+        """Everything ansible-runner wrote for this run (artifacts, env), for secret checks."""
+        return "\n".join(
+            p.read_text(errors="replace") for p in sorted(self.private_data_dir.rglob("*")) if p.is_file()
+        )
+
+
+def new_fingerprint() -> str:
+    return hashlib.sha256(uuid.uuid4().bytes).hexdigest()
+
+
+def inventory(lab: Lab, host: Host) -> dict[str, Any]:
+    return {
+        "all": {
+            "hosts": {
+                host.name: {
+                    "ansible_host": host.address,
+                    "ansible_user": "ansible",
+                    "ansible_ssh_private_key_file": str(lab.private_key),
+                    "ansible_python_interpreter": "/usr/bin/python3",
+                    # host-key checking stays on (ansible.cfg): the lab pins every host's key
+                    "ansible_ssh_common_args": (
+                        f"-o UserKnownHostsFile={lab.known_hosts} -o GlobalKnownHostsFile=/dev/null "
+                        "-o StrictHostKeyChecking=yes -o IdentitiesOnly=yes"
+                    ),
+                }
+            }
+        }
+    }
+
+
+def envvars(lab: Lab, workdir: Path) -> dict[str, str]:
+    # ansible-runner spawns ansible-playbook through PATH: the venv's must win
+    path = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    return {
+        **lab.ansible_env(),
+        "PATH": path,
+        "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
+        "ANSIBLE_HOME": str(workdir / "ansible-home"),
+        "ANSIBLE_REMOTE_TMP": "/tmp/.ansible-remote",
+    }
+
+
+@dataclass
+class RunSpec:
+    lab: Lab
+    host: Host
+    workdir: Path
+    inputs: Mapping[str, Any]
+    capabilities: Sequence[str] | None = None  # default: the keys of inputs, in the fixed order
+    fingerprint: str = field(default_factory=new_fingerprint)
+    extravars: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ident(self) -> str:
+        return f"test.{self.host.name}.{self.fingerprint[:12]}"
+
+
+def start_update(
+    spec: RunSpec, events: list[dict[str, Any]] | None = None
+) -> tuple[threading.Thread, Any, Path]:
+    """Start one run in ansible-runner's thread; returns (thread, runner, private_data_dir)."""
+    pdd = spec.workdir / f"run-{uuid.uuid4().hex[:12]}"  # fresh per attempt (hostlab pitfalls 3, 4)
+    pdd.mkdir(parents=True)
+    inputs_file = pdd / "inputs.json"
+    inputs_file.write_text(json.dumps(dict(spec.inputs)))
+    caps = (
+        list(spec.capabilities)
+        if spec.capabilities is not None
+        else [c for c in ALL_CAPABILITIES if c in spec.inputs]
+    )
+    sink = events if events is not None else []
+
+    def on_event(event: dict[str, Any]) -> bool:
+        sink.append(event)  # never raise here: it would kill runner's thread (hostlab pitfall 6)
+        return True
+
+    thread, runner = ansible_runner.run_async(
+        private_data_dir=str(pdd),
+        ident=spec.ident,
+        playbook=str(PLAYBOOK),
+        inventory=inventory(spec.lab, spec.host),
+        extravars={
+            "update_machine_ident": spec.ident,
+            "update_machine_fingerprint": spec.fingerprint,
+            "update_machine_capabilities": caps,
+            "update_machine_inputs_file": str(inputs_file),
+            **spec.extravars,
+        },
+        envvars=envvars(spec.lab, spec.workdir),
+        quiet=True,
+        suppress_env_files=True,
+        event_handler=on_event,
+        cancel_callback=lambda: False,  # without it runner installs its own signal handlers
+        timeout=600,
+    )
+    return thread, runner, pdd
+
+
+def finish(spec: RunSpec, thread: threading.Thread, runner: Any, pdd: Path) -> RunResult:
+    thread.join()
+    return RunResult(
+        status=str(runner.status),
+        rc=int(runner.rc),
+        events=list(runner.events),
+        artifacts=pdd / "artifacts" / spec.ident,
+        private_data_dir=pdd,
+        ident=spec.ident,
+        fingerprint=spec.fingerprint,
+    )
+
+
+def run_update(spec: RunSpec) -> RunResult:
+    return finish(spec, *start_update(spec))
+
+
+def host_text(lab: Lab, host: Host, path: str) -> str:
+    return lab.read_file(host, path)
+
+
+def host_exists(lab: Lab, host: Host, path: str) -> bool:
+    return lab.exec_in(host, ["test", "-e", path]).returncode == 0
+
+
+def host_json_lines(lab: Lab, host: Host, path: str) -> list[dict[str, Any]]:
+    if not host_exists(lab, host, path):
+        return []
+    return [json.loads(line) for line in host_text(lab, host, path).splitlines() if line.strip()]
+
+
+def host_root(lab: Lab, host: Host, argv: Sequence[str], stdin: str | None = None) -> str:
+    """Run argv as root on the host (no SSH); fail the test with stderr when it fails."""
+    proc = lab.exec_in(host, list(argv), input_text=stdin)
+    assert proc.returncode == 0, f"{argv} on {host.name}: {proc.stderr}"
+    return proc.stdout
+
+
+def calls(lab: Lab, host: Host) -> list[str]:
+    """Lines of the stand-ins' call log on the host."""
+    if not host_exists(lab, host, "/var/lib/inplace-standins/calls.log"):
+        return []
+    return host_text(lab, host, "/var/lib/inplace-standins/calls.log").splitlines()
+
+
+class ReleaseServer:
+    """Serves stand-in kubeadm/kubelet/kubectl as "release binaries" on the lab gateway.
+
+    Layout as dl.k8s.io: ``/<version>/bin/linux/<arch>/<name>`` and ``<name>.sha256`` (hex digest only).
+    """
+
+    PATH_RE = re.compile(r"^/(v\d+\.\d+\.\d+)/bin/linux/[a-z0-9]+/([a-z]+)(\.sha256)?$")
+
+    def __init__(self, address: str) -> None:
+        self.requests: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.requests.append(self.path)
+                match = outer.PATH_RE.match(self.path)
+                if not match or match.group(2) not in KUBERNETES_BINARIES:
+                    self.send_error(404)
+                    return
+                body = standin_binary(match.group(2), match.group(1))
+                if match.group(3):
+                    body = hashlib.sha256(body).hexdigest().encode() + b"\n"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self._server = http.server.ThreadingHTTPServer((address, 0), Handler)
+        self.base_url = f"http://{address}:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> ReleaseServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()

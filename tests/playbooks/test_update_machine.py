@@ -1,0 +1,171 @@
+"""update_machine.yml on lab hosts: full update, convergence, stamp short-circuit, host lock.
+
+The lab hosts have no Kubernetes and no systemd: ``kubelet``, ``kubeadm``, ``kubectl`` and ``systemctl``
+there are STAND-INS installed by ``standins.install_standins`` (see that module). Everything else the
+roles touch (users, files, sudoers, time server configuration, the lock and stamp) is real.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hostlab.lab import Host, Lab
+
+from .inputs import inputs
+from .standins import install_standins, lab_run_on_host
+from .support import (
+    STATE_DIR,
+    RunSpec,
+    finish,
+    host_exists,
+    host_json_lines,
+    host_root,
+    run_update,
+    start_update,
+)
+
+pytestmark = pytest.mark.lab
+
+STAMP_TASK = "Write the stamp of the applied fingerprint"
+LOCK_TASK = "Take the host lock and read the applied fingerprint"
+
+
+@pytest.fixture
+def host(lab: Lab, lab_hosts: list[Host]) -> Host:
+    """A fresh lab host with the Kubernetes stand-ins at v1.30.2."""
+    install_standins(lab_run_on_host(lab, lab_hosts[0]), version="v1.30.2")
+    return lab_hosts[0]
+
+
+def test_full_update_converges_and_the_stamp_short_circuits(lab: Lab, host: Host, tmp_path: Path) -> None:
+    first = run_update(RunSpec(lab, host, tmp_path, inputs()))
+    assert first.status == "successful", first.failure_messages
+    assert first.roles_run == ["users", "ntp", "kubeadm_files", "kubelet_args", "kubernetes_version"]
+    assert STAMP_TASK in first.changed_tasks
+    stamp = json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))
+    assert (stamp["fingerprint"], stamp["ident"]) == (first.fingerprint, first.ident)
+
+    # Same inputs, new fingerprint: every role runs again and changes nothing; only the stamp is new.
+    second = run_update(RunSpec(lab, host, tmp_path, inputs()))
+    assert second.status == "successful", second.failure_messages
+    assert second.roles_run == first.roles_run
+    assert second.changed_tasks == [STAMP_TASK]
+
+    # Same fingerprint again: the play ends after the lock task, no role runs, nothing changes.
+    third = run_update(RunSpec(lab, host, tmp_path, inputs(), fingerprint=second.fingerprint))
+    assert third.status == "successful", third.failure_messages
+    assert third.roles_run == []
+    assert third.changed_tasks == []
+    stamps = host_json_lines(lab, host, f"{STATE_DIR}/stamp.log")
+    assert [s["fingerprint"] for s in stamps] == [first.fingerprint, second.fingerprint]
+    lock_events = host_json_lines(lab, host, f"{STATE_DIR}/lock.log")
+    assert [(e["event"], e["ident"]) for e in lock_events] == [
+        ("acquired", first.ident),
+        ("released", first.ident),
+        ("acquired", second.ident),
+        ("released", second.ident),
+        ("acquired", third.ident),
+        ("released", third.ident),
+    ]
+    assert lock_events[-1].get("reason") == "up-to-date"
+    assert not host_exists(lab, host, f"{STATE_DIR}/lock")
+
+
+def test_a_failing_role_releases_the_lock_and_writes_no_stamp(lab: Lab, host: Host, tmp_path: Path) -> None:
+    bad = inputs("kubeadm_files", "kubelet_args")
+    bad["kubelet_args"]["kubelet_args_extra_args"][0]["value"] = "has space"
+    result = run_update(RunSpec(lab, host, tmp_path, bad))
+    assert result.status == "failed"
+    assert result.failed_roles == ["kubelet_args"]
+    assert "kubelet_args_extra_args[0].value must not contain whitespace" in result.failure_messages[0]
+    assert not host_exists(lab, host, f"{STATE_DIR}/stamp.json")
+    assert not host_exists(lab, host, f"{STATE_DIR}/lock")
+    events = [e["event"] for e in host_json_lines(lab, host, f"{STATE_DIR}/lock.log")]
+    assert events == ["acquired", "released"]
+
+
+def test_only_the_listed_capabilities_run(lab: Lab, host: Host, tmp_path: Path) -> None:
+    result = run_update(RunSpec(lab, host, tmp_path, inputs("ntp", "kubelet_args")))
+    assert result.status == "successful", result.failure_messages
+    assert result.roles_run == ["ntp", "kubelet_args"]
+
+
+def test_unknown_capability_is_refused_before_the_lock(lab: Lab, host: Host, tmp_path: Path) -> None:
+    spec = RunSpec(lab, host, tmp_path, {"sysctl": {}}, capabilities=["sysctl"])
+    result = run_update(spec)
+    assert result.status == "failed"
+    assert "update_machine_capabilities (a list drawn from users, ntp" in result.failure_messages[0]
+    assert not host_exists(lab, host, f"{STATE_DIR}/lock.log")
+
+
+def test_concurrent_runs_on_one_host_never_interleave(lab: Lab, host: Host, tmp_path: Path) -> None:
+    # Run A holds the lock for a while: its kubelet restart is slowed down on the host.
+    slow = {"kubelet_args_restart_command": ["/bin/sh", "-c", "sleep 4; exec systemctl restart kubelet"]}
+    spec_a = RunSpec(lab, host, tmp_path, inputs("kubeadm_files", "kubelet_args"), extravars=slow)
+    spec_b = RunSpec(lab, host, tmp_path, inputs("kubeadm_files", "ntp"))
+    run_a = start_update(spec_a)
+    deadline = time.monotonic() + 60
+    while not host_exists(lab, host, f"{STATE_DIR}/lock"):
+        assert time.monotonic() < deadline, "run A never took the lock"
+        assert run_a[0].is_alive(), "run A ended before taking the lock"
+        time.sleep(0.05)  # poll interval
+    events_b: list[dict[str, object]] = []
+    run_b = start_update(spec_b, events_b)
+    result_a = finish(spec_a, *run_a)
+    result_b = finish(spec_b, *run_b)
+    assert (result_a.status, result_b.status) == ("successful", "successful"), (
+        result_a.failure_messages + result_b.failure_messages
+    )
+    lock_events = host_json_lines(lab, host, f"{STATE_DIR}/lock.log")
+    assert [(e["event"], e["ident"]) for e in lock_events] == [
+        ("acquired", spec_a.ident),
+        ("released", spec_a.ident),
+        ("acquired", spec_b.ident),
+        ("released", spec_b.ident),
+    ]
+    # B really waited: it asked for the lock while A still held it.
+    released_a = lock_events[1]["time"]
+    assert result_b.task_start_time(LOCK_TASK) < released_a
+    stamps = host_json_lines(lab, host, f"{STATE_DIR}/stamp.log")
+    assert [s["ident"] for s in stamps] == [spec_a.ident, spec_b.ident]
+
+
+def _plant_lock(lab: Lab, host: Host, ident: str, age_seconds: float) -> None:
+    owner = {"ident": ident, "token": "0" * 32, "acquired_at": time.time() - age_seconds, "pid": 1}
+    host_root(lab, host, ["mkdir", "-p", f"{STATE_DIR}/lock"])
+    host_root(lab, host, ["tee", f"{STATE_DIR}/lock/owner.json"], stdin=json.dumps(owner))
+
+
+def test_a_held_lock_makes_the_run_wait_then_fail_naming_the_holder(
+    lab: Lab, host: Host, tmp_path: Path
+) -> None:
+    _plant_lock(lab, host, "other.machine.0123456789ab", age_seconds=5)
+    spec = RunSpec(lab, host, tmp_path, inputs("ntp"), extravars={"update_machine_lock_wait_seconds": 2})
+    started = time.monotonic()
+    result = run_update(spec)
+    assert result.status == "failed"
+    assert time.monotonic() - started >= 2
+    [message] = result.failure_messages
+    assert "held by run other.machine.0123456789ab" in message
+    assert "gave up after waiting 2s" in message
+    assert result.roles_run == []
+    # the holder's lock is left alone: release only removes a lock this run owns
+    owner = json.loads(lab.read_file(host, f"{STATE_DIR}/lock/owner.json"))
+    assert owner["ident"] == "other.machine.0123456789ab"
+
+
+def test_a_stale_lock_is_taken_over(lab: Lab, host: Host, tmp_path: Path) -> None:
+    _plant_lock(lab, host, "killed.machine.0123456789ab", age_seconds=7200)
+    spec = RunSpec(lab, host, tmp_path, inputs("ntp"), extravars={"update_machine_lock_stale_seconds": 3600})
+    result = run_update(spec)
+    assert result.status == "successful", result.failure_messages
+    events = host_json_lines(lab, host, f"{STATE_DIR}/lock.log")
+    assert [(e["event"], e.get("previous")) for e in events][:2] == [
+        ("took-over", "killed.machine.0123456789ab"),
+        ("acquired", None),
+    ]
+    assert not host_exists(lab, host, f"{STATE_DIR}/lock")
