@@ -91,7 +91,7 @@ def _user_value(key: str, value: Any) -> Any:
             raise EntryInvalid(key, "must be a list of non-empty strings")
         if any(_CONTROL.search(k) for k in value):
             raise EntryInvalid(key, "must not contain line breaks or control characters")
-        return value
+        return list(value)  # a copy: plan inputs never alias the request
     if not isinstance(value, str):
         raise EntryInvalid(key, "must be a string")
     if _CONTROL.search(value):
