@@ -27,8 +27,14 @@ _USER_KEYS: Final[Mapping[str, str]] = {  # KubeadmConfig v1beta2 User JSON name
     "sshAuthorizedKeys": "ssh_authorized_keys",
 }
 _USER_BOOLS: Final = frozenset({"inactive", "lockPassword"})
-_USER_NAME: Final = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_ARG_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# The patterns below are the ones the roles assert (playbooks/roles/*/defaults/main.yml): a value the
+# role would refuse must never be claimed, or the update would fail on the host after CAPI said yes.
+USER_NAME: Final = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_USER_PATH: Final = re.compile(r"^/[^:\n\r]*$")  # home_dir, shell: absolute, no ':' (a passwd separator)
+ARG_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+# systemd splits KUBELET_EXTRA_ARGS on whitespace and a shell may source the file: no quoting is possible.
+ARG_VALUE: Final = re.compile(r'^[^\s\x00-\x1f"\\$`]*$')
+NTP_SERVER: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 _KEY_NAME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 
@@ -73,7 +79,7 @@ def parse_user(entry: Any) -> dict[str, Any]:
     if unknown:
         raise EntrySkipped(f"has field {describe_key(unknown[0])}, which the users role does not carry out")
     name = entry.get("name")
-    if not isinstance(name, str) or not _USER_NAME.match(name):
+    if not isinstance(name, str) or not USER_NAME.match(name):
         raise EntryInvalid("name", "must be a POSIX user name (lower case, at most 32 characters)")
     result: dict[str, Any] = {"ssh_authorized_keys": []}
     for key, value in entry.items():
@@ -99,7 +105,16 @@ def _user_value(key: str, value: Any) -> Any:
         raise EntryInvalid(key, "must not contain line breaks or control characters")
     if key == "groups":
         # v1beta2 carries groups as one comma-separated string (as cloud-init does); the role takes a list.
-        return [group.strip() for group in value.split(",") if group.strip()]
+        groups = [group.strip() for group in value.split(",") if group.strip()]
+        if not all(USER_NAME.match(group) for group in groups):
+            raise EntryInvalid(key, "must be comma-separated POSIX group names")
+        return groups
+    if key == "primaryGroup" and not USER_NAME.match(value):
+        raise EntryInvalid(key, "must be a POSIX group name")
+    if key in ("homeDir", "shell") and (not _USER_PATH.match(value) or ".." in value.split("/")):
+        raise EntryInvalid(key, "must be an absolute path without '..' or ':'")
+    if key in ("gecos", "passwd") and ":" in value:
+        raise EntryInvalid(key, "must not contain ':'")
     return value
 
 
@@ -113,14 +128,13 @@ def parse_kubelet_arg(entry: Any) -> dict[str, str]:
             "", f"has field {describe_key(unknown[0])}, which a kubelet argument does not have"
         )
     name = entry.get("name")
-    if not isinstance(name, str) or not _ARG_NAME.match(name):
-        raise EntryInvalid("name", "must be a kubelet flag name (letters, digits, '-', '_', '.')")
+    if not isinstance(name, str) or not ARG_NAME.match(name):
+        raise EntryInvalid("name", "must be a kubelet flag name (lower-case letters, digits, '-')")
     value = entry.get("value", "")
     if not isinstance(value, str):
         raise EntryInvalid("value", "must be a string")
-    if _CONTROL.search(value):
-        # The role writes one environment line; a line break would start a new variable.
-        raise EntryInvalid("value", "must not contain line breaks or control characters")
+    if not ARG_VALUE.match(value):
+        raise EntryInvalid("value", "must not contain whitespace, line breaks, quotes, backslash, '$' or '`'")
     return {"name": name, "value": value}
 
 
@@ -146,8 +160,8 @@ def parse_ntp(value: Any) -> dict[str, Any]:
     servers = value.get("servers", [])
     if not isinstance(servers, list) or not all(isinstance(s, str) and s for s in servers):
         raise EntryInvalid("servers", "must be a list of non-empty strings")
-    if any(_CONTROL.search(s) or " " in s for s in servers):
-        raise EntryInvalid("servers", "must not contain spaces or control characters")
+    if not all(NTP_SERVER.match(server) for server in servers):
+        raise EntryInvalid("servers", "must be host names or IP addresses")
     enabled = value.get("enabled", True)
     if not isinstance(enabled, bool):
         raise EntryInvalid("enabled", "must be a boolean")

@@ -56,6 +56,8 @@ def path_problem(path: Any) -> str | None:
         return "must not contain '..'"
     if _CONTROL.search(path):
         return "must not contain control characters"
+    if path.endswith("/"):
+        return "must name a file, not a directory"
     return None
 
 

@@ -77,6 +77,11 @@ def users(change: Change) -> str | None:
     problem = _list_problem(change.current, change.desired, "name", parse_user, "users are not deleted")
     if problem is not None:
         return problem
+    seen: set[str | None] = set()
+    for index, entry in enumerate(entries_of(change.desired)):
+        if _identity(entry, "name") in seen:
+            return f"entry {index} repeats an earlier user"  # the users role refuses duplicates
+        seen.add(_identity(entry, "name"))
     current_by_name = {_identity(entry, "name"): entry for entry in entries_of(change.current)}
     for index, entry in enumerate(entries_of(change.desired)):
         before = current_by_name.get(_identity(entry, "name"))

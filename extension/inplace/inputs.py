@@ -118,14 +118,17 @@ def extract_users(desired: DesiredObjects) -> dict[str, Any] | None:
     value = _bootstrap_value(desired, ("users",))
     if value is MISSING:
         return None
-    users = []
+    users: list[dict[str, Any]] = []
     for index, entry in enumerate(_entries(value, f"{desired.bootstrap_path}.users")):
         try:
-            users.append(parse_user(entry))
+            user = parse_user(entry)
         except EntrySkipped:
             continue  # passwdFrom: its password lives in a Secret we do not read
         except EntryInvalid as exc:
             raise _plan_error(f"{desired.bootstrap_path}.users[{index}]", exc) from None
+        if any(other["name"] == user["name"] for other in users):
+            raise PlanError(f"{desired.bootstrap_path}.users[{index}].name", "repeats an earlier user")
+        users.append(user)
     return {"users_users": users}
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from extension.inplace.capabilities import CAPABILITIES, capability_names
+from extension.inplace.entries import ARG_NAME, ARG_VALUE, NTP_SERVER, USER_NAME
 from extension.inplace.inputs import InputSpec
 from extension.inplace.objects import ClaimKind
 from extension.inplace.plan import plan_update
@@ -116,3 +117,20 @@ def test_input_spec_renders_ansible_argument_spec() -> None:
         "elements": "dict",
         "options": {"passwd": {"type": "str", "required": False, "no_log": True}},
     }
+
+
+@pytest.mark.parametrize(
+    ("role", "variable", "pattern"),
+    [
+        ("users", "users_name_pattern", USER_NAME),
+        ("kubelet_args", "kubelet_args_name_pattern", ARG_NAME),
+        ("kubelet_args", "kubelet_args_value_pattern", ARG_VALUE),
+        ("ntp", "ntp_server_pattern", NTP_SERVER),
+    ],
+)
+def test_python_refuses_exactly_what_the_role_asserts(
+    role: str, variable: str, pattern: re.Pattern[str]
+) -> None:
+    # A value the role refuses must never be claimed: CAPI would hand the machine over and the run fail.
+    defaults = yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text())
+    assert defaults[variable] == pattern.pattern

@@ -403,7 +403,7 @@ def test_kubelet_args_not_claimed_when_value_has_a_line_break() -> None:
     decision, _ = decide_and_emulate(request)
     verdict = _verdict(decision, "/joinConfiguration/nodeRegistration/kubeletExtraArgs")
     assert not verdict.in_place
-    assert "entry 1 value must not contain line breaks" in verdict.reason
+    assert "entry 1 value must not contain whitespace, line breaks" in verdict.reason
 
 
 def test_kubelet_args_claimed_when_init_configuration_supplies_them() -> None:
@@ -585,3 +585,21 @@ def test_files_append_entries_of_existing_files_are_not_rewritten(
     decision, result = decide_and_emulate(request)
     assert result.in_place is claimed
     assert _verdict(decision, "/files").in_place is claimed
+
+
+def test_users_not_claimed_when_a_name_repeats() -> None:
+    request = unchanged(load(CUMS_5A))
+    bootstrap_spec(request, "desired")["users"] = [{"name": "ops"}, {"name": "ops", "shell": "/bin/sh"}]
+    decision, _ = decide_and_emulate(request)
+    assert "entry 1 repeats an earlier user" in _verdict(decision, "/users").reason
+
+
+@pytest.mark.parametrize(
+    ("servers", "claimed"), [(["ntp1.example.org", "10.0.0.1", "fd00::1"], True), (["a b"], False)]
+)
+def test_ntp_servers_must_be_host_names_or_addresses(servers: list[str], claimed: bool) -> None:
+    request = unchanged(load(CUMS_5A))
+    bootstrap_spec(request, "desired")["ntp"] = {"servers": servers}
+    decision, result = decide_and_emulate(request)
+    assert result.in_place is claimed
+    assert _verdict(decision, "/ntp").in_place is claimed
