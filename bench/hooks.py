@@ -118,18 +118,31 @@ class Result:
     rps: float
 
 
-async def measure(port: int, body: bytes, clients: int, seconds: float) -> Result:
-    warm: list[float] = []
-    await asyncio.gather(
-        *(_client(port, body, time.perf_counter() + 0.5, [10_000], warm) for _ in range(clients))
-    )
-    latencies: list[float] = []
+def summarize(latencies: list[float], elapsed: float) -> Result:
+    cuts = statistics.quantiles(latencies, n=100)
+    return Result(cuts[49] * 1000, cuts[98] * 1000, len(latencies) / elapsed)
+
+
+async def measure(port: int, body: bytes, clients: int, seconds: float, latencies: list[float]) -> float:
+    """Run ``clients`` keep-alive connections for ``seconds``; append latencies; return the elapsed time."""
     started = time.perf_counter()
     budget = [MAX_REQUESTS_PER_RUN]
     await asyncio.gather(*(_client(port, body, started + seconds, budget, latencies) for _ in range(clients)))
-    elapsed = time.perf_counter() - started
-    cuts = statistics.quantiles(latencies, n=100)
-    return Result(cuts[49] * 1000, cuts[98] * 1000, len(latencies) / elapsed)
+    return time.perf_counter() - started
+
+
+async def compare(
+    ports: dict[str, int], body: bytes, clients: int, seconds: float, rounds: int
+) -> dict[str, Result]:
+    """Alternate short rounds between the servers, so load from elsewhere on the machine hits both alike."""
+    latencies: dict[str, list[float]] = {name: [] for name in ports}
+    elapsed = dict.fromkeys(ports, 0.0)
+    for port in ports.values():  # warm-up, not counted
+        await measure(port, body, clients, 0.5, [])
+    for _ in range(rounds):
+        for name, port in ports.items():
+            elapsed[name] += await measure(port, body, clients, seconds / rounds, latencies[name])
+    return {name: summarize(latencies[name], elapsed[name]) for name in ports}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per case [5]")
     parser.add_argument("--clients", default="1,8,32", help="concurrency levels [1,8,32]")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per case [5]")
     parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.floor_server:
@@ -148,15 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     ours_argv = [sys.executable, "-m", "extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
     floor_argv = [sys.executable, str(Path(__file__).resolve()), "--floor-server"]
     print(
-        f"CanUpdateMachineSet, {len(body)} byte body (fixture 5A), {args.seconds:g} s per case, "
-        f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}"
+        f"CanUpdateMachineSet, {len(body)} byte body (fixture 5A), {args.seconds:g} s per server and case "
+        f"in {args.rounds} alternating rounds, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, "
+        f"python {sys.version.split()[0]}"
     )
     print(f"{'clients':>7}  {'server':<9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}   p99 ratio")
     worst_ok = True
     with server(ours_argv) as ours_port, server(floor_argv) as floor_port:
         for clients in levels:
-            floor = asyncio.run(measure(floor_port, body, clients, args.seconds))
-            ours = asyncio.run(measure(ours_port, body, clients, args.seconds))
+            results = asyncio.run(
+                compare(
+                    {"floor": floor_port, "extension": ours_port}, body, clients, args.seconds, args.rounds
+                )
+            )
+            floor, ours = results["floor"], results["extension"]
             ratio = ours.p99_ms / floor.p99_ms
             print(f"{clients:>7}  {'floor':<9} {floor.p50_ms:>8.2f} {floor.p99_ms:>8.2f} {floor.rps:>8.0f}")
             row = f"{clients:>7}  {'extension':<9} {ours.p50_ms:>8.2f} {ours.p99_ms:>8.2f} {ours.rps:>8.0f}"
