@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -86,3 +86,28 @@ def test_serve_reports_bad_settings_by_name(tmp_path: Path) -> None:
     result = run_cli("serve", "--plain-http", env=env)
     assert result.returncode == 2
     assert "setting max_parallel_runs" in result.stderr
+
+
+def test_real_server_refuses_25_mib_early_and_keeps_serving(start_server: StartServer) -> None:
+    server = start_server("--listen", "127.0.0.1:0", "--plain-http")
+    big = b"[" + b"0," * (25 * 1024 * 1024 // 2) + b"0]"
+    reply = httpx.post(
+        f"{server.url}{API}/canupdatemachineset/can-update-machineset", content=big, timeout=30
+    )
+    assert reply.status_code == 413
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the cap is enforced while reading
+        for _ in range(30):
+            yield b" " * (1024 * 1024)
+
+    try:
+        chunked = httpx.post(f"{server.url}{API}/updatemachine/update-machine", content=chunks(), timeout=30)
+        assert chunked.status_code == 413
+    except httpx.WriteError:
+        pass  # the server answered and closed while the client was still sending: also a refusal
+    hostile = httpx.post(
+        f"{server.url}{API}/updatemachine/update-machine", content=b"[" * 10_000 + b"]" * 10_000
+    )
+    assert hostile.status_code == 200
+    assert hostile.json()["message"].startswith("InvalidRequest: (body): invalid JSON")
+    assert httpx.post(f"{server.url}{API}/discovery", content=b"{}").json()["status"] == "Success"
