@@ -138,6 +138,46 @@ def parse_kubelet_arg(entry: Any) -> dict[str, str]:
     return {"name": name, "value": value}
 
 
+# kubeadm writes kubeletExtraArgs into kubeadm-flags.env at join; the kubelet_args role adds its own
+# KUBELET_EXTRA_ARGS after them. For plain flags the last value wins, but these flags accumulate across
+# repetitions (k8s.io/component-base/cli/flag MapStringString/MapStringBool.Set and pflag slices), so
+# the earlier value would keep some effect.
+MERGING_MAP_FLAGS: Final = frozenset(
+    {
+        "node-labels",
+        "feature-gates",
+        "kube-reserved",
+        "system-reserved",
+        "qos-reserved",
+        "cpu-manager-policy-options",
+        "topology-manager-policy-options",
+        "eviction-hard",
+        "eviction-soft",
+        "eviction-soft-grace-period",
+        "eviction-minimum-reclaim",
+    }
+)
+APPENDING_LIST_FLAGS: Final = frozenset(
+    {"cluster-dns", "tls-cipher-suites", "allowed-unsafe-sysctls", "reserved-memory", "register-with-taints"}
+)
+
+
+def kubelet_arg_change_problem(name: str, before: str, after: str) -> str | None:
+    """Why replacing one kubelet flag value by another is not what kubelet would end up with, or None."""
+    if before == after:
+        return None
+    if name in APPENDING_LIST_FLAGS:
+        return "changes a list-valued flag, and kubelet would keep the earlier items too"
+    if name in MERGING_MAP_FLAGS and not _map_keys(before) <= _map_keys(after):
+        return "drops a key of a map-valued flag, and kubelet would keep the earlier one"
+    return None
+
+
+def _map_keys(value: str) -> set[str]:
+    # "a=1,b=2" or, for eviction thresholds, "memory.available<100Mi,nodefs.available<10%"
+    return {re.split(r"[=<]", pair, maxsplit=1)[0].strip() for pair in value.split(",") if pair.strip()}
+
+
 def effective_kubelet_args(spec: Any) -> tuple[tuple[str, ...] | None, Any]:
     """Where the node's kubelet arguments come from: joinConfiguration if it sets them, else init.
 

@@ -18,6 +18,7 @@ from extension.inplace.entries import (
     describe_key,
     effective_kubelet_args,
     entries_of,
+    kubelet_arg_change_problem,
     parse_kubelet_arg,
     parse_ntp,
     parse_user,
@@ -114,7 +115,23 @@ def kubelet_args(change: Change) -> str | None:
     # choice the plan makes, so a claim is exactly what the role will write.
     _, current = effective_kubelet_args(change.current_spec)
     _, desired = effective_kubelet_args(change.desired_spec)
-    return _list_problem(current, desired, "name", parse_kubelet_arg, "arguments set earlier are not removed")
+    problem = _list_problem(
+        current, desired, "name", parse_kubelet_arg, "arguments set earlier are not removed"
+    )
+    if problem is not None:
+        return problem
+    before: dict[str, str] = {}
+    for entry in reversed(entries_of(current)):  # the first occurrence of a name wins the lookup
+        name, value = _identity(entry, "name"), _identity(entry, "value") or ""
+        if name is not None:
+            before[name] = value
+    for index, entry in enumerate(entries_of(desired)):  # all parsed above, so well formed
+        name, value = _identity(entry, "name"), _identity(entry, "value") or ""
+        if name in before:
+            problem = kubelet_arg_change_problem(name, before[name], value)
+            if problem is not None:
+                return f"entry {index} {problem}"
+    return None
 
 
 def ntp(change: Change) -> str | None:
@@ -160,7 +177,7 @@ def _list_problem(
 
 
 def _identity(entry: Any, key: str) -> str | None:
-    """An entry's identity in its list: a file's path, a user's or an argument's name."""
+    """A string field of an entry (a file's path, a user's or an argument's name), or None."""
     value = entry.get(key) if isinstance(entry, Mapping) else None
     return value if isinstance(value, str) else None
 

@@ -603,3 +603,42 @@ def test_ntp_servers_must_be_host_names_or_addresses(servers: list[str], claimed
     decision, result = decide_and_emulate(request)
     assert result.in_place is claimed
     assert _verdict(decision, "/ntp").in_place is claimed
+
+
+@pytest.mark.parametrize(
+    ("name", "before", "after", "claimed"),
+    [
+        ("max-pods", "110", "150", True),  # a plain flag: the later value wins
+        (
+            "eviction-hard",
+            "memory.available<100Mi,nodefs.available<10%",
+            "memory.available<200Mi,nodefs.available<5%",
+            True,
+        ),
+        ("eviction-hard", "memory.available<100Mi,nodefs.available<10%", "memory.available<100Mi", False),
+        ("node-labels", "a=1", "a=1,b=2", True),
+        ("node-labels", "a=1,b=2", "b=2", False),
+        ("cluster-dns", "10.96.0.10", "10.96.0.11", False),
+    ],
+)
+def test_kubelet_arg_value_changes_only_claimed_when_kubelet_would_not_keep_old_parts(
+    name: str, before: str, after: str, claimed: bool
+) -> None:
+    request = unchanged(load(CUMS_5A))
+    for side, value in (("current", before), ("desired", after)):
+        bootstrap_spec(request, side)["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"] = [
+            {"name": name, "value": value}
+        ]
+    decision, result = decide_and_emulate(request)
+    assert result.in_place is claimed
+    verdict = _verdict(decision, "/joinConfiguration/nodeRegistration/kubeletExtraArgs")
+    assert verdict.in_place is claimed
+    assert after not in verdict.reason
+
+
+def test_kubelet_args_guard_survives_malformed_current_entries() -> None:
+    request = unchanged(load(CUMS_5A))
+    node = bootstrap_spec(request, "current")["joinConfiguration"]["nodeRegistration"]
+    node["kubeletExtraArgs"] = ["junk", {"value": "no name"}]
+    decision, _ = decide_and_emulate(request)
+    assert not _verdict(decision, "/joinConfiguration/nodeRegistration/kubeletExtraArgs").in_place
