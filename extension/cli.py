@@ -233,7 +233,11 @@ def cmd_schemas(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inplace-extension", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="inplace-extension",
+        description="Cluster API Runtime Extension that updates machines in place. Settings come from "
+        "INPLACE_* environment variables, overridden by flags (--foo-bar = INPLACE_FOO_BAR).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve the CAPI Runtime SDK hooks (TLS unless --plain-http)")
@@ -261,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--write", dest="dir", default="schemas", metavar="DIR", help="target directory [schemas]"
     )
-    gen.add_argument("--check", action="store_true", help="only compare; exit 1 and list files that drifted")
+    gen.add_argument("--check", action="store_true", help="compare DIR instead of writing; exit 1 on drift")
     gen.set_defaults(func=cmd_schemas)
     return parser
 
