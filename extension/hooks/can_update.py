@@ -54,6 +54,22 @@ def answer_can_update(options: HookOptions, decide: Callable[[], Decision]) -> C
     return CanUpdateAnswer(ResponseStatus.SUCCESS, decision.message() or None, label, patches)
 
 
+MACHINE_TARGETS = ("machinePatch", "infrastructureMachinePatch", "bootstrapConfigPatch")
+MACHINE_SET_TARGETS = (
+    "machineSetPatch",
+    "infrastructureMachineTemplatePatch",
+    "bootstrapConfigTemplatePatch",
+)
+
+
+def _patches_for(answer: CanUpdateAnswer, targets: tuple[str, ...]) -> list[Patch | None]:
+    """The answer's patches in ``targets`` order; a patch for another target is a bug, not a silent drop."""
+    stray = set(answer.patches) - set(targets)
+    if stray:
+        raise RuntimeError(f"decision produced patches for {sorted(stray)}, expected only {list(targets)}")
+    return [answer.patches.get(target) for target in targets]
+
+
 def _log(hook: str, machine: str, answer: CanUpdateAnswer) -> None:
     targets = ",".join(sorted(answer.patches)) or "-"
     logger.info("hook=%s machine=%s decision=%s patches=%s", hook, machine, answer.decision, targets)
@@ -66,13 +82,14 @@ async def can_update_machine(
     answer = answer_can_update(
         HookOptions.from_settings(request.settings), lambda: decide_can_update_machine(current, desired)
     )
+    machine, infrastructure, bootstrap = _patches_for(answer, MACHINE_TARGETS)
     _log("CanUpdateMachine", request.desired.machine.key, answer)
     return CanUpdateMachineResponse(
         status=answer.status,
         message=answer.message,
-        machine_patch=answer.patches.get("machinePatch"),
-        infrastructure_machine_patch=answer.patches.get("infrastructureMachinePatch"),
-        bootstrap_config_patch=answer.patches.get("bootstrapConfigPatch"),
+        machine_patch=machine,
+        infrastructure_machine_patch=infrastructure,
+        bootstrap_config_patch=bootstrap,
     )
 
 
@@ -84,11 +101,12 @@ async def can_update_machine_set(
         HookOptions.from_settings(request.settings), lambda: decide_can_update_machine_set(current, desired)
     )
     # the old MachineSet is the object CAPI asks about (its Machines would move)
+    machine_set, infrastructure, bootstrap = _patches_for(answer, MACHINE_SET_TARGETS)
     _log("CanUpdateMachineSet", request.current.machine_set.key, answer)
     return CanUpdateMachineSetResponse(
         status=answer.status,
         message=answer.message,
-        machine_set_patch=answer.patches.get("machineSetPatch"),
-        infrastructure_machine_template_patch=answer.patches.get("infrastructureMachineTemplatePatch"),
-        bootstrap_config_template_patch=answer.patches.get("bootstrapConfigTemplatePatch"),
+        machine_set_patch=machine_set,
+        infrastructure_machine_template_patch=infrastructure,
+        bootstrap_config_template_patch=bootstrap,
     )

@@ -117,3 +117,16 @@ async def test_one_log_line_per_decision(caplog: pytest.LogCaptureFixture) -> No
         "hook=CanUpdateMachine machine=default/my-cluster-cp-7xk2p decision=rollout "
         "patches=bootstrapConfigPatch,machinePatch"
     ]
+
+
+async def test_a_patch_for_a_foreign_target_is_a_bug_not_a_silent_drop(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from extension.hooks import can_update
+    from extension.inplace.decide import Decision
+
+    stray = Decision(patches={"machineSetPatch": [{"op": "add", "path": "/x", "value": 1}]}, verdicts=())
+    monkeypatch.setattr(can_update, "decide_can_update_machine", lambda current, desired: stray)
+    answer = await post(CAN_UPDATE_MACHINE, load("can_update_machine/4A.request.json"))
+    assert (answer["status"], answer["message"]) == ("Failure", "InternalError: see extension logs")
+    assert "machineSetPatch" in caplog.text
