@@ -21,12 +21,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from extension.api.body import parse_request
+from extension.api.common import CommonResponse, ResponseStatus
 from extension.auth import AuthMiddleware, AuthPolicy
 from extension.errors import RequestTooLarge, answer_for
 from extension.hooks.context import HookContext
 from extension.hooks.table import HOOKS, Hook
 from extension.hooks.update_machine import UpdateExecutor
-from extension.metrics import Metrics
+from extension.metrics import HookStatus, Metrics
 from extension.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def hook_endpoint(hook: Hook[Any, Any], context: HookContext, metrics: Metrics) 
                 model = await anyio.to_thread.run_sync(parse_request, hook.request_model, body)
             else:
                 model = parse_request(hook.request_model, body)
-            response = await hook.handler(model, context)
+            response: CommonResponse = await hook.handler(model, context)
         except Exception as exc:  # the edge's catch-all: every failure still answers (design.md §4)
             answer = answer_for(exc)
             if answer.is_bug:
@@ -86,7 +87,8 @@ def hook_endpoint(hook: Hook[Any, Any], context: HookContext, metrics: Metrics) 
                 # the rest of the body is not read: close the connection rather than drain it
                 return JSONResponse(failure, status_code=answer.http_status, headers={"connection": "close"})
             response = hook.failure(answer.message)
-        metrics.observe_hook(hook.hook, response.status.value, time.perf_counter() - started)
+        status: HookStatus = "Success" if response.status is ResponseStatus.SUCCESS else "Failure"
+        metrics.observe_hook(hook.hook, status, time.perf_counter() - started)
         return _json(response.to_wire())
 
     return endpoint
