@@ -130,3 +130,13 @@ async def test_a_patch_for_a_foreign_target_is_a_bug_not_a_silent_drop(
     answer = await post(CAN_UPDATE_MACHINE, load("can_update_machine/4A.request.json"))
     assert (answer["status"], answer["message"]) == ("Failure", "InternalError: see extension logs")
     assert "machineSetPatch" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("fixture", "path"),
+    [("can_update_machine/4A", CAN_UPDATE_MACHINE), ("can_update_machine_set/5A", CAN_UPDATE_MACHINE_SET)],
+)
+async def test_full_claims_answer_exactly_the_capi_example_patches(fixture: str, path: str) -> None:
+    answer = await post(path, load(f"{fixture}.request.json"))
+    expected = load(f"{fixture}.response.json")
+    assert {k: v for k, v in answer.items() if k != "message"} == expected  # same base64, byte for byte
