@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,11 +101,12 @@ def poll_update_machine(
     within: float = 300.0,
     stop_on_failure: bool = True,
     max_calls: int | None = None,
+    until: Callable[[str], bool] | None = None,
 ) -> Polled:
     """Call UpdateMachine like the Machine controller: again after ``retryAfterSeconds`` while > 0.
 
     Returns at ``Success`` with 0 (done), at the first ``Failure`` (CAPI would back off and call again;
-    the test decides), or after ``max_calls``.
+    the test decides), after ``max_calls``, or at the first message ``until`` accepts.
     """
     request = update_machine_request(name, desired, annotations)
     deadline = time.monotonic() + within
@@ -125,6 +126,8 @@ def poll_update_machine(
         if status == "Success" and retry == 0:
             return Polled(status, message, calls, messages)
         if max_calls is not None and calls >= max_calls:
+            return Polled(status, message, calls, messages)
+        if until is not None and until(message):
             return Polled(status, message, calls, messages)
         assert time.monotonic() < deadline, f"{name}: no result within {within}s; messages: {messages}"
         # the protocol: CAPI does not call again before retryAfterSeconds (capi-hooks.md §7.5)

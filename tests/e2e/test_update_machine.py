@@ -139,13 +139,12 @@ def test_link_down_is_retried_and_converges_when_back(
     can_update_machine_set(service.client, OLD, FILES_AND_ARGS)
     faults.link(lab, host, up=False)
     try:
-        down = poll_update_machine(service.client, name, FILES_AND_ARGS, max_calls=200, within=120)
-        while not any(m.startswith("host unreachable, retrying") for m in down.messages):
-            assert down.status == "Success" and down.message.startswith(("running:", "queued:")), (
-                down.messages
-            )
-            down = poll_update_machine(service.client, name, FILES_AND_ARGS, max_calls=1)
-        assert down.status == "Success"  # retriable: CAPI keeps calling, no Failure
+        down = poll_update_machine(
+            service.client, name, FILES_AND_ARGS, within=120, until=lambda m: m.startswith("host unreachable")
+        )
+        assert down.status == "Success", down.messages  # retriable: CAPI keeps calling, no Failure
+        assert down.message == "host unreachable, retrying (attempt 2)"
+        assert all(m.startswith(("running:", "queued:")) for m in down.messages[:-1]), down.messages
     finally:
         faults.link(lab, host, up=True)
     back = poll_update_machine(service.client, name, FILES_AND_ARGS, within=180)
@@ -161,12 +160,11 @@ def test_sigkill_mid_run_then_restart_applies_exactly_once(
     runs_dir = tmp_path / "runs-shared"
     first = start_service(inventory, runs_dir, name="first")
     can_update_machine_set(first.client, OLD, FULL)
-    # one call each starts the runs; then wait (honouring retryAfterSeconds) until a role is running
-    seen = poll_all(first.client, FULL, MACHINES, max_calls=1)
+    # CAPI calls each Machine, honouring retryAfterSeconds, until the first one reports a running role
     running = re.compile(r"running: (" + "|".join(CAPABILITIES) + ")")
-    while not any(running.fullmatch(p.message) for p in seen.values()):
-        assert all(p.status == "Success" and p.message != "update applied" for p in seen.values()), seen
-        seen = poll_all(first.client, FULL, MACHINES, max_calls=1)
+    seen = poll_all(first.client, FULL, MACHINES, within=120, until=lambda m: bool(running.fullmatch(m)))
+    assert all(p.status == "Success" for p in seen.values()), seen
+    assert any(p.message != "update applied" for p in seen.values()), seen  # killed mid-run
     first.kill()
     second = start_service(inventory, runs_dir, name="second")
     results = poll_all(second.client, FULL, MACHINES, within=400)
