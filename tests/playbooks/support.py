@@ -80,7 +80,7 @@ class RunResult:
         return [
             str(e["event_data"].get("res", {}).get("msg", ""))
             for e in self.events
-            if e["event"] in ("runner_on_failed", "runner_item_on_failed")
+            if e["event"] in ("runner_on_failed", "runner_item_on_failed", "runner_on_unreachable")
         ]
 
     @property
@@ -96,10 +96,15 @@ class RunResult:
         raise AssertionError(f"task {task_name!r} never started in run {self.ident}")
 
     def all_text(self) -> str:
-        """Everything ansible-runner wrote for this run (artifacts, env), for secret checks."""
-        return "\n".join(
-            p.read_text(errors="replace") for p in sorted(self.private_data_dir.rglob("*")) if p.is_file()
-        )
+        """Everything ansible-runner wrote for this run (job events, stdout, env), for secret checks.
+
+        The inputs file is left out: it is the request data itself, written by the caller.
+        """
+        written = [
+            p for p in sorted(self.private_data_dir.rglob("*")) if p.is_file() and p.name != "inputs.json"
+        ]
+        assert any(p.parent.name == "job_events" for p in written), "no job events were written"
+        return "\n".join(p.read_text(errors="replace") for p in written)
 
 
 def new_fingerprint() -> str:
@@ -134,7 +139,6 @@ def envvars(lab: Lab, workdir: Path) -> dict[str, str]:
         "PATH": path,
         "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
         "ANSIBLE_HOME": str(workdir / "ansible-home"),
-        "ANSIBLE_REMOTE_TMP": "/tmp/.ansible-remote",
     }
 
 
