@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import threading
@@ -179,6 +180,19 @@ def control_path_dir(state_dir: Path) -> Path:
         return wanted
     digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:10]
     return Path(tempfile.gettempdir()) / f"inplace-cp-{os.getuid()}-{digest}"
+
+
+def close_control_masters(state_dir: Path) -> None:
+    """End the ssh ControlPersist masters our runs left (they would linger up to ControlPersist)."""
+    cp_dir = control_path_dir(state_dir)
+    if not cp_dir.is_dir():
+        return
+    for sock in cp_dir.iterdir():
+        if sock.is_socket():
+            subprocess.run(
+                ["ssh", "-O", "exit", "-o", f"ControlPath={sock}", "control-master"],
+                capture_output=True, timeout=10, check=False,
+            )  # fmt: skip
 
 
 def _envvars(spec: RunSpec) -> dict[str, str]:

@@ -148,8 +148,11 @@ class RunService:
         and the next service's attempt waits for its host lock and finds the stamp.
         """
         deadline = time.monotonic() + timeout
-        for thread in self._registry.close():
+        threads = self._registry.close()
+        for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        if not any(thread.is_alive() for thread in threads):
+            runner.close_control_masters(self._runs_dir)  # a run still going needs its master
 
     def _in_progress(self, message: str) -> Progress:
         return Progress(ProgressState.IN_PROGRESS, message, self._retry_after)

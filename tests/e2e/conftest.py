@@ -24,7 +24,7 @@ import httpx
 import pytest
 from playbooks.standins import install_standins, lab_run_on_host, standin_binary
 
-from extension.runs.runner import control_path_dir
+from extension.runs.runner import close_control_masters
 from hostlab.lab import Host, Lab
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,16 +76,6 @@ class Service:
 StartService = Callable[..., Service]
 
 
-def _close_ssh_masters(runs_dir: Path) -> None:
-    """End the ControlPersist ssh masters the service's runs opened (they would linger for 60 s)."""
-    cp_dir = control_path_dir(runs_dir)
-    for sock in cp_dir.glob("*") if cp_dir.is_dir() else ():
-        subprocess.run(
-            ["ssh", "-O", "exit", "-o", f"ControlPath={sock}", "lab-host"],
-            capture_output=True, timeout=10, check=False,
-        )  # fmt: skip
-
-
 def _wait_for_orphans(runs_dir: Path, within: float = 120.0) -> None:
     """Plays left running by a killed service (they are detached on purpose) must end before teardown."""
     deadline = time.monotonic() + within
@@ -133,7 +123,7 @@ def start_service(tmp_path: Path, e2e_playbooks: Path, lab: Lab) -> Iterator[Sta
         service.stop()
     for runs in {s.runs_dir for s in started}:
         _wait_for_orphans(runs)
-        _close_ssh_masters(runs)
+        close_control_masters(runs)
 
 
 class _ReleaseHandler(http.server.SimpleHTTPRequestHandler):
