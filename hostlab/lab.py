@@ -562,11 +562,12 @@ class Lab:
         *,
         user: str = LOGIN_USER,
         timeout: float = 60,
+        connect_timeout: int = 5,
         input_text: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run ``command`` (an argv, quoted for the remote shell) on ``host`` over SSH; returns any exit."""
         target = host if isinstance(host, Host) else self.host(host)
-        argv = [*self.ssh_argv(target, user), "--", shlex.join(command)]
+        argv = [*self.ssh_argv(target, user, connect_timeout=connect_timeout), "--", shlex.join(command)]
         return subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout, input=input_text, check=False
         )

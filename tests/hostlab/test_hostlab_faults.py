@@ -20,7 +20,7 @@ def test_link_down_drops_traffic_and_up_restores_it(lab: Lab, lab_hosts: list[Ho
     assert banner_ready(host.address)
     faults.link(lab, host, up=False)
     assert not banner_ready(host.address, timeout=1.0)
-    assert lab.ssh(host, ["true"]).returncode == 255
+    assert lab.ssh(host, ["true"], connect_timeout=1).returncode == 255
     faults.link(lab, host, up=True)
     assert wait_until(lambda: banner_ready(host.address), 10)
     assert lab.ssh(host, ["hostname"]).stdout.strip() == host.name
