@@ -132,10 +132,13 @@ def inventory(lab: Lab, host: Host) -> dict[str, Any]:
 
 
 def envvars(lab: Lab, workdir: Path) -> dict[str, str]:
+    return {**lab.ansible_env(), **base_envvars(workdir)}
+
+
+def base_envvars(workdir: Path) -> dict[str, str]:
     # ansible-runner spawns ansible-playbook through PATH: the venv's must win
     path = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     return {
-        **lab.ansible_env(),
         "PATH": path,
         "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
         "ANSIBLE_HOME": str(workdir / "ansible-home"),

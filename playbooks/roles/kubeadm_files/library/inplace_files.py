@@ -304,7 +304,7 @@ def main() -> None:
     manifest_changed = previous != {e["path"]: e["append"] for e in entries} or not manifest_path.exists()
     if manifest_changed and not check:
         text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
-        write_atomic(manifest_path, text, 0, 0, 0o600)
+        write_atomic(manifest_path, text, os.geteuid(), os.getegid(), 0o600)  # root under become
     module.exit_json(changed=bool(written or removed or manifest_changed), written=written, removed=removed)
 
 
