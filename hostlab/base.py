@@ -118,7 +118,12 @@ def ensure_base(cfg: Config, log: Callable[[str], None] = print) -> Path:
         raise LabError(f"HOSTLAB_BASE_DIR={base} has no {MARKER}: not a complete hostlab base")
     tool = _bootstrap_tool(cfg)
     cfg.cache_dir.mkdir(parents=True, exist_ok=True)
-    with file_lock(cfg.cache_dir / f"{base.name}.lock", timeout=1800, what="base build lock"):
+    lock = cfg.cache_dir / f"{base.name}.lock"
+
+    def waiting() -> None:
+        log(f"hostlab: another process is building the base (lock {lock}); waiting for it")
+
+    with file_lock(lock, timeout=1800, what="base build lock", on_wait=waiting):
         if base_ready(base):  # another builder finished while we waited
             return base
         for stale in cfg.cache_dir.glob(f"{base.name}.tmp-*"):

@@ -291,6 +291,7 @@ class Lab:
                 host = self._host(state, name)
                 if host.running and banner_ready(host.address):
                     continue
+                self._stop_host(host)  # running but unreachable (e.g. its link was removed): start afresh
                 started = time.monotonic()
                 state.hosts[name].unshare_pid = self._start_host(host, state, base)
                 self._save(state)

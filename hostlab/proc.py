@@ -117,8 +117,13 @@ def kill_and_wait(pid: int, sig: int = signal.SIGKILL, timeout: float = 10.0) ->
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, *, timeout: float = 900.0, what: str = "lock") -> Iterator[None]:
-    """Exclusive advisory lock on ``path`` (created if missing), waiting at most ``timeout`` seconds."""
+def file_lock(
+    path: Path, *, timeout: float = 900.0, what: str = "lock", on_wait: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """Exclusive advisory lock on ``path`` (created if missing), waiting at most ``timeout`` seconds.
+
+    ``on_wait`` is called once if the lock is busy, before waiting (to tell the user why nothing happens).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -128,6 +133,9 @@ def file_lock(path: Path, *, timeout: float = 900.0, what: str = "lock") -> Iter
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if on_wait is not None:
+                    on_wait()
+                    on_wait = None
                 if time.monotonic() >= deadline:
                     raise LabError(f"could not take the {what} {path} within {timeout:g}s") from None
                 time.sleep(0.2)

@@ -11,6 +11,7 @@ import pytest
 from hostlab.base import MARKER, base_ready, ensure_base
 from hostlab.config import BASE_FORMAT, Config
 from hostlab.errors import LabError
+from hostlab.proc import file_lock
 
 
 @pytest.fixture
@@ -45,3 +46,19 @@ def test_an_override_without_marker_is_refused(cfg: Config, tmp_path: Path) -> N
 def test_an_unknown_bootstrap_tool_is_refused(cfg: Config) -> None:
     with pytest.raises(LabError, match="HOSTLAB_BOOTSTRAP must be debootstrap or mmdebstrap, not 'docker'"):
         ensure_base(dataclasses.replace(cfg, bootstrap="docker"), log=lambda _: None)
+
+
+def test_a_busy_build_lock_is_reported_once_then_times_out_precisely(tmp_path: Path) -> None:
+    lock = tmp_path / "base.lock"
+    waits: list[str] = []
+    # the second holder has another open file description, as another process would: it must wait
+    with (
+        file_lock(lock, what="base build lock"),
+        pytest.raises(LabError, match=r"could not take the base build lock .*base\.lock within 0\.3s"),
+        file_lock(lock, timeout=0.3, what="base build lock", on_wait=lambda: waits.append("waiting")),
+    ):
+        pass
+    assert waits == ["waiting"]
+    with file_lock(lock, timeout=0.3, on_wait=lambda: waits.append("again")):
+        pass  # free again: taken at once, no waiting reported
+    assert waits == ["waiting"]
