@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import base64
 import gc
-import importlib
 import json
 import logging
 import socket
@@ -17,7 +16,7 @@ import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import uvicorn
@@ -30,8 +29,8 @@ from extension.auth import PeerCertH11Protocol, server_tls
 from extension.errors import ExtensionError
 from extension.hooks.explain import explain_request
 from extension.hooks.table import HOOKS, find_hook
-from extension.hooks.update_machine import UpdateExecutor
 from extension.logs import configure_logging
+from extension.runs.service import RunService
 from extension.settings import Settings
 from extension.tls import default_hosts, ensure_dev_certificate
 
@@ -68,18 +67,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None) is not None
     }
     return Settings(**overrides)
-
-
-def _make_executor(settings: Settings) -> UpdateExecutor | None:
-    """``extension.runs.service.RunService(settings)`` when the runs layer provides it; else no executor."""
-    try:
-        module = importlib.import_module("extension.runs.service")
-    except ModuleNotFoundError as exc:
-        if exc.name != "extension.runs.service":
-            raise
-        logger.warning("no executor: extension.runs.service is missing; UpdateMachine will answer Failure")
-        return None
-    return cast(UpdateExecutor, module.RunService(settings))
 
 
 def _tls_options(settings: Settings, host: str) -> dict[str, Any]:
@@ -132,7 +119,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_format, settings.log_level)
     host, port = parse_listen(settings.listen)
     tls_options = _tls_options(settings, host)
-    executor = _make_executor(settings)
+    executor = RunService(settings)  # create_app takes an UpdateExecutor: mypy checks that RunService fits
     app = create_app(settings, executor)
     sock = _bind(host, port)
     scheme = "https" if tls_options else "http"
@@ -154,9 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
-        close = getattr(executor, "close", None)
-        if callable(close):  # RunService: cancel running attempts (retried after a restart), join workers
-            close()
+        executor.close()  # cancel running attempts (they are retried after a restart), join the workers
         sock.close()
     return 0
 
