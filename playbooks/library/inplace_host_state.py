@@ -9,7 +9,7 @@ role's own manifest:
 * ``lock.guard``   a file that is flock()ed only while a run looks at or changes ``lock/``, so
                    check-and-take, stale takeover and release never race each other. The kernel
                    drops the flock when a process dies, so a killed module never wedges it.
-* ``lock.log``     one JSON line per lock event (acquired, took-over, released, up-to-date).
+* ``lock.log``     one JSON line per lock event (acquired, waiting, took-over, released).
 * ``stamp.json``   {fingerprint, ident, applied_at} of the last fully applied update.
 * ``stamp.log``    one JSON line per stamp write.
 
@@ -152,10 +152,8 @@ def _remove_leftover_staging(state_dir: Path) -> None:
 
 def acquire(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
     state_dir, ident, fingerprint = Path(p["state_dir"]), p["ident"], p["fingerprint"]
-    lock_dir = state_dir / "lock"
-    stamp = _read_json(state_dir / "stamp.json") or {}
-    applied = stamp.get("fingerprint")
-    if module.check_mode:
+    if module.check_mode:  # look, do not touch: report what a real run would find
+        applied = (_read_json(state_dir / "stamp.json") or {}).get("fingerprint")
         return {
             "changed": False,
             "locked": False,
@@ -167,49 +165,23 @@ def acquire(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
     token = secrets.token_hex(16)
     deadline = time.monotonic() + p["wait_seconds"]
     took_over_from = None
+    announced = False
     while True:
         with _guard(state_dir):
-            _remove_leftover_staging(state_dir)
-            holder = _holder(lock_dir)
-            if holder is not None and _now() - holder["acquired_at"] > p["stale_seconds"]:
-                shutil.rmtree(lock_dir)
-                took_over_from = holder["ident"]
-                _append_log(
-                    state_dir, "lock.log", {"event": "took-over", "ident": ident, "previous": holder["ident"]}
-                )
-                holder = None
+            holder, displaced = _try_take(state_dir, ident, token, p["stale_seconds"])
+            took_over_from = displaced or took_over_from
             if holder is None:
-                _create_lock(state_dir, lock_dir, ident, token)
-                _append_log(state_dir, "lock.log", {"event": "acquired", "ident": ident})
-                # Read the stamp again under the lock: the run we waited for may have written it.
-                stamp = _read_json(state_dir / "stamp.json") or {}
-                applied = stamp.get("fingerprint")
-                if applied == fingerprint:
-                    shutil.rmtree(lock_dir)
-                    _append_log(
-                        state_dir, "lock.log", {"event": "released", "ident": ident, "reason": "up-to-date"}
-                    )
-                    return {
-                        "changed": False,
-                        "locked": False,
-                        "up_to_date": True,
-                        "token": "",
-                        "applied_fingerprint": applied,
-                        "took_over_from": took_over_from,
-                    }
-                return {
-                    "changed": False,
-                    "locked": True,
-                    "up_to_date": False,
-                    "token": token,
-                    "applied_fingerprint": applied,
-                    "took_over_from": took_over_from,
-                }
+                return _taken(state_dir, ident, token, fingerprint, took_over_from)
+            if not announced:  # one line per waiting run, so the log shows who queued behind whom
+                _append_log(
+                    state_dir, "lock.log", {"event": "waiting", "ident": ident, "holder": holder["ident"]}
+                )
+                announced = True
         if time.monotonic() >= deadline:
             age = int(_now() - holder["acquired_at"])
             module.fail_json(
                 msg=(
-                    f"host lock {lock_dir} is held by run {holder['ident']} (for {age}s); "
+                    f"host lock {state_dir / 'lock'} is held by run {holder['ident']} (for {age}s); "
                     f"gave up after waiting {p['wait_seconds']:g}s. It counts as stale after "
                     f"{p['stale_seconds']:g}s."
                 ),
@@ -217,6 +189,50 @@ def acquire(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
                 holder=holder["ident"],
             )
         time.sleep(p["poll_seconds"])
+
+
+def _try_take(
+    state_dir: Path, ident: str, token: str, stale_seconds: float
+) -> tuple[dict[str, Any] | None, str | None]:
+    """Under the guard: take the lock if it is free or stale.
+
+    Returns (the live holder when the lock could not be taken, the ident of a displaced stale holder).
+    """
+    lock_dir = state_dir / "lock"
+    _remove_leftover_staging(state_dir)
+    holder = _holder(lock_dir)
+    displaced = None
+    if holder is not None and _now() - holder["acquired_at"] > stale_seconds:
+        shutil.rmtree(lock_dir)
+        displaced = holder["ident"]
+        _append_log(state_dir, "lock.log", {"event": "took-over", "ident": ident, "previous": displaced})
+        holder = None
+    if holder is not None:
+        return holder, displaced
+    _create_lock(state_dir, lock_dir, ident, token)
+    _append_log(state_dir, "lock.log", {"event": "acquired", "ident": ident})
+    return None, displaced
+
+
+def _taken(
+    state_dir: Path, ident: str, token: str, fingerprint: str, took_over_from: str | None
+) -> dict[str, Any]:
+    """Under the guard, lock just taken: read the stamp again (the run we waited for may have written
+    it) and give the lock straight back when the host already has this fingerprint."""
+    applied = (_read_json(state_dir / "stamp.json") or {}).get("fingerprint")
+    result = {
+        "changed": False,
+        "locked": True,
+        "up_to_date": False,
+        "token": token,
+        "applied_fingerprint": applied,
+        "took_over_from": took_over_from,
+    }
+    if applied == fingerprint:
+        shutil.rmtree(state_dir / "lock")
+        _append_log(state_dir, "lock.log", {"event": "released", "ident": ident, "reason": "up-to-date"})
+        result.update(locked=False, up_to_date=True, token="")
+    return result
 
 
 def release(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,6 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -86,14 +85,6 @@ class RunResult:
     @property
     def failed_roles(self) -> list[str | None]:
         return [e["event_data"].get("role") for e in self.events if e["event"] == "runner_on_failed"]
-
-    def task_start_time(self, task_name: str) -> float:
-        """When the task started (epoch seconds; ansible-runner stamps events in UTC)."""
-        for event in self.events:
-            if event["event"] == "playbook_on_task_start" and event["event_data"]["task"] == task_name:
-                created = datetime.fromisoformat(str(event["created"]))
-                return created.replace(tzinfo=created.tzinfo or UTC).timestamp()
-        raise AssertionError(f"task {task_name!r} never started in run {self.ident}")
 
     def all_text(self) -> str:
         """Everything ansible-runner wrote for this run (job events, stdout, env), for secret checks.

@@ -1,0 +1,80 @@
+"""The playbooks match the Python capability table (no lab needed).
+
+extension.inplace.capabilities.CAPABILITIES is the one table of capabilities and their role inputs;
+each role's meta/argument_specs.yml must declare exactly those inputs (names, types, required, element
+types, dict options, no_log), and update_machine.yml must run the roles in the table's order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from extension.inplace.capabilities import CAPABILITIES
+
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+SPEC_KEYS = ("type", "required", "elements", "options", "no_log")
+
+
+def normalise(option: dict[str, Any]) -> dict[str, Any]:
+    """An argument_specs option reduced to what InputSpec.to_argument_spec() states."""
+    spec: dict[str, Any] = {
+        "type": option.get("type", "str"),
+        "required": bool(option.get("required", False)),
+    }
+    if "elements" in option:
+        spec["elements"] = option["elements"]
+    if option.get("options"):
+        spec["options"] = {name: normalise(sub) for name, sub in option["options"].items()}
+    if option.get("no_log"):
+        spec["no_log"] = True
+    return spec
+
+
+def role_options(role: str) -> dict[str, Any]:
+    data = yaml.safe_load((PLAYBOOKS / "roles" / role / "meta" / "argument_specs.yml").read_text())
+    options: dict[str, Any] = data["argument_specs"]["main"]["options"]
+    return options
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=[c.name for c in CAPABILITIES])
+def test_argument_specs_declare_the_capability_inputs(capability: Any) -> None:
+    options = role_options(capability.name)
+    assert sorted(options) == sorted(capability.inputs), "role inputs differ from the capability table"
+    for name, input_spec in capability.inputs.items():
+        assert normalise(options[name]) == input_spec.to_argument_spec(), name
+        assert name.startswith(f"{capability.name}_"), "role inputs are named <capability>_<input>"
+
+
+def test_every_role_is_a_capability_and_has_the_standard_layout() -> None:
+    roles = sorted(p.name for p in (PLAYBOOKS / "roles").iterdir() if p.is_dir())
+    assert roles == sorted(c.name for c in CAPABILITIES)
+    for role in roles:
+        for part in ("defaults/main.yml", "meta/argument_specs.yml", "tasks/main.yml", "handlers/main.yml"):
+            assert (PLAYBOOKS / "roles" / role / part).is_file(), f"{role}/{part}"
+
+
+def test_playbook_runs_the_roles_in_table_order() -> None:
+    [play] = yaml.safe_load((PLAYBOOKS / "update_machine.yml").read_text())
+    order = [c.name for c in CAPABILITIES]
+    assert play["vars"]["update_machine_known_capabilities"] == order
+    [block] = [t for t in play["tasks"] if "block" in t]
+    included = [
+        t["ansible.builtin.include_role"]["name"]
+        for t in block["block"]
+        if "ansible.builtin.include_role" in t
+    ]
+    assert included == order
+    for task in block["block"]:
+        if "ansible.builtin.include_role" in task:
+            role = task["ansible.builtin.include_role"]["name"]
+            # each role gets exactly its inputs, read from the inputs file
+            assert sorted(task["vars"]) == sorted(role_options(role))
+            for name, value in task["vars"].items():
+                assert f"update_machine_inputs.{role}.{name}" in str(value)
+            assert task["when"] == f"'{role}' in update_machine_capabilities"
+    # the lock is released whatever happens inside the block
+    assert [t["inplace_host_state"]["state"] for t in block["always"]] == ["unlocked"]

@@ -1,0 +1,216 @@
+"""The playbooks' own Ansible modules, run locally as Ansible runs them (no lab needed).
+
+``inplace_host_state`` (playbooks/library) and ``inplace_files`` (roles/kubeadm_files/library) are
+executed as processes with an ``ANSIBLE_MODULE_ARGS`` file, in a temporary directory, and judged by
+their JSON result and by what they leave on disk.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+HOST_STATE = PLAYBOOKS / "library" / "inplace_host_state.py"
+FILES = PLAYBOOKS / "roles" / "kubeadm_files" / "library" / "inplace_files.py"
+ME = f"{pwd.getpwuid(os.geteuid()).pw_name}:{grp.getgrgid(os.getegid()).gr_name}"
+
+
+def start(module: Path, tmp: Path, args: dict[str, Any]) -> subprocess.Popen[str]:
+    args_file = tmp / f"args-{time.monotonic_ns()}.json"
+    args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    return subprocess.Popen(
+        [sys.executable, str(module), str(args_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=60)
+    assert out, err
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+def run(module: Path, tmp: Path, args: dict[str, Any]) -> dict[str, Any]:
+    return result(start(module, tmp, args))
+
+
+def lock_args(state_dir: Path, state: str, ident: str, **extra: Any) -> dict[str, Any]:
+    return {"state": state, "ident": ident, "state_dir": str(state_dir), "poll_seconds": 0.05, **extra}
+
+
+def lock_log(state_dir: Path) -> list[tuple[str, str]]:
+    lines = (state_dir / "lock.log").read_text().splitlines()
+    return [(json.loads(line)["event"], json.loads(line)["ident"]) for line in lines]
+
+
+# --- inplace_host_state -------------------------------------------------------------------------
+
+
+def test_lock_stamp_release_and_up_to_date_short_circuit(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    got = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "a", fingerprint="fp1"))
+    assert (got["locked"], got["up_to_date"], got["changed"]) == (True, False, False)
+    owner = json.loads((sd / "lock" / "owner.json").read_text())
+    assert (owner["ident"], owner["token"]) == ("a", got["token"])
+    stamped = run(HOST_STATE, tmp_path, lock_args(sd, "stamped", "a", fingerprint="fp1", token=got["token"]))
+    assert (stamped["changed"], stamped["fingerprint"]) == (True, "fp1")
+    released = run(HOST_STATE, tmp_path, lock_args(sd, "unlocked", "a", token=got["token"]))
+    assert released["released"] is True
+    assert not (sd / "lock").exists()
+    assert json.loads((sd / "stamp.json").read_text())["fingerprint"] == "fp1"
+
+    again = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "b", fingerprint="fp1"))
+    assert (again["locked"], again["up_to_date"], again["applied_fingerprint"]) == (False, True, "fp1")
+    assert not (sd / "lock").exists()
+    assert len((sd / "stamp.log").read_text().splitlines()) == 1
+    assert lock_log(sd) == [("acquired", "a"), ("released", "a"), ("acquired", "b"), ("released", "b")]
+
+
+def test_a_waiting_run_gets_the_lock_when_it_is_released(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    first = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "a", fingerprint="fp1"))
+    waiting = start(HOST_STATE, tmp_path, lock_args(sd, "locked", "b", fingerprint="fp2", wait_seconds=30))
+    deadline = time.monotonic() + 30
+    # b announces itself in lock.log once it has found the lock held
+    while ("waiting", "b") not in lock_log(sd):
+        assert waiting.poll() is None, result(waiting)
+        assert time.monotonic() < deadline, "b never started waiting"
+        time.sleep(0.02)  # poll interval
+    run(HOST_STATE, tmp_path, lock_args(sd, "unlocked", "a", token=first["token"]))
+    second = result(waiting)
+    assert second["locked"] is True
+    assert lock_log(sd) == [("acquired", "a"), ("waiting", "b"), ("released", "a"), ("acquired", "b")]
+
+
+def test_a_held_lock_times_out_naming_the_holder_and_is_left_alone(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    first = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "holder.ident", fingerprint="fp1"))
+    got = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "b", fingerprint="fp2", wait_seconds=0.3))
+    assert got["failed"] is True
+    assert lock_log(sd) == [("acquired", "holder.ident"), ("waiting", "b")]
+    assert "held by run holder.ident" in got["msg"]
+    assert got["holder"] == "holder.ident"
+    # another run's token cannot release or stamp
+    other = run(HOST_STATE, tmp_path, lock_args(sd, "unlocked", "b", token="f" * 32))
+    assert (other["released"], other["holder"]) == (False, "holder.ident")
+    stamp = run(HOST_STATE, tmp_path, lock_args(sd, "stamped", "b", fingerprint="fp2", token="f" * 32))
+    assert stamp["failed"] is True
+    assert "no longer holds the host lock (now held by holder.ident)" in stamp["msg"]
+    assert json.loads((sd / "lock" / "owner.json").read_text())["token"] == first["token"]
+
+
+def test_a_stale_lock_is_taken_over_and_its_owner_cannot_stamp(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    old = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "old", fingerprint="fp1"))
+    owner_file = sd / "lock" / "owner.json"
+    owner = json.loads(owner_file.read_text())
+    owner["acquired_at"] -= 100
+    owner_file.write_text(json.dumps(owner))
+    new = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "new", fingerprint="fp2", stale_seconds=50))
+    assert (new["locked"], new["took_over_from"]) == (True, "old")
+    late = run(HOST_STATE, tmp_path, lock_args(sd, "stamped", "old", fingerprint="fp1", token=old["token"]))
+    assert late["failed"] is True
+    assert lock_log(sd)[-2:] == [("took-over", "new"), ("acquired", "new")]
+
+
+def test_bad_timings_are_refused(tmp_path: Path) -> None:
+    got = run(HOST_STATE, tmp_path, lock_args(tmp_path, "locked", "a", fingerprint="f", stale_seconds=0))
+    assert got["failed"] is True
+    assert "stale_seconds and poll_seconds > 0" in got["msg"]
+
+
+# --- inplace_files ------------------------------------------------------------------------------
+
+
+def files_args(tmp: Path, files: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"files": files, "manifest": str(tmp / "state" / "files.json")}
+
+
+def test_files_written_appended_converged_and_removed(tmp_path: Path) -> None:
+    whole = tmp_path / "etc" / "deep" / "whole.conf"
+    shared = tmp_path / "shared.conf"
+    shared.write_text("theirs\n")
+    files: list[dict[str, Any]] = [
+        {"path": str(whole), "content": "v1\n", "owner": ME, "permissions": "0640"},
+        {"path": str(shared), "content": "ours", "owner": ME, "permissions": "0644", "append": True},
+    ]
+    first = run(FILES, tmp_path, files_args(tmp_path, files))
+    assert (first["changed"], first["written"]) == (True, [str(whole), str(shared)])
+    assert whole.read_text() == "v1\n"
+    assert whole.stat().st_mode & 0o7777 == 0o640
+    block = f"# BEGIN inplace-extension {shared}\nours\n# END inplace-extension {shared}\n"
+    assert shared.read_text() == "theirs\n" + block
+    assert first["invocation"]["module_args"]["files"][0]["content"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
+
+    second = run(FILES, tmp_path, files_args(tmp_path, files))
+    assert (second["changed"], second["written"], second["removed"]) == (False, [], [])
+    assert shared.read_text() == "theirs\n" + block
+
+    whole.chmod(0o600)  # drift in mode alone is repaired
+    third = run(FILES, tmp_path, files_args(tmp_path, files))
+    assert third["written"] == [str(whole)]
+    assert whole.stat().st_mode & 0o7777 == 0o640
+
+    gone = run(FILES, tmp_path, files_args(tmp_path, []))
+    assert sorted(gone["removed"]) == sorted([str(whole), str(shared)])
+    assert not whole.exists()
+    assert shared.read_text() == "theirs\n"
+
+
+def test_files_switching_from_whole_to_append_does_not_keep_our_old_text(tmp_path: Path) -> None:
+    path = tmp_path / "f.conf"
+    entry = {"path": str(path), "content": "whole\n", "owner": ME, "permissions": "0644"}
+    run(FILES, tmp_path, files_args(tmp_path, [entry]))
+    run(FILES, tmp_path, files_args(tmp_path, [{**entry, "content": "block", "append": True}]))
+    assert path.read_text() == f"# BEGIN inplace-extension {path}\nblock\n# END inplace-extension {path}\n"
+
+
+def test_files_symlink_is_replaced_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.write_text("keep me\n")
+    link = tmp_path / "link.conf"
+    link.symlink_to(target)
+    run(FILES, tmp_path, files_args(tmp_path, [{"path": str(link), "content": "new\n", "owner": ME}]))
+    assert not link.is_symlink()
+    assert link.read_text() == "new\n"
+    assert target.read_text() == "keep me\n"
+
+
+def test_files_invalid_entries_are_refused_all_at_once_and_nothing_is_written(tmp_path: Path) -> None:
+    good = tmp_path / "good.conf"
+    files = [
+        {"path": str(good), "content": "some file text", "owner": ME},
+        {"path": "relative", "content": "some file text"},
+        {"path": f"{tmp_path}/a/../b", "content": "some file text"},
+        {"path": str(good), "content": "duplicate text", "owner": ME},
+        {"path": f"{tmp_path}/m", "content": "some file text", "owner": ME, "permissions": "rw-r--r--"},
+        {"path": f"{tmp_path}/o", "content": "some file text", "owner": "no-such-user-here:root"},
+        {
+            "path": f"{tmp_path}/g",
+            "content": "some file text",
+            "owner": f"{ME.split(':')[0]}:no-such-group-here",
+        },
+    ]
+    got = run(FILES, tmp_path, files_args(tmp_path, files))
+    assert got["failed"] is True
+    for expected in (
+        "files[1].path must be absolute",
+        "files[2].path must not contain '..'",
+        "files[3].path repeats an earlier entry's path",
+        "files[4].permissions must be an octal mode",
+        "files[5].owner: owner names a user that does not exist",
+        "files[6].owner: owner names a group that does not exist",
+    ):
+        assert expected in got["msg"]
+    assert not good.exists()
