@@ -5,9 +5,10 @@ Layout of lab ``NAME`` with slot ``S`` (several labs coexist; each gets a free s
 - bridge ``hlbS`` with the gateway address 10.77.S.1/24 in the machine's network namespace, and the
   apt proxy listening on 10.77.S.1:3142;
 - host ``n`` is named ``hlShn`` (also its hostname), has address 10.77.S.(10+n) on ``eth0`` and the
-  bridge-side veth ``hlShnv``; it runs under ``unshare --fork --kill-child=SIGKILL`` in its own network,
-  PID, mount, UTS and IPC namespaces, so SIGKILL of that ``unshare`` (by recorded PID) ends the whole
-  host, and its mounts and network namespace disappear with it;
+  bridge-side veth ``hlShnv``, an isolated bridge port (hosts reach the gateway, not each other); it
+  runs under ``unshare --fork --kill-child=SIGKILL`` in its own network, PID, mount, UTS and IPC
+  namespaces, so SIGKILL of that ``unshare`` (by recorded PID) ends the whole host, and its mounts and
+  network namespace disappear with it;
 - ``$HOSTLAB_RUN_DIR/labs/NAME/``: ``lab.json`` (state), ``id_ed25519`` (the lab's client key),
   ``known_hosts`` (the pinned host keys), ``aptproxy.log``, ``hosts/hlShn/`` (host key, console log,
   mount points) and ``cp/`` (a ControlPath directory for Ansible, closed on ``down``).
@@ -434,7 +435,10 @@ class Lab:
         run(["ip", "link", "add", host.veth, "address", host_mac(host, 1), "type", "veth",
              "peer", "name", "eth0", "address", host_mac(host, 0), "netns", str(pid1)])  # fmt: skip
         run(["ip", "link", "set", host.veth, "master", bridge, "up"])
-        # no default route: the host reaches only its /24 (the gateway, with the apt proxy, and its peers)
+        # an isolated bridge port forwards only to the bridge itself (the gateway), never to another
+        # isolated port: hosts reach the gateway and nothing else, not even each other
+        run(["ip", "link", "set", "dev", host.veth, "type", "bridge_slave", "isolated", "on"])
+        # no default route: the host can address only its /24, and the bridge lets it reach only the gateway
         batch = f"link set lo up\naddr add {host.address}/24 dev eth0\nlink set eth0 up\n"
         run(["nsenter", "-t", str(pid1), "-n", "ip", "-batch", "-"], input_text=batch)
         fd = -1

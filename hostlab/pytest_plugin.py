@@ -61,7 +61,10 @@ def lab() -> Iterator[Lab]:
     why = prereqs.missing(cfg)
     if why:
         _unavailable(why)
-    count = int(os.environ.get("HOSTLAB_HOSTS", "3"))
+    wanted = os.environ.get("HOSTLAB_HOSTS", "3")
+    if not wanted.isdigit():
+        pytest.fail(f"hostlab: HOSTLAB_HOSTS must be a number of hosts, got {wanted!r}", pytrace=False)
+    count = int(wanted)
     reap_stale(cfg)
     the_lab = Lab(f"pytest-{os.getpid()}", cfg)
     try:

@@ -112,3 +112,20 @@ def test_hosts_are_isolated_from_each_other_filesystems(lab: Lab, lab_hosts: lis
     assert lab.ssh(first, ["sudo", "-n", "touch", "/root/only-on-first"]).returncode == 0
     assert lab.ssh(first, ["sudo", "-n", "test", "-e", "/root/only-on-first"]).returncode == 0
     assert lab.ssh(second, ["sudo", "-n", "test", "-e", "/root/only-on-first"]).returncode == 1
+
+
+def test_hosts_reach_the_gateway_but_not_each_other(lab: Lab) -> None:
+    first, second = lab.hosts()[0], lab.hosts()[1]
+    probe = (
+        "import socket, sys\n"
+        "try:\n"
+        "    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()\n"
+        "    print('open')\n"
+        "except OSError as e:\n"
+        "    print(type(e).__name__)\n"
+    )
+    to_gateway = lab.ssh(first, ["python3", "-c", probe, lab.gateway, "3142"])
+    assert to_gateway.stdout.strip() == "open", to_gateway.stderr
+    to_peer = lab.ssh(first, ["python3", "-c", probe, second.address, "22"])
+    assert to_peer.returncode == 0, to_peer.stderr
+    assert to_peer.stdout.strip() in ("TimeoutError", "OSError")  # no ARP answer: never connected
