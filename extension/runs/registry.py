@@ -32,6 +32,7 @@ class Job:
     state: JobState = JobState.QUEUED
     phase: str = "starting"
     attempt: int = 0  # set by the worker once its attempt directory exists
+    on_done: Callable[[], None] | None = None  # called once the job has left the registry
     thread: threading.Thread | None = field(default=None, repr=False)
 
 
@@ -134,4 +135,9 @@ class RunRegistry:
             with self._lock:
                 self._running.pop(job.ident, None)
                 self._jobs.pop(job.ident, None)
+            if job.on_done is not None:
+                try:
+                    job.on_done()
+                except Exception:
+                    log.exception("machine=%s run=%s: completion callback failed", job.machine, job.ident)
             self._dispatch()

@@ -8,6 +8,7 @@ the attempt directory, so a restarted service answers from disk. Built by ``exte
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -44,6 +45,10 @@ _FINGERPRINT_RE = re.compile(r"^[0-9a-f]{64}$")
 _CAPABILITY_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 MAX_IDENT_LEN = 200  # a directory name; file systems allow 255 bytes
 CLOSE_WAIT_SECONDS = 15.0
+# How long a poll for a run in flight may wait for it to end before answering "running". Well inside
+# UpdateMachine's timeoutSeconds (10 in the hook table); it turns "done" around without waiting for
+# CAPI's next retryAfterSeconds (at least 1 s) to pass.
+LONG_POLL_SECONDS = 2.0
 
 
 class RunConfigError(ValueError):
@@ -120,6 +125,7 @@ class RunService:
         self._registry = RunRegistry(settings.max_parallel_runs)
         self._cache_lock = threading.Lock()
         self._attempts: dict[str, list[Attempt]] = {}  # ident -> attempts on disk (cache)
+        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 
     async def poll(self, request: RunRequest) -> Progress:
         problem = _invalid(request)
@@ -127,7 +133,11 @@ class RunService:
             return Progress(ProgressState.FAILED, f"InvalidRequest: {problem}")
         view = self._registry.view(request.ident)
         if view is not None:
-            return self._in_progress(view.message())
+            # hold the call briefly: a run ending meanwhile is answered now, not a retryAfterSeconds later
+            await self._hold(request.ident, LONG_POLL_SECONDS)
+            view = self._registry.view(request.ident)
+            if view is not None:
+                return self._in_progress(view.message())
         attempts = self._cached(request.ident)
         if attempts is None:
             attempts = await anyio.to_thread.run_sync(self._load, request)
@@ -153,6 +163,34 @@ class RunService:
             thread.join(max(0.0, deadline - time.monotonic()))
         if not any(thread.is_alive() for thread in threads):
             runner.close_control_masters(self._runs_dir)  # a run still going needs its master
+
+    async def _hold(self, ident: str, seconds: float) -> None:
+        """Wait until the job ``ident`` leaves the registry, or ``seconds`` pass; never blocks the loop."""
+        loop = asyncio.get_running_loop()
+        ended = asyncio.Event()
+        waiter = (loop, ended)
+        with self._cache_lock:
+            self._waiters.setdefault(ident, []).append(waiter)
+        try:
+            if self._registry.view(ident) is None:
+                return  # it ended between the caller's look and our registration
+            with anyio.move_on_after(seconds):
+                await ended.wait()
+        finally:
+            with self._cache_lock:
+                waiters = self._waiters.get(ident, [])
+                if waiter in waiters:
+                    waiters.remove(waiter)
+                if not waiters:
+                    self._waiters.pop(ident, None)
+
+    def _job_ended(self, ident: str) -> None:
+        """Worker thread, after the job left the registry: wake the calls held in _hold()."""
+        with self._cache_lock:
+            waiters = list(self._waiters.get(ident, []))
+        for loop, ended in waiters:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(ended.set)
 
     def _in_progress(self, message: str) -> Progress:
         return Progress(ProgressState.IN_PROGRESS, message, self._retry_after)
@@ -180,7 +218,12 @@ class RunService:
         except ResolveError as exc:
             log.warning("machine=%s run=%s: %s", request.machine, request.ident, exc)
             return Progress(ProgressState.FAILED, str(exc))
-        job = Job(request.ident, request.machine, lambda job: self._execute(job, request, target, token))
+        job = Job(
+            request.ident,
+            request.machine,
+            lambda job: self._execute(job, request, target, token),
+            on_done=lambda: self._job_ended(request.ident),
+        )
         self._registry.submit(job)
         view = self._registry.view(request.ident)
         if view is None:  # it already ended (or the service is closing): the next poll reads the result

@@ -10,67 +10,24 @@ from __future__ import annotations
 
 import hashlib
 import http.server
-import re
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from playbooks.standins import install_standins, lab_run_on_host, standin_binary
 
 from extension.runs.runner import close_control_masters
 from hostlab.lab import Host, Lab
 
+from .service import Service
+
 REPO = Path(__file__).resolve().parents[2]
 START_VERSION = "v1.30.2"
 NEXT_VERSION = "v1.31.0"
-SERVING_RE = re.compile(r"serving http://127\.0\.0\.1:(\d+)")
-
-
-class Service:
-    """``inplace-extension serve`` in a subprocess, driven over plain HTTP on loopback."""
-
-    def __init__(self, argv: Sequence[str], log_path: Path, runs_dir: Path) -> None:
-        self.log_path = log_path
-        self.runs_dir = runs_dir
-        self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(
-            list(argv), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO
-        )
-        deadline = time.monotonic() + 30
-        while not (match := SERVING_RE.search(self.log())):
-            assert self.proc.poll() is None, f"service exited: {self.log()}"
-            assert time.monotonic() < deadline, f"service did not start: {self.log()}"
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{match.group(1)}"
-        self.client = httpx.Client(base_url=self.url, timeout=15)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def kill(self) -> None:
-        """SIGKILL, as an OOM kill or a node failure would."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-        self.client.close()
-        self._log.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.client.close()
-        self._log.close()
 
 
 StartService = Callable[..., Service]

@@ -255,3 +255,23 @@ def test_bad_configuration_stops_start_up(settings: Settings, tmp_path: Path) ->
         RunService(settings)
     with pytest.raises(RunConfigError, match="playbook"):
         RunService(settings.model_copy(update={"inventory": None, "playbooks_dir": tmp_path}))
+
+
+async def test_a_poll_during_a_run_is_held_until_it_ends(settings: Settings, fake: FakeRunner) -> None:
+    fake.gate = threading.Event()
+    service = RunService(settings)
+    try:
+        assert (await service.poll(req())).message.startswith("running: ")
+        until(lambda: fake.count("m1") == 1)
+        started = time.monotonic()
+        still = await service.poll(req())  # the run does not end: answered after the hold
+        assert still.message == "running: kubeadm_files"
+        assert time.monotonic() - started >= 1.5
+        threading.Timer(0.2, fake.gate.set).start()
+        started = time.monotonic()
+        done = await service.poll(req())  # the run ends during the hold: "done" at once
+        assert done.state is ProgressState.DONE
+        assert time.monotonic() - started < 1.5
+    finally:
+        fake.gate.set()
+        service.close()
