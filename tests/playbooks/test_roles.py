@@ -159,6 +159,17 @@ def test_users_created_with_keys_sudo_and_password(lab: Lab, host: Host, tmp_pat
     assert again.changed_tasks == [STAMP_TASK]
 
 
+def test_users_that_left_the_spec_and_were_deleted_are_not_recreated(
+    lab: Lab, host: Host, tmp_path: Path
+) -> None:
+    ok(run_update(RunSpec(lab, host, tmp_path, inputs("users"))))
+    host_root(lab, host, ["userdel", "bob"])
+    only_alice = inputs("users")
+    del only_alice["users"]["users_users"][1]
+    ok(run_update(RunSpec(lab, host, tmp_path, only_alice)))
+    assert lab.exec_in(host, ["getent", "passwd", "bob"]).returncode == 2
+
+
 def test_users_inactive_expires_the_account(lab: Lab, host: Host, tmp_path: Path) -> None:
     spec = {"users": {"users_users": [{"name": "carol", "inactive": True, "ssh_authorized_keys": []}]}}
     ok(run_update(RunSpec(lab, host, tmp_path, spec)))

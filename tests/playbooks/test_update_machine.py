@@ -101,6 +101,14 @@ def test_unknown_capability_is_refused_before_the_lock(lab: Lab, host: Host, tmp
     assert not host_exists(lab, host, f"{STATE_DIR}/lock.log")
 
 
+def test_missing_inputs_file_is_refused_before_the_lock(lab: Lab, host: Host, tmp_path: Path) -> None:
+    missing = {"update_machine_inputs_file": str(tmp_path / "no-such-inputs.json")}
+    result = run_update(RunSpec(lab, host, tmp_path, inputs("ntp"), extravars=missing))
+    assert result.status == "failed"
+    assert "(absolute path of an existing file)" in result.failure_messages[0]
+    assert not host_exists(lab, host, f"{STATE_DIR}/lock.log")
+
+
 def test_concurrent_runs_on_one_host_never_interleave(lab: Lab, host: Host, tmp_path: Path) -> None:
     # Run A holds the lock for a while: its kubelet restart is slowed down on the host.
     slow = {"kubelet_args_restart_command": ["/bin/sh", "-c", "sleep 4; exec systemctl restart kubelet"]}
