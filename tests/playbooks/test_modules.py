@@ -93,6 +93,25 @@ def test_a_waiting_run_gets_the_lock_when_it_is_released(tmp_path: Path) -> None
     assert lock_log(sd) == [("acquired", "a"), ("waiting", "b"), ("released", "a"), ("acquired", "b")]
 
 
+def test_a_run_that_waited_for_the_same_fingerprint_ends_up_to_date(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    first = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "a", fingerprint="same"))
+    waiting = start(
+        HOST_STATE, tmp_path, lock_args(sd, "locked", "a-again", fingerprint="same", wait_seconds=30)
+    )
+    deadline = time.monotonic() + 30
+    while ("waiting", "a-again") not in lock_log(sd):
+        assert waiting.poll() is None, result(waiting)
+        assert time.monotonic() < deadline, "the second run never started waiting"
+        time.sleep(0.02)  # poll interval
+    run(HOST_STATE, tmp_path, lock_args(sd, "stamped", "a", fingerprint="same", token=first["token"]))
+    run(HOST_STATE, tmp_path, lock_args(sd, "unlocked", "a", token=first["token"]))
+    second = result(waiting)
+    assert (second["locked"], second["up_to_date"]) == (False, True)
+    assert not (sd / "lock").exists()
+    assert len((sd / "stamp.log").read_text().splitlines()) == 1
+
+
 def test_a_held_lock_times_out_naming_the_holder_and_is_left_alone(tmp_path: Path) -> None:
     sd = tmp_path / "state"
     first = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "holder.ident", fingerprint="fp1"))
