@@ -1,9 +1,11 @@
 """The runs directory on disk: attempt directories, ansible-runner artifacts, and what an attempt ended as.
 
-Layout (one private data dir per attempt, never reused; ansible-runner pitfalls 3-4 in hostlab/README):
-``<runs_dir>/<ident>/attempt-0001/{meta.json, inputs.json, known_hosts, artifacts/<ident>/, outcome.json}``.
-``outcome.json`` is our one-file summary written when an attempt ends; without it (the service died) the
-ansible-runner ``status`` file and ``job_events/`` are classified again. Plain file reading only.
+Layout: ``<runs_dir>/<ident>/attempt-0001/{meta.json, inputs.json, known_hosts, outcome.json}`` per
+Machine attempt; ``<runs_dir>/.batches/<batch>/artifacts/<batch>/`` is the ansible-runner private data
+dir of the one play that carried one or more attempts (fresh every time, never reused: hostlab/README
+pitfalls 3-4); ``meta.json`` points to it. ``outcome.json`` is our one-file summary written when an
+attempt ends; without it (the service died) the batch's ``status`` file and this host's ``job_events``
+are classified again. Plain file reading only.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from typing import Any
 ATTEMPT_RE = re.compile(r"^attempt-(\d{4,})$")
 # ansible-playbook exit codes for "could not even start": error, parser error, bad options, unexpected error
 PLAYBOOK_ERROR_RCS = frozenset({1, 4, 5, 250})
-STAMP_KEY = "update_machine_stamp"  # set_stats key a custom playbook may fill with the applied fingerprint
 HOST_STATE_MODULE = "inplace_host_state"  # playbooks/library: the host lock and stamp
 
 
@@ -107,18 +108,38 @@ def _attempt_dirs(ident_dir: Path) -> Iterator[tuple[int, Path]]:
             yield int(m.group(1)), entry
 
 
-def load_attempts(ident_dir: Path, ident: str, fingerprint: str) -> list[Attempt]:
+def load_attempts(ident_dir: Path, fingerprint: str) -> list[Attempt]:
     """All attempts of one ident, oldest first. Attempts without ``outcome.json`` are classified from
-    their ansible-runner artifacts when those are final, else left with ``outcome=None``."""
+    their batch's ansible-runner artifacts when those are final, else left with ``outcome=None``."""
     attempts = []
     for number, path in sorted(_attempt_dirs(ident_dir)):
         meta = _read_json(path / "meta.json") or {}
         summary = _read_json(path / "outcome.json")
         outcome = Outcome.from_json(summary) if summary else None
-        if outcome is None and runner_status(path, ident) is not None:
-            outcome = classify(path, ident, fingerprint)
+        batch = BatchRef.from_meta(meta)
+        if outcome is None and batch is not None and runner_status(batch.dir, batch.ident) is not None:
+            outcome = classify(batch, fingerprint)
         attempts.append(Attempt(number, path, str(meta.get("retry_token", "")), outcome))
     return attempts
+
+
+@dataclass(frozen=True)
+class BatchRef:
+    """Where an attempt's ansible-runner artifacts are: its batch's private data dir, and its host there."""
+
+    dir: Path
+    ident: str
+    host: str
+
+    def to_meta(self) -> dict[str, str]:
+        return {"batch_dir": str(self.dir), "batch_ident": self.ident, "host": self.host}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> BatchRef | None:
+        try:
+            return cls(Path(str(meta["batch_dir"])), str(meta["batch_ident"]), str(meta["host"]))
+        except KeyError:
+            return None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -129,28 +150,32 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def runner_status(attempt_dir: Path, ident: str) -> str | None:
+def runner_status(batch_dir: Path, ident: str) -> str | None:
     """ansible-runner's final status (successful, failed, timeout, canceled), or None while unfinished."""
     try:
-        status = (attempt_dir / "artifacts" / ident / "status").read_text(encoding="utf-8").strip()
+        status = (batch_dir / "artifacts" / ident / "status").read_text(encoding="utf-8").strip()
     except OSError:
         return None
     return status if status in ("successful", "failed", "timeout", "canceled") else None
 
 
-def _events(attempt_dir: Path, ident: str) -> list[dict[str, Any]]:
+def _events(batch: BatchRef) -> list[dict[str, Any]]:
+    """This host's events of the batch (plus the host-less play events), in order."""
     events = []
-    for path in (attempt_dir / "artifacts" / ident / "job_events").glob("*.json"):
+    for path in (batch.dir / "artifacts" / batch.ident / "job_events").glob("*.json"):
         event = _read_json(path)
-        if event is not None:
+        if event is None:
+            continue
+        host = (event.get("event_data") or {}).get("host")
+        if host is None or host == batch.host:
             events.append(event)
     events.sort(key=lambda e: int(e.get("counter", 0)))
     return events
 
 
-def _rc(attempt_dir: Path, ident: str) -> int | None:
+def _rc(batch_dir: Path, ident: str) -> int | None:
     try:
-        return int((attempt_dir / "artifacts" / ident / "rc").read_text(encoding="utf-8").strip())
+        return int((batch_dir / "artifacts" / ident / "rc").read_text(encoding="utf-8").strip())
     except (OSError, ValueError):
         return None
 
@@ -167,12 +192,11 @@ def _is_host_state(data: dict[str, Any]) -> bool:
 
 
 def stamp_confirmed(events: Sequence[dict[str, Any]], fingerprint: str) -> bool:
-    """True when the run's events show the host stamp holding ``fingerprint``.
+    """True when the host's events show its stamp holding ``fingerprint``.
 
     playbooks/update_machine.yml reports it through its ``inplace_host_state`` module: ``state=locked``
     returns ``up_to_date`` with ``applied_fingerprint`` when the host already had it (the run ends
-    early), ``state=stamped`` returns the ``fingerprint`` it wrote. A playbook of one's own
-    (``--playbooks-dir``) can instead ``set_stats`` ``update_machine_stamp: <fingerprint>``.
+    early), ``state=stamped`` returns the ``fingerprint`` it wrote.
     """
     for event in events:
         data = event.get("event_data") or {}
@@ -182,49 +206,47 @@ def stamp_confirmed(events: Sequence[dict[str, Any]], fingerprint: str) -> bool:
                 return True
             if res.get("changed") is True and res.get("fingerprint") == fingerprint:
                 return True
-        if event.get("event") == "playbook_on_stats":
-            stamp = (data.get("artifact_data") or {}).get(STAMP_KEY)
-            if isinstance(stamp, dict):
-                stamp = stamp.get("fingerprint")
-            if stamp == fingerprint:
-                return True
     return False
 
 
-def classify(attempt_dir: Path, ident: str, fingerprint: str, finished: float | None = None) -> Outcome:
-    """Turn the ansible-runner artifacts of a finished (or dead) attempt into an :class:`Outcome`."""
-    status = runner_status(attempt_dir, ident)
-    rc = _rc(attempt_dir, ident)
-    when = finished if finished is not None else _mtime(attempt_dir / "artifacts" / ident)
+def classify(batch: BatchRef, fingerprint: str, finished: float | None = None) -> Outcome:
+    """What one host's attempt ended as, from its batch's ansible-runner artifacts (finished or dead)."""
+    status = runner_status(batch.dir, batch.ident)
+    rc = _rc(batch.dir, batch.ident)
+    when = finished if finished is not None else _mtime(batch.dir / "artifacts" / batch.ident)
     detail = f"status={status or 'none'} rc={rc}"
     if status is None:
         return Outcome(
             OutcomeKind.INTERRUPTED, detail=detail + " (no final status: run killed)", finished=when
         )
-    events = _events(attempt_dir, ident)
+    events = _events(batch)
+    # the stamp is the update's last step: whatever fails after it (the lock release) changed nothing
+    if stamp_confirmed(events, fingerprint):
+        return Outcome(OutcomeKind.SUCCESSFUL, detail=detail, finished=when)
     if status == "successful":
-        if stamp_confirmed(events, fingerprint):
-            return Outcome(OutcomeKind.SUCCESSFUL, detail=detail, finished=when)
         return Outcome(
             OutcomeKind.INTERRUPTED, detail=detail + " (no stamp with this fingerprint)", finished=when
         )
+    failed = [
+        e
+        for e in events
+        if e.get("event") == "runner_on_failed" and not (e.get("event_data") or {}).get("ignore_errors")
+    ]
     if any(e.get("event") == "runner_on_unreachable" for e in events):
         return Outcome(OutcomeKind.UNREACHABLE, detail=detail, finished=when)
-    for event in events:
-        data = event.get("event_data") or {}
-        if event.get("event") == "runner_on_failed" and not data.get("ignore_errors"):
-            if _is_host_state(data):
-                # waiting for the host lock timed out, or a stale-lock takeover took it from us:
-                # another run owns the host right now, which is not a failure of this update
-                return Outcome(OutcomeKind.HOST_BUSY, detail=detail, finished=when)
-            role = str(data.get("role") or "update_machine")
-            return Outcome(
-                OutcomeKind.TASK_FAILED,
-                capability=role,
-                task=task_label(str(data.get("task") or "")),
-                detail=detail,
-                finished=when,
-            )
+    if failed:
+        data = failed[0].get("event_data") or {}
+        if _is_host_state(data):
+            # waiting for the host lock timed out, or a stale-lock takeover took it from us:
+            # another run owns the host right now, which is not a failure of this update
+            return Outcome(OutcomeKind.HOST_BUSY, detail=detail, finished=when)
+        return Outcome(
+            OutcomeKind.TASK_FAILED,
+            capability=str(data.get("role") or "update_machine"),
+            task=task_label(str(data.get("task") or "")),
+            detail=detail,
+            finished=when,
+        )
     if (
         status == "failed"
         and rc in PLAYBOOK_ERROR_RCS
@@ -238,7 +260,8 @@ def classify(attempt_dir: Path, ident: str, fingerprint: str, finished: float | 
             detail=detail,
             finished=when,
         )
-    # failed without a failed task: ansible-playbook killed, canceled, timed out
+    # failed without a failed task of this host: ansible-playbook killed, or another host's failure
+    # ended the play for all (update_machine.yml has any_errors_fatal)
     return Outcome(OutcomeKind.INTERRUPTED, detail=detail + " (no failed task)", finished=when)
 
 

@@ -1,8 +1,9 @@
-"""Runs in flight: a registry keyed by run ident, a FIFO queue, and at most N runs at once.
+"""Runs in flight: a registry keyed by run ident, a FIFO queue, and at most N runs at once, in batches.
 
 Process memory only (a cache, design.md §3): it answers "queued: position 3 of 7" / "running: ntp" and
-hands each admitted job to a worker thread. Thread-safe: poll() reads it from the event loop while
-worker threads update phases and finish jobs. Used by :mod:`extension.runs.service`.
+hands admitted jobs to a worker thread, several at once when they arrive together (one ansible-playbook
+for many Machines: design.md §7). Thread-safe: poll() reads it from the event loop while worker threads
+update phases and finish jobs. Used by :mod:`extension.runs.service`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
+P = TypeVar("P")
 
 
 class JobState(enum.Enum):
@@ -23,12 +26,12 @@ class JobState(enum.Enum):
 
 
 @dataclass
-class Job:
-    """One run waiting for or holding a slot. ``work`` runs in a worker thread once admitted."""
+class Job(Generic[P]):
+    """One run waiting for or holding a slot; ``payload`` is what the batch runner needs to run it."""
 
     ident: str
     machine: str  # "ns/name": at most one run per Machine at a time, even across fingerprints
-    work: Callable[[Job], None]
+    payload: P
     state: JobState = JobState.QUEUED
     phase: str = "starting"
     attempt: int = 0  # set by the worker once its attempt directory exists
@@ -51,15 +54,23 @@ class JobView:
         return f"running: {self.phase}"
 
 
-class RunRegistry:
-    def __init__(self, max_parallel: int) -> None:
+class RunRegistry(Generic[P]):
+    """``run_batch(jobs)`` runs admitted jobs in a worker thread. With ``window > 0`` admission waits that
+    long after a submit, so that jobs submitted together (CAPI polling several Machines) share a batch."""
+
+    def __init__(
+        self, max_parallel: int, run_batch: Callable[[list[Job[P]]], None], window: float = 0.0
+    ) -> None:
         if max_parallel < 1:
             raise ValueError("max_parallel must be >= 1")
         self._max = max_parallel
+        self._run_batch = run_batch
+        self._window = window
         self._lock = threading.Lock()
-        self._jobs: dict[str, Job] = {}
-        self._queue: deque[Job] = deque()
-        self._running: dict[str, Job] = {}
+        self._jobs: dict[str, Job[P]] = {}
+        self._queue: deque[Job[P]] = deque()
+        self._running: dict[str, Job[P]] = {}
+        self._timer: threading.Timer | None = None
         self._closed = False
 
     def view(self, ident: str) -> JobView | None:
@@ -72,14 +83,20 @@ class RunRegistry:
                 position = next(i for i, j in enumerate(self._queue, 1) if j is job)
             return JobView(job.state, job.phase, position, len(self._queue))
 
-    def submit(self, job: Job) -> bool:
-        """Queue ``job`` unless a job with its ident is already known; then admit what fits."""
+    def submit(self, job: Job[P]) -> bool:
+        """Queue ``job`` unless a job with its ident is already known; admit what fits after the window."""
         with self._lock:
             if self._closed or job.ident in self._jobs:
                 return False
             self._jobs[job.ident] = job
             self._queue.append(job)
             log.info("machine=%s run=%s state=queued position=%d", job.machine, job.ident, len(self._queue))
+            if self._window > 0:
+                if self._timer is None:
+                    self._timer = threading.Timer(self._window, self._window_over)
+                    self._timer.daemon = True
+                    self._timer.start()
+                return True
         self._dispatch()
         return True
 
@@ -99,17 +116,28 @@ class RunRegistry:
         """Admit nothing more, drop the queue; return the worker threads still running."""
         with self._lock:
             self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
             for job in self._queue:
                 del self._jobs[job.ident]
             self._queue.clear()
-            return [j.thread for j in self._running.values() if j.thread is not None]
+            return list(
+                {id(j.thread): j.thread for j in self._running.values() if j.thread is not None}.values()
+            )
+
+    def _window_over(self) -> None:
+        with self._lock:
+            self._timer = None
+        self._dispatch()
 
     def _dispatch(self) -> None:
-        admitted: list[tuple[Job, threading.Thread]] = []
         with self._lock:
+            if self._closed:
+                return
             busy = {j.machine for j in self._running.values()}
+            batch: list[Job[P]] = []
             for job in list(self._queue):
-                if self._closed or len(self._running) >= self._max:
+                if len(self._running) >= self._max:
                     break
                 if job.machine in busy:
                     continue  # FIFO except that one Machine never runs twice at once
@@ -117,27 +145,39 @@ class RunRegistry:
                 job.state = JobState.RUNNING
                 self._running[job.ident] = job
                 busy.add(job.machine)
-                job.thread = threading.Thread(
-                    target=self._run, args=(job,), name=f"run-{job.ident}", daemon=True
-                )
-                admitted.append((job, job.thread))
-        for job, thread in admitted:
-            log.info("machine=%s run=%s state=running phase=%s", job.machine, job.ident, job.phase)
-            thread.start()
+                batch.append(job)
+            if not batch:
+                return
+            thread = threading.Thread(
+                target=self._run, args=(batch,), name=f"run-{batch[0].ident}", daemon=True
+            )
+            for job in batch:
+                job.thread = thread
+        for job in batch:
+            log.info(
+                "machine=%s run=%s state=running phase=%s batch=%d",
+                job.machine,
+                job.ident,
+                job.phase,
+                len(batch),
+            )
+        thread.start()
 
-    def _run(self, job: Job) -> None:
+    def _run(self, batch: list[Job[P]]) -> None:
         try:
-            job.work(job)
+            self._run_batch(batch)
         except Exception:
-            # the worker records outcomes itself; reaching here is a bug, but the slot must come back
-            log.exception("machine=%s run=%s: worker failed", job.machine, job.ident)
+            # the batch runner records outcomes itself; reaching here is a bug, but the slots must come back
+            log.exception("run=%s: batch of %d failed", batch[0].ident, len(batch))
         finally:
             with self._lock:
-                self._running.pop(job.ident, None)
-                self._jobs.pop(job.ident, None)
-            if job.on_done is not None:
-                try:
-                    job.on_done()
-                except Exception:
-                    log.exception("machine=%s run=%s: completion callback failed", job.machine, job.ident)
+                for job in batch:
+                    self._running.pop(job.ident, None)
+                    self._jobs.pop(job.ident, None)
+            for job in batch:
+                if job.on_done is not None:
+                    try:
+                        job.on_done()
+                    except Exception:
+                        log.exception("machine=%s run=%s: completion callback failed", job.machine, job.ident)
             self._dispatch()

@@ -1,7 +1,8 @@
 """The ansible-runner adapter: the one module that imports ``ansible_runner``.
 
-It prepares a fresh private data dir for one attempt (inputs file, pinned known_hosts, inventory),
-starts ``update_machine.yml`` with ``run_async`` and reports live task starts. It never decides what an
+It prepares a fresh private data dir for one batch of Machine attempts (per Machine: inputs file,
+pinned known_hosts, host variables), starts ``update_machine.yml`` once for all of them with
+``run_async`` and reports live task starts per host. It never decides what an
 outcome means (that is :mod:`extension.runs.artifacts`); ansible-runner exceptions become
 :class:`RunStartError` here. Used by :mod:`extension.runs.service` from worker threads only.
 """
@@ -38,8 +39,8 @@ class RunStartError(Exception):
 
 
 @dataclass(frozen=True)
-class RunSpec:
-    """One attempt of one run, fully decided: nothing here comes from a request unvalidated."""
+class HostRun:
+    """One Machine's attempt inside a batch, fully decided: nothing here comes from a request unvalidated."""
 
     ident: str
     host_name: str  # inventory host name (the Machine name, DNS-1123 checked by the service)
@@ -47,14 +48,23 @@ class RunSpec:
     capabilities: tuple[str, ...]
     inputs: Mapping[str, Mapping[str, Any]]
     target: HostTarget
-    attempt_dir: Path
+    attempt_dir: Path  # this Machine's attempt: inputs.json, known_hosts, meta.json, outcome.json
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """One ansible-playbook run for one or more Machines (design.md §7: one Ansible start-up, forks)."""
+
+    ident: str  # names artifacts/<ident>/ in batch_dir
+    batch_dir: Path  # ansible-runner's private data dir, fresh for every batch
+    hosts: tuple[HostRun, ...]
     playbook: Path
     ansible_cfg: Path | None
     state_dir: Path  # the runs dir: ANSIBLE_HOME and the ssh control sockets live below it
     wrapper: Path  # from install_wrapper()
 
 
-TaskListener = Callable[[str | None, str], None]  # (role or None, task name) on every task start
+TaskListener = Callable[[str, str | None, str], None]  # (host name, role or None, task) per task start
 
 
 class RunHandle:
@@ -67,6 +77,10 @@ class RunHandle:
     def wait(self) -> str:
         self._thread.join()
         return str(self._runner.status)
+
+
+def _never_cancel() -> bool:
+    return False
 
 
 def install_wrapper(state_dir: Path) -> Path:
@@ -86,44 +100,44 @@ def install_wrapper(state_dir: Path) -> Path:
     return wrapper
 
 
-def _never_cancel() -> bool:
-    return False
-
-
-def start(spec: RunSpec, on_task: TaskListener) -> RunHandle:
-    """Write the attempt's files and start ansible-playbook in ansible-runner's thread."""
-    inputs_file = spec.attempt_dir / "inputs.json"
-    # request data reaches the play only through this file (read with lookup(file)|from_json, never templated)
-    write_json(inputs_file, {cap: dict(spec.inputs.get(cap, {})) for cap in spec.capabilities})
-    host_vars = _host_vars(spec.target, spec.attempt_dir)
+def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
+    """Write every host's files and start ansible-playbook for the batch in ansible-runner's thread."""
+    hosts: dict[str, dict[str, Any]] = {}
+    for run in spec.hosts:
+        inputs_file = run.attempt_dir / "inputs.json"
+        # request data reaches the play only through this file (lookup(file)|from_json, never templated)
+        write_json(inputs_file, {cap: dict(run.inputs.get(cap, {})) for cap in run.capabilities})
+        hosts[run.host_name] = {
+            **_host_vars(run.target, run.attempt_dir),
+            # the playbook's run parameters (architecture.md), as host variables so that one play can
+            # carry several Machines, each with its own ident, fingerprint and inputs
+            "update_machine_ident": run.ident,
+            "update_machine_fingerprint": run.fingerprint,
+            "update_machine_capabilities": list(run.capabilities),
+            "update_machine_inputs_file": str(inputs_file),
+        }
 
     def event_handler(event: dict[str, Any]) -> bool:
         # an exception here would kill runner's thread and leave status "running" (hostlab pitfall 6)
         try:
-            if event.get("event") == "playbook_on_task_start":
+            if event.get("event") == "runner_on_start":
                 data = event.get("event_data") or {}
-                on_task(data.get("role") or None, str(data.get("task") or ""))
+                on_task(str(data.get("host") or ""), data.get("role") or None, str(data.get("task") or ""))
         except Exception:
             log.exception("run=%s: task listener failed", spec.ident)
         return True
 
     try:
         thread, runner = ansible_runner.run_async(
-            private_data_dir=str(spec.attempt_dir),
+            private_data_dir=str(spec.batch_dir),
             ident=spec.ident,
             playbook=str(spec.playbook),
             # ansible-playbook via detach.py, which survives the service's death; with a custom binary
             # ansible-runner leaves out the playbook argument, so it goes in through cmdline
             binary=str(spec.wrapper),
             cmdline=shlex.quote(str(spec.playbook)),
-            inventory={"all": {"hosts": {spec.host_name: host_vars}}},
-            limit=spec.host_name,
-            extravars={
-                "update_machine_ident": spec.ident,
-                "update_machine_fingerprint": spec.fingerprint,
-                "update_machine_capabilities": list(spec.capabilities),
-                "update_machine_inputs_file": str(inputs_file),
-            },
+            inventory={"all": {"hosts": hosts}},
+            forks=len(hosts),
             envvars=_envvars(spec),
             settings={"pexpect_timeout": CANCEL_POLL_SECONDS},
             quiet=True,
@@ -195,7 +209,7 @@ def close_control_masters(state_dir: Path) -> None:
             )  # fmt: skip
 
 
-def _envvars(spec: RunSpec) -> dict[str, str]:
+def _envvars(spec: BatchSpec) -> dict[str, str]:
     cp_dir = control_path_dir(spec.state_dir)
     cp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     home = spec.state_dir / ".ansible"
@@ -208,6 +222,10 @@ def _envvars(spec: RunSpec) -> dict[str, str]:
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp_dir),
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        # Each host of a batch goes through the play on its own. With the default linear strategy every
+        # host waits for all the others at each task, and two plays that each hold the lock of a host
+        # the other one waits for would deadlock until the lock wait times out.
+        "ANSIBLE_STRATEGY": "free",
     }
     if spec.ansible_cfg is not None:
         env["ANSIBLE_CONFIG"] = str(spec.ansible_cfg)

@@ -14,6 +14,8 @@ import os
 import re
 import threading
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio.to_thread
@@ -22,6 +24,7 @@ import extension
 from extension.runs import runner
 from extension.runs.artifacts import (
     Attempt,
+    BatchRef,
     Outcome,
     OutcomeKind,
     classify,
@@ -49,6 +52,9 @@ CLOSE_WAIT_SECONDS = 15.0
 # UpdateMachine's timeoutSeconds (10 in the hook table); it turns "done" around without waiting for
 # CAPI's next retryAfterSeconds (at least 1 s) to pass.
 LONG_POLL_SECONDS = 2.0
+# Runs queued within this window share one ansible-playbook (one start-up, forks; design.md §7): CAPI
+# polls the Machines of a rollout in quick succession.
+BATCH_WINDOW_SECONDS = 0.15
 
 
 class RunConfigError(ValueError):
@@ -73,6 +79,15 @@ def _invalid(request: RunRequest) -> str | None:
         if not _CAPABILITY_RE.match(cap):
             return "a capability name is not a valid role name"
     return None
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """What a queued job needs to run: the request, where it goes, the retry token it started with."""
+
+    request: RunRequest
+    target: HostTarget
+    token: str
 
 
 class _InventorySource:
@@ -122,7 +137,9 @@ class RunService:
         self._ansible_cfg = cfg if cfg.is_file() else None
         self._wrapper = runner.install_wrapper(self._runs_dir)
         self._retry_after = settings.retry_after_seconds
-        self._registry = RunRegistry(settings.max_parallel_runs)
+        self._registry: RunRegistry[_Pending] = RunRegistry(
+            settings.max_parallel_runs, self._run_batch, window=BATCH_WINDOW_SECONDS
+        )
         self._cache_lock = threading.Lock()
         self._attempts: dict[str, list[Attempt]] = {}  # ident -> attempts on disk (cache)
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
@@ -200,7 +217,7 @@ class RunService:
             return self._attempts.get(ident)
 
     def _load(self, request: RunRequest) -> list[Attempt]:
-        attempts = load_attempts(self._runs_dir / request.ident, request.ident, request.fingerprint)
+        attempts = load_attempts(self._runs_dir / request.ident, request.fingerprint)
         with self._cache_lock:
             self._attempts[request.ident] = attempts
         return attempts
@@ -221,7 +238,7 @@ class RunService:
         job = Job(
             request.ident,
             request.machine,
-            lambda job: self._execute(job, request, target, token),
+            _Pending(request, target, token),
             on_done=lambda: self._job_ended(request.ident),
         )
         self._registry.submit(job)
@@ -230,68 +247,80 @@ class RunService:
             return self._in_progress("running: starting")
         return self._in_progress(view.message())
 
-    def _execute(self, job: Job, request: RunRequest, target: HostTarget, token: str) -> None:
-        """Worker thread: one attempt from its directory to its summarised outcome."""
-        number, attempt_dir = new_attempt_dir(self._runs_dir / request.ident)
-        job.attempt = number
-        write_json(
-            attempt_dir / "meta.json",
-            {"attempt": number, "retry_token": token, "machine": request.machine, "pid": os.getpid()},
-        )
-        log.info(
-            "machine=%s run=%s state=started attempt=%d host=%s source=%s",
-            request.machine,
-            request.ident,
-            number,
-            target.address,
-            target.source,
-        )
-        spec = runner.RunSpec(
-            ident=request.ident,
-            host_name=request.name,
-            fingerprint=request.fingerprint,
-            capabilities=request.capabilities,
-            inputs=request.inputs,
-            target=target,
-            attempt_dir=attempt_dir,
+    def _run_batch(self, jobs: list[Job[_Pending]]) -> None:
+        """Worker thread: one play for the admitted jobs, from attempt directories to outcomes."""
+        batch_ident = f"batch-{uuid.uuid4().hex[:12]}"
+        batch_dir = self._runs_dir / ".batches" / batch_ident
+        batch_dir.mkdir(mode=0o700, parents=True)
+        hosts: list[runner.HostRun] = []
+        for job in jobs:
+            request, target = job.payload.request, job.payload.target
+            number, attempt_dir = new_attempt_dir(self._runs_dir / request.ident)
+            job.attempt = number
+            ref = BatchRef(batch_dir, batch_ident, request.ident)  # the ident is the inventory host name
+            meta = {"attempt": number, "retry_token": job.payload.token, "machine": request.machine}
+            write_json(attempt_dir / "meta.json", {**meta, "pid": os.getpid(), **ref.to_meta()})
+            log.info(
+                "machine=%s run=%s state=started attempt=%d host=%s source=%s batch=%s",
+                request.machine, request.ident, number, target.address, target.source, batch_ident,
+            )  # fmt: skip
+            hosts.append(
+                runner.HostRun(
+                    ident=request.ident,
+                    host_name=request.ident,
+                    fingerprint=request.fingerprint,
+                    capabilities=request.capabilities,
+                    inputs=request.inputs,
+                    target=target,
+                    attempt_dir=attempt_dir,
+                )
+            )
+        spec = runner.BatchSpec(
+            ident=batch_ident,
+            batch_dir=batch_dir,
+            hosts=tuple(hosts),
             playbook=self._playbook,
             ansible_cfg=self._ansible_cfg,
             state_dir=self._runs_dir,
             wrapper=self._wrapper,
         )
-        seen_capability = False
+        capabilities = {job.ident: job.payload.request.capabilities for job in jobs}
+        seen_capability: set[str] = set()
 
-        def on_task(role: str | None, task: str) -> None:
-            nonlocal seen_capability
-            if role in request.capabilities:
-                seen_capability = True
-                self._registry.set_phase(request.ident, role)
+        def on_task(host: str, role: str | None, task: str) -> None:
+            if host not in capabilities:
+                return
+            if role in capabilities[host]:
+                seen_capability.add(host)
+                self._registry.set_phase(host, role)
             else:
-                self._registry.set_phase(request.ident, "finishing" if seen_capability else "starting")
+                self._registry.set_phase(host, "finishing" if host in seen_capability else "starting")
 
         try:
             status = runner.start(spec, on_task).wait()
-            outcome = classify(attempt_dir, request.ident, request.fingerprint, finished=time.time())
+            ended = time.time()
+            outcomes = {
+                run.ident: classify(BatchRef(batch_dir, batch_ident, run.host_name), run.fingerprint, ended)
+                for run in hosts
+            }
         except runner.RunStartError as exc:
-            status = "not started"
-            outcome = Outcome(OutcomeKind.INTERRUPTED, detail=str(exc), finished=time.time())
-        write_json(attempt_dir / "outcome.json", outcome.to_json())
+            status, ended = "not started", time.time()
+            outcomes = {
+                run.ident: Outcome(OutcomeKind.INTERRUPTED, detail=str(exc), finished=ended) for run in hosts
+            }
+        for job, run in zip(jobs, hosts, strict=True):
+            self._finish(job, run, outcomes[run.ident], status)
+
+    def _finish(self, job: Job[_Pending], run: runner.HostRun, outcome: Outcome, status: str) -> None:
+        request = job.payload.request
+        write_json(run.attempt_dir / "outcome.json", outcome.to_json())
         log.info(
             "machine=%s run=%s state=%s attempt=%d runner_status=%s %s",
-            request.machine,
-            request.ident,
-            outcome.kind.value,
-            number,
-            status,
-            outcome.detail,
-        )
+            request.machine, request.ident, outcome.kind.value, job.attempt, status, outcome.detail,
+        )  # fmt: skip
         if outcome.kind is OutcomeKind.TASK_FAILED:
             log.warning(
                 "machine=%s run=%s failed: capability=%s task=%r (artifacts: %s)",
-                request.machine,
-                request.ident,
-                outcome.capability,
-                outcome.task,
-                attempt_dir,
-            )
+                request.machine, request.ident, outcome.capability, outcome.task, run.attempt_dir,
+            )  # fmt: skip
         self._load(request)

@@ -34,9 +34,14 @@ def ok_events(fingerprint: str) -> list[dict[str, Any]]:
         {"event": "playbook_on_play_start", "event_data": {}},
         {"event": "runner_on_ok", "event_data": {"role": "ntp", "task": "Write config"}},
         {
-            "event": "playbook_on_stats",
-            "event_data": {"artifact_data": {"update_machine_stamp": fingerprint}},
+            "event": "runner_on_ok",
+            "event_data": {
+                "task": "Write the stamp",
+                "task_action": "inplace_host_state",
+                "res": {"changed": True, "fingerprint": fingerprint},
+            },
         },
+        {"event": "playbook_on_stats", "event_data": {}},
     ]
 
 
@@ -57,53 +62,69 @@ def unreachable_events() -> list[dict[str, Any]]:
     ]
 
 
-Script = Callable[[runner.RunSpec], tuple[str, int, list[dict[str, Any]]]]
+Script = Callable[[runner.HostRun], tuple[str, int, list[dict[str, Any]]]]
 
 
-def succeed(spec: runner.RunSpec) -> tuple[str, int, list[dict[str, Any]]]:
-    return "successful", 0, ok_events(spec.fingerprint)
+def succeed(run: runner.HostRun) -> tuple[str, int, list[dict[str, Any]]]:
+    return "successful", 0, ok_events(run.fingerprint)
+
+
+def machine_of(run: runner.HostRun) -> str:
+    return run.ident.split(".")[1]  # <namespace>.<name>.<fingerprint[:12]>, test names have no dots
 
 
 @dataclass
 class FakeRunner:
-    """Stands in for ``runner.start``: writes the artifacts a real run would and records every spec.
+    """Stands in for ``runner.start``: writes the artifacts a real batch would and records every host run.
 
     ``scripts`` maps a Machine name to the outcomes of its successive attempts (default: success).
-    ``gate``, when set, holds every run inside ``wait()`` until the test releases it.
+    ``gate``, when set, holds every batch inside ``wait()`` until the test releases it.
     """
 
     scripts: dict[str, list[Script]] = field(default_factory=dict)
     gate: threading.Event | None = None
-    started: list[runner.RunSpec] = field(default_factory=list)
+    started: list[runner.HostRun] = field(default_factory=list)
+    batches: list[runner.BatchSpec] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def start(self, spec: runner.RunSpec, on_task: runner.TaskListener) -> _FakeHandle:
+    def start(self, spec: runner.BatchSpec, on_task: runner.TaskListener) -> _FakeHandle:
         with self.lock:
-            self.started.append(spec)
-            queue = self.scripts.get(spec.host_name, [])
-            script = queue.pop(0) if queue else succeed
-        return _FakeHandle(self, spec, script, on_task)
+            self.batches.append(spec)
+            self.started.extend(spec.hosts)
+            scripts = []
+            for run in spec.hosts:
+                queue = self.scripts.get(machine_of(run), [])
+                scripts.append(queue.pop(0) if queue else succeed)
+        return _FakeHandle(self, spec, scripts, on_task)
 
-    def count(self, host_name: str) -> int:
+    def count(self, name: str) -> int:
         with self.lock:
-            return sum(1 for s in self.started if s.host_name == host_name)
+            return sum(1 for run in self.started if machine_of(run) == name)
 
 
 class _FakeHandle:
     def __init__(
-        self,
-        fake: FakeRunner,
-        spec: runner.RunSpec,
-        script: Script,
-        on_task: runner.TaskListener,
+        self, fake: FakeRunner, spec: runner.BatchSpec, scripts: list[Script], on_task: runner.TaskListener
     ) -> None:
-        self.fake, self.spec, self.script, self.on_task = fake, spec, script, on_task
+        self.fake, self.spec, self.scripts, self.on_task = fake, spec, scripts, on_task
 
     def wait(self) -> str:
-        for cap in self.spec.capabilities:
-            self.on_task(cap, "Do it")
+        for run in self.spec.hosts:
+            for cap in run.capabilities:
+                self.on_task(run.host_name, cap, "Do it")
         if self.fake.gate is not None:
             self.fake.gate.wait(30)
-        status, rc, events = self.script(self.spec)
-        write_artifacts(self.spec.attempt_dir, self.spec.ident, status, rc, events)
+        statuses, events = [], []
+        for run, script in zip(self.spec.hosts, self.scripts, strict=True):
+            status, _, host_events = script(run)
+            statuses.append(status)
+            for event in host_events:
+                data = dict(event.get("event_data") or {})
+                if event["event"] not in ("playbook_on_play_start", "playbook_on_stats"):
+                    data["host"] = run.host_name
+                events.append({**event, "event_data": data})
+        status = "successful" if all(s == "successful" for s in statuses) else "failed"
+        write_artifacts(
+            self.spec.batch_dir, self.spec.ident, status, 0 if status == "successful" else 2, events
+        )
         return status

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from extension.runs.artifacts import (
+    BatchRef,
     Outcome,
     OutcomeKind,
     classify,
@@ -18,36 +19,41 @@ from extension.runs.artifacts import (
 from .fakes import FP, failed_events, ok_events, unreachable_events, write_artifacts
 
 IDENT = f"ns.m1.{FP[:12]}"
+BATCH = "batch-0123456789ab"
+
+
+def ref(batch_dir: Path, host: str = IDENT) -> BatchRef:
+    return BatchRef(batch_dir, BATCH, host)
 
 
 def test_success_needs_the_stamp_with_our_fingerprint(tmp_path: Path) -> None:
-    write_artifacts(tmp_path / "a", IDENT, "successful", 0, ok_events(FP))
-    assert classify(tmp_path / "a", IDENT, FP).kind is OutcomeKind.SUCCESSFUL
-    write_artifacts(tmp_path / "b", IDENT, "successful", 0, ok_events("cd" * 32))
-    assert classify(tmp_path / "b", IDENT, FP).kind is OutcomeKind.INTERRUPTED
-    write_artifacts(tmp_path / "c", IDENT, "successful", 0, ok_events(FP)[:2])
-    assert classify(tmp_path / "c", IDENT, FP).kind is OutcomeKind.INTERRUPTED
+    write_artifacts(tmp_path / "a", BATCH, "successful", 0, ok_events(FP))
+    assert classify(ref(tmp_path / "a"), FP).kind is OutcomeKind.SUCCESSFUL
+    write_artifacts(tmp_path / "b", BATCH, "successful", 0, ok_events("cd" * 32))
+    assert classify(ref(tmp_path / "b"), FP).kind is OutcomeKind.INTERRUPTED
+    write_artifacts(tmp_path / "c", BATCH, "successful", 0, ok_events(FP)[:2])
+    assert classify(ref(tmp_path / "c"), FP).kind is OutcomeKind.INTERRUPTED
 
 
 def test_task_failure_names_role_and_task_not_the_result(tmp_path: Path) -> None:
-    write_artifacts(tmp_path, IDENT, "failed", 2, failed_events("kubeadm_files", "Write file"))
-    out = classify(tmp_path, IDENT, FP)
+    write_artifacts(tmp_path, BATCH, "failed", 2, failed_events("kubeadm_files", "Write file"))
+    out = classify(ref(tmp_path), FP)
     assert (out.kind, out.capability, out.task) == (OutcomeKind.TASK_FAILED, "kubeadm_files", "Write file")
     assert "secret" not in repr(out)
 
 
 def test_unreachable_and_killed_are_retriable_kinds(tmp_path: Path) -> None:
-    write_artifacts(tmp_path / "u", IDENT, "failed", 4, unreachable_events())
-    assert classify(tmp_path / "u", IDENT, FP).kind is OutcomeKind.UNREACHABLE
-    write_artifacts(tmp_path / "k", IDENT, None, None, ok_events(FP)[:2])  # no status: killed mid-run
-    assert classify(tmp_path / "k", IDENT, FP).kind is OutcomeKind.INTERRUPTED
-    write_artifacts(tmp_path / "c", IDENT, "canceled", 254, ok_events(FP)[:2])
-    assert classify(tmp_path / "c", IDENT, FP).kind is OutcomeKind.INTERRUPTED
+    write_artifacts(tmp_path / "u", BATCH, "failed", 4, unreachable_events())
+    assert classify(ref(tmp_path / "u"), FP).kind is OutcomeKind.UNREACHABLE
+    write_artifacts(tmp_path / "k", BATCH, None, None, ok_events(FP)[:2])  # no status: killed mid-run
+    assert classify(ref(tmp_path / "k"), FP).kind is OutcomeKind.INTERRUPTED
+    write_artifacts(tmp_path / "c", BATCH, "canceled", 254, ok_events(FP)[:2])
+    assert classify(ref(tmp_path / "c"), FP).kind is OutcomeKind.INTERRUPTED
 
 
 def test_playbook_that_cannot_load_is_a_remembered_failure(tmp_path: Path) -> None:
-    write_artifacts(tmp_path, IDENT, "failed", 4, [{"event": "verbose", "event_data": {}}])
-    out = classify(tmp_path, IDENT, FP)
+    write_artifacts(tmp_path, BATCH, "failed", 4, [{"event": "verbose", "event_data": {}}])
+    out = classify(ref(tmp_path), FP)
     assert (out.kind, out.capability, out.task) == (
         OutcomeKind.TASK_FAILED,
         "update_machine",
@@ -69,18 +75,18 @@ def test_attempts_are_numbered_and_loaded_in_order(tmp_path: Path) -> None:
     assert (n1, n2, n3) == (1, 2, 3)
     assert d1.stat().st_mode & 0o777 == 0o700
     write_json(d1 / "meta.json", {"retry_token": "t1"})
+    write_json(d2 / "meta.json", {"retry_token": "", **ref(tmp_path / "b2").to_meta()})
     write_json(d1 / "outcome.json", Outcome(OutcomeKind.UNREACHABLE, finished=5.0).to_json())
     assert (d1 / "outcome.json").stat().st_mode & 0o777 == 0o600
-    write_artifacts(
-        d2, IDENT, "failed", 2, failed_events("ntp", "Restart chrony")
-    )  # service died before summary
-    attempts = load_attempts(ident_dir, IDENT, FP)
+    # the service died before it summarised attempt 2: its batch's artifacts are classified again
+    write_artifacts(tmp_path / "b2", BATCH, "failed", 2, failed_events("ntp", "Restart chrony"))
+    attempts = load_attempts(ident_dir, FP)
     assert [a.number for a in attempts] == [1, 2, 3]
     assert attempts[0].outcome == Outcome(OutcomeKind.UNREACHABLE, finished=5.0)
     assert attempts[0].retry_token == "t1"
     assert attempts[1].outcome is not None and attempts[1].outcome.capability == "ntp"
     assert attempts[2].outcome is None
-    assert load_attempts(tmp_path / "absent", IDENT, FP) == []
+    assert load_attempts(tmp_path / "absent", FP) == []
 
 
 def host_state(event: str, res: dict[str, Any], task: str = "Take the host lock") -> dict[str, Any]:
@@ -91,17 +97,17 @@ def test_stamp_proof_from_the_host_state_module(tmp_path: Path) -> None:
     early_end = [
         host_state("runner_on_ok", {"up_to_date": True, "applied_fingerprint": FP, "changed": False})
     ]
-    write_artifacts(tmp_path / "e", IDENT, "successful", 0, early_end)
-    assert classify(tmp_path / "e", IDENT, FP).kind is OutcomeKind.SUCCESSFUL
+    write_artifacts(tmp_path / "e", BATCH, "successful", 0, early_end)
+    assert classify(ref(tmp_path / "e"), FP).kind is OutcomeKind.SUCCESSFUL
     stamped = [
         host_state("runner_on_ok", {"up_to_date": False, "applied_fingerprint": None, "changed": False}),
         host_state("runner_on_ok", {"changed": True, "fingerprint": FP}, task="Write the stamp"),
     ]
-    write_artifacts(tmp_path / "s", IDENT, "successful", 0, stamped)
-    assert classify(tmp_path / "s", IDENT, FP).kind is OutcomeKind.SUCCESSFUL
+    write_artifacts(tmp_path / "s", BATCH, "successful", 0, stamped)
+    assert classify(ref(tmp_path / "s"), FP).kind is OutcomeKind.SUCCESSFUL
     other = [host_state("runner_on_ok", {"up_to_date": True, "applied_fingerprint": "cd" * 32})]
-    write_artifacts(tmp_path / "o", IDENT, "successful", 0, other)
-    assert classify(tmp_path / "o", IDENT, FP).kind is OutcomeKind.INTERRUPTED
+    write_artifacts(tmp_path / "o", BATCH, "successful", 0, other)
+    assert classify(ref(tmp_path / "o"), FP).kind is OutcomeKind.INTERRUPTED
 
 
 def test_lock_timeout_is_host_busy_not_a_failure(tmp_path: Path) -> None:
@@ -109,5 +115,22 @@ def test_lock_timeout_is_host_busy_not_a_failure(tmp_path: Path) -> None:
         {"event": "playbook_on_play_start", "event_data": {}},
         host_state("runner_on_failed", {"msg": "host lock held by run x", "holder": "x", "locked": False}),
     ]
-    write_artifacts(tmp_path, IDENT, "failed", 2, events)
-    assert classify(tmp_path, IDENT, FP).kind is OutcomeKind.HOST_BUSY
+    write_artifacts(tmp_path, BATCH, "failed", 2, events)
+    assert classify(ref(tmp_path), FP).kind is OutcomeKind.HOST_BUSY
+
+
+def test_each_host_of_a_batch_is_classified_from_its_own_events(tmp_path: Path) -> None:
+    other = f"ns.m2.{FP[:12]}"
+    events = [
+        {"event": "playbook_on_play_start", "event_data": {}},
+        {"event": "runner_on_failed", "event_data": {"host": other, "role": "users", "task": "Create users"}},
+        host_state("runner_on_ok", {"changed": True, "fingerprint": FP}, task="Write the stamp"),
+    ]
+    events[2]["event_data"]["host"] = IDENT
+    write_artifacts(tmp_path, BATCH, "failed", 2, events)
+    assert classify(ref(tmp_path), FP).kind is OutcomeKind.SUCCESSFUL
+    theirs = classify(ref(tmp_path, other), FP)
+    assert (theirs.kind, theirs.capability) == (OutcomeKind.TASK_FAILED, "users")
+    # a host the play aborted because another host failed (any_errors_fatal) is retried, not failed
+    write_artifacts(tmp_path / "x", BATCH, "failed", 2, events[:2])
+    assert classify(ref(tmp_path / "x"), FP).kind is OutcomeKind.INTERRUPTED

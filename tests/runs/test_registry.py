@@ -24,25 +24,32 @@ class Gates:
         self.active: set[str] = set()
         self.max_active = 0
 
-    def job(self, ident: str, machine: str) -> Job:
-        self.release[ident] = threading.Event()
-        return Job(ident, machine, self.work)
+        self.batches: list[list[str]] = []
 
-    def work(self, job: Job) -> None:
+    def job(self, ident: str, machine: str) -> Job[None]:
+        self.release[ident] = threading.Event()
+        return Job(ident, machine, None)
+
+    def work(self, batch: list[Job[None]]) -> None:
         with self.lock:
-            self.ran.append(job.ident)
-            self.active.add(job.ident)
+            self.batches.append([j.ident for j in batch])
+            for job in batch:
+                self.ran.append(job.ident)
+                self.active.add(job.ident)
             self.max_active = max(self.max_active, len(self.active))
-        self.release[job.ident].wait(10)
+        for job in batch:
+            self.release[job.ident].wait(10)
         with self.lock:
-            self.active.discard(job.ident)
+            for job in batch:
+                self.active.discard(job.ident)
 
 
 def test_fifo_queue_with_positions_and_bounded_slots() -> None:
-    reg, gates = RunRegistry(2), Gates()
+    gates = Gates()
+    reg = RunRegistry(2, gates.work)
     for i in range(5):
         assert reg.submit(gates.job(f"r{i}", f"ns/m{i}"))
-    assert not reg.submit(Job("r0", "ns/m0", gates.work))  # same ident: already known
+    assert not reg.submit(Job("r0", "ns/m0", None))  # same ident: already known
     until(lambda: len(gates.ran) == 2)
     assert [reg.view(f"r{i}").message() for i in range(5)] == [  # type: ignore[union-attr]
         "running: starting",
@@ -57,6 +64,9 @@ def test_fifo_queue_with_positions_and_bounded_slots() -> None:
     until(lambda: gates.ran == ["r0", "r1", "r2"])
     assert reg.view("r1") is None
     assert reg.view("r3").message() == "queued: position 1 of 2"  # type: ignore[union-attr]
+    gates.release["r0"].set()
+    until(lambda: "r3" in gates.ran)
+    assert "r4" not in gates.ran  # r2 and r3 hold both slots
     for ev in gates.release.values():
         ev.set()
     until(lambda: reg.in_flight() == 0)
@@ -65,7 +75,8 @@ def test_fifo_queue_with_positions_and_bounded_slots() -> None:
 
 
 def test_one_machine_never_runs_twice_at_once() -> None:
-    reg, gates = RunRegistry(4), Gates()
+    gates = Gates()
+    reg = RunRegistry(4, gates.work)
     reg.submit(gates.job("a1", "ns/a"))
     reg.submit(gates.job("a2", "ns/a"))  # new fingerprint for the same Machine
     reg.submit(gates.job("b1", "ns/b"))
@@ -79,20 +90,37 @@ def test_one_machine_never_runs_twice_at_once() -> None:
     until(lambda: reg.in_flight() == 0)
 
 
-def test_a_crashing_worker_gives_its_slot_back() -> None:
-    reg = RunRegistry(1)
+def test_a_crashing_batch_gives_its_slots_back() -> None:
     done = threading.Event()
 
-    def boom(job: Job) -> None:
-        raise RuntimeError("bug")
+    def run(batch: list[Job[str]]) -> None:
+        if batch[0].payload == "boom":
+            raise RuntimeError("bug")
+        done.set()
 
-    reg.submit(Job("x", "ns/x", boom))
-    reg.submit(Job("y", "ns/y", lambda job: done.set()))
+    reg = RunRegistry(1, run)
+    reg.submit(Job("x", "ns/x", "boom"))
+    reg.submit(Job("y", "ns/y", "fine"))
     assert done.wait(5)
 
 
+def test_jobs_submitted_within_the_window_share_a_batch() -> None:
+    gates = Gates()
+    reg = RunRegistry(3, gates.work, window=0.2)
+    for i in range(4):
+        reg.submit(gates.job(f"w{i}", f"ns/w{i}"))
+    until(lambda: len(gates.batches) == 1)
+    assert gates.batches == [["w0", "w1", "w2"]]  # bounded by the slots; w3 waits its turn
+    assert reg.view("w3").message() == "queued: position 1 of 1"  # type: ignore[union-attr]
+    for ev in gates.release.values():
+        ev.set()
+    until(lambda: reg.in_flight() == 0)
+    assert gates.batches == [["w0", "w1", "w2"], ["w3"]]
+
+
 def test_close_drops_the_queue() -> None:
-    reg, gates = RunRegistry(1), Gates()
+    gates = Gates()
+    reg = RunRegistry(1, gates.work)
     reg.submit(gates.job("a", "ns/a"))
     reg.submit(gates.job("b", "ns/b"))
     until(lambda: gates.ran == ["a"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -66,7 +67,8 @@ async def test_host_key_is_verified_unless_opted_out(
             ProgressState.IN_PROGRESS,
             "host unreachable, retrying (attempt 2)",
         )
-        stdout = next((tmp_path / "runs").glob("lab.spoofed.*/attempt-0001/artifacts/*/stdout")).read_text()
+        meta = json.loads(next((tmp_path / "runs").glob("lab.spoofed.*/attempt-0001/meta.json")).read_text())
+        stdout = (Path(meta["batch_dir"]) / "artifacts" / meta["batch_ident"] / "stdout").read_text()
         assert "Host key verification failed" in stdout
         assert (await settle(service, request("unchecked"))).state is ProgressState.DONE
         assert lab.read_file(lab_hosts[0], "/etc/runs-lab.conf") == "x\n"

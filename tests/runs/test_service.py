@@ -22,7 +22,7 @@ from extension.settings import Settings
 from .fakes import FP, FakeRunner, failed_events, unreachable_events
 
 pytestmark = pytest.mark.anyio
-PLAYBOOKS = Path(__file__).parent / "playbooks"
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJAm/+qD5i6Qm8kDm+Qr9ygOJL1jDRtSlh6jlxmhLn0T"
 INVENTORY = f"""\
 hosts:
@@ -101,7 +101,7 @@ async def test_first_poll_runs_then_done_and_no_second_run(svc: RunService, fake
     first = await svc.poll(req())
     assert first.state is ProgressState.IN_PROGRESS
     assert first.retry_after_seconds == 1
-    assert first.message.startswith("running: ")
+    assert first.message == "queued: position 1 of 1"  # until the batch window closes
     done = await settle(svc, req())
     assert (done.state, done.retry_after_seconds) == (ProgressState.DONE, 0)
     assert (await svc.poll(req())).state is ProgressState.DONE
@@ -110,14 +110,14 @@ async def test_first_poll_runs_then_done_and_no_second_run(svc: RunService, fake
     assert spec.ident == f"default.m1.{FP[:12]}"
     assert spec.target.address == "10.79.9.11"
     assert spec.attempt_dir.parent.name == spec.ident
-    assert spec.playbook == PLAYBOOKS.resolve() / "update_machine.yml"
+    assert fake.batches[0].playbook == PLAYBOOKS / "update_machine.yml"
 
 
 async def test_messages_name_queue_position_and_capability(settings: Settings, fake: FakeRunner) -> None:
     fake.gate = threading.Event()
     service = RunService(settings.model_copy(update={"max_parallel_runs": 1}))
     try:
-        assert (await service.poll(req("m1"))).message.startswith("running: ")
+        assert (await service.poll(req("m1"))).message == "queued: position 1 of 1"
         for name in ("m2", "m3"):
             await service.poll(req(name))
         until(lambda: fake.count("m1") == 1)
@@ -261,7 +261,7 @@ async def test_a_poll_during_a_run_is_held_until_it_ends(settings: Settings, fak
     fake.gate = threading.Event()
     service = RunService(settings)
     try:
-        assert (await service.poll(req())).message.startswith("running: ")
+        assert (await service.poll(req())).state is ProgressState.IN_PROGRESS
         until(lambda: fake.count("m1") == 1)
         started = time.monotonic()
         still = await service.poll(req())  # the run does not end: answered after the hold
@@ -275,3 +275,15 @@ async def test_a_poll_during_a_run_is_held_until_it_ends(settings: Settings, fak
     finally:
         fake.gate.set()
         service.close()
+
+
+async def test_machines_polled_together_share_one_play(svc: RunService, fake: FakeRunner) -> None:
+    for name in ("m1", "m2"):  # max_parallel_runs is 2 here
+        await svc.poll(req(name))
+    for name in ("m1", "m2"):
+        assert (await settle(svc, req(name))).state is ProgressState.DONE
+    assert [sorted(run.ident.split(".")[1] for run in batch.hosts) for batch in fake.batches] == [
+        ["m1", "m2"]
+    ]
+    first, second = fake.batches[0].hosts
+    assert first.attempt_dir.parent.name == first.ident != second.ident
