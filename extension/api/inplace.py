@@ -7,14 +7,46 @@ the object that was sent, for the pure core.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field
 
 from extension.api.common import CommonRequest, CommonResponse, CommonRetryResponse, Patch, WireModel
 
 
-class ObjectMeta(WireModel):
+class JsonObjectModel(WireModel):
+    """A wire model over a JSON object: its fields are JSON values or other ``JsonObjectModel`` s."""
+
+    WIRE_FIELDS: ClassVar[tuple[tuple[str, str], ...]] = ()  # (field name, wire name), set per subclass
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls.WIRE_FIELDS = tuple(
+            (name, field.serialization_alias or field.alias or name)
+            for name, field in cls.model_fields.items()
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The object exactly as received (unset fields stay absent, explicit nulls stay null).
+
+        What ``model_dump(by_alias=True, exclude_unset=True)`` gives, without copying every value: the
+        field values (``spec``, labels, unknown fields) are shared with the model, so treat the result as
+        read-only, as the pure core does.
+        """
+        data: dict[str, Any] = {}
+        fields_set = self.model_fields_set
+        values = self.__dict__
+        for name, wire in self.WIRE_FIELDS:
+            if name in fields_set:
+                value = values[name]
+                data[wire] = value.to_json() if isinstance(value, JsonObjectModel) else value
+        if self.__pydantic_extra__:
+            data.update(self.__pydantic_extra__)
+        return data
+
+
+class ObjectMeta(JsonObjectModel):
     model_config = ConfigDict(extra="allow")
 
     name: str | None = None
@@ -30,7 +62,7 @@ class NamedObjectMeta(ObjectMeta):
     namespace: str = Field(min_length=1)
 
 
-class KubeObject(WireModel):
+class KubeObject(JsonObjectModel):
     """A Kubernetes object as CAPI sends it: apiVersion, kind, a metadata subset, spec; anything else kept."""
 
     model_config = ConfigDict(extra="allow")
@@ -39,10 +71,6 @@ class KubeObject(WireModel):
     kind: str = Field(min_length=1)
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: dict[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The object exactly as received (unset fields stay absent, explicit nulls stay null)."""
-        return self.model_dump(mode="python", by_alias=True, exclude_unset=True)
 
 
 class Machine(KubeObject):

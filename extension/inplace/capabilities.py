@@ -12,7 +12,7 @@ upgrade (which restarts everything) last.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from extension.inplace import guards
@@ -37,10 +37,10 @@ class Claim:
     kind: ClaimKind
     pointer: str  # relative to the machine spec, e.g. "/files"
     guard: guards.Guard
+    tokens: tuple[str, ...] = field(init=False, repr=False, compare=False)  # the pointer, parsed once
 
-    @property
-    def tokens(self) -> tuple[str, ...]:
-        return parse_pointer(self.pointer)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", parse_pointer(self.pointer))
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,14 @@ class Capability:
     claims: tuple[Claim, ...]
     inputs: Mapping[str, InputSpec]  # role variable name -> declared type; what argument_specs must list
     extract: Extractor  # desired objects -> role inputs, or None when the capability does not apply
+    _by_kind: Mapping[ClaimKind, tuple[Claim, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_kind = {kind: tuple(claim for claim in self.claims if claim.kind is kind) for kind in ClaimKind}
+        object.__setattr__(self, "_by_kind", by_kind)
 
     def claims_for(self, kind: ClaimKind) -> tuple[Claim, ...]:
-        return tuple(claim for claim in self.claims if claim.kind is kind)
+        return self._by_kind[kind]
 
 
 _STR = InputSpec("str")

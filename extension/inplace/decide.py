@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from extension.inplace.capabilities import CAPABILITIES, VERSION_CLAIM
+from extension.inplace.capabilities import CAPABILITIES, VERSION_CLAIM, Capability, Claim
 from extension.inplace.guards import Change
 from extension.inplace.objects import (
     MACHINE_SET_SLOTS,
@@ -27,7 +27,7 @@ from extension.inplace.objects import (
     spec_of,
 )
 from extension.inplace.patches import SpecPatch
-from extension.inplace.pointers import MISSING, changed_pointers, get_in, is_under, json_equal
+from extension.inplace.pointers import MISSING, changed_pointers, get_in, is_object, is_under, json_equal
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,13 @@ class Decision:
         return f"rollout needed: {rollout}" + (f"; in place alone: {claimed}" if claimed else "")
 
 
+# (capability, claim) pairs per claim kind, in CAPABILITIES order
+_CLAIMS_BY_KIND: Final[Mapping[ClaimKind, tuple[tuple[Capability, Claim], ...]]] = {
+    kind: tuple((capability, claim) for capability in CAPABILITIES for claim in capability.claims_for(kind))
+    for kind in ClaimKind
+}
+
+
 def decide_can_update_machine(current: Mapping[str, Any], desired: Mapping[str, Any]) -> Decision:
     """current/desired: {"machine", "infrastructureMachine", "bootstrapConfig" (optional)} JSON objects."""
     return _decide(current, desired, MACHINE_SLOTS)
@@ -100,16 +107,18 @@ def _decide_slot(
 ) -> tuple[list[FieldVerdict], list[dict[str, Any]]]:
     if current_obj is None and desired_obj is None:
         return [], []
-    kind = next((kind_of(obj) for obj in (desired_obj, current_obj) if isinstance(obj, Mapping)), "object")
-    if not isinstance(current_obj, Mapping) or not isinstance(desired_obj, Mapping):
+    kind = next((kind_of(obj) for obj in (desired_obj, current_obj) if is_object(obj)), "object")
+    if not is_object(current_obj) or not is_object(desired_obj):
         return [_unclaimed(slot, kind, "", f"{slot.key} is not present as an object on both sides")], []
     current_spec, desired_spec = spec_of(current_obj, slot), spec_of(desired_obj, slot)
     if current_spec is MISSING and desired_spec is MISSING:
         return [], []
-    if not isinstance(current_spec, Mapping) or not isinstance(desired_spec, Mapping):
+    if not is_object(current_spec) or not is_object(desired_spec):
         return [_unclaimed(slot, kind, "", f"{slot.key}{_dotted(slot)} is not an object on both sides")], []
     comparable = comparable_machine_spec if slot.role is Role.MACHINE else _as_is
-    if not changed_pointers(comparable(current_spec), comparable(desired_spec)):
+    current_compared, desired_compared = comparable(current_spec), comparable(desired_spec)
+    changed = changed_pointers(current_compared, desired_compared)
+    if not changed:
         return [], []
     # Patches are computed on the real specs (CAPI applies them to the real object); changes are judged on
     # what CAPI compares, so the Machine fields it ignores never need a claim (capi-hooks.md §7.3).
@@ -117,11 +126,12 @@ def _decide_slot(
     verdicts: list[FieldVerdict] = []
     ckind = claim_kind(desired_obj)
     if ckind is not None and ckind is claim_kind(current_obj):
-        verdicts = _claim(
-            slot, kind, ckind, patch, comparable(current_spec), comparable(desired_spec), upgrade_claimed
-        )
+        verdicts = _claim(slot, kind, ckind, patch, current_compared, desired_compared, upgrade_claimed)
+    # Every changed field outside the claimed pointers is unclaimed. A claim's ops only ever touch its own
+    # subtree (and the ancestors that exist only to hold it), so these are exactly the fields where the
+    # patched spec still differs from desired.
     decided = [verdict.pointer for verdict in verdicts]
-    for pointer in changed_pointers(comparable(patch.spec), comparable(desired_spec)):
+    for pointer in changed:
         if not any(is_under(pointer, claimed) for claimed in decided):
             verdicts.append(
                 _unclaimed(slot, kind, pointer, f"{pointer or '/'}: no capability changes it in place")
@@ -141,20 +151,19 @@ def _claim(
 ) -> list[FieldVerdict]:
     """Run every claim of this kind whose field changed: guard first, then copy desired over current."""
     verdicts = []
-    for capability in CAPABILITIES:
-        for claim in capability.claims_for(ckind):
-            old, new = get_in(current_spec, claim.tokens), get_in(desired_spec, claim.tokens)
-            if _same(old, new):
-                continue
-            change = Change(claim.pointer, old, new, current_spec, desired_spec, upgrade_claimed)
-            problem = claim.guard(change) or patch.claim(claim.tokens)
-            if problem is None:
-                reason = f"{claim.pointer}: {capability.name} changes it in place"
-            else:
-                reason = f"{claim.pointer}: {capability.name} does not change it in place: {problem}"
-            verdicts.append(
-                FieldVerdict(slot.target, kind, claim.pointer, problem is None, capability.name, reason)
-            )
+    for capability, claim in _CLAIMS_BY_KIND[ckind]:
+        old, new = get_in(current_spec, claim.tokens), get_in(desired_spec, claim.tokens)
+        if _same(old, new):
+            continue
+        change = Change(claim.pointer, old, new, current_spec, desired_spec, upgrade_claimed)
+        problem = claim.guard(change) or patch.claim(claim.tokens)
+        if problem is None:
+            reason = f"{claim.pointer}: {capability.name} changes it in place"
+        else:
+            reason = f"{claim.pointer}: {capability.name} does not change it in place: {problem}"
+        verdicts.append(
+            FieldVerdict(slot.target, kind, claim.pointer, problem is None, capability.name, reason)
+        )
     return verdicts
 
 

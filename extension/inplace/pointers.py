@@ -42,11 +42,21 @@ def join_pointer(tokens: tuple[str, ...] | list[str]) -> str:
     return "".join("/" + token.replace("~", "~0").replace("/", "~1") for token in tokens)
 
 
+def is_object(value: Any) -> bool:
+    """A JSON object (any Mapping); plain dicts and common scalars are answered without the ABC check."""
+    kind = type(value)
+    return kind is dict or (kind not in _NOT_MAPPINGS and isinstance(value, Mapping))
+
+
+# types that are never a Mapping, answered without the (slow, Python-level) ABC instance check
+_NOT_MAPPINGS: Final = frozenset({str, int, float, bool, list, type(None), _Missing})
+
+
 def get_in(doc: Any, tokens: tuple[str, ...]) -> Any:
     """The value at ``tokens`` descending through objects only, or ``MISSING``."""
     node = doc
     for token in tokens:
-        if not isinstance(node, Mapping) or token not in node:
+        if (type(node) is not dict and not is_object(node)) or token not in node:
             return MISSING
         node = node[token]
     return node
@@ -54,15 +64,26 @@ def get_in(doc: Any, tokens: tuple[str, ...]) -> Any:
 
 def json_equal(a: Any, b: Any) -> bool:
     """Exact JSON equality (go-cmp on decoded JSON): ``True`` is not ``1``; [], {}, null, absent differ."""
+    kind = type(a)
+    if kind is type(b):  # fast paths for the plain JSON types; the general rules below give the same answers
+        if kind is dict:
+            return a.keys() == b.keys() and all(json_equal(value, b[key]) for key, value in a.items())
+        if kind is list:
+            return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
+        if kind in _SCALARS:
+            return bool(a == b)
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
+    if is_object(a) and is_object(b):
         return a.keys() == b.keys() and all(json_equal(a[key], b[key]) for key in a)
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    return type(a) is type(b) and a == b
+        return bool(a == b)
+    return type(a) is type(b) and bool(a == b)
+
+
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
 
 
 def changed_pointers(current: Any, desired: Any, prefix: str = "") -> list[str]:
@@ -70,25 +91,33 @@ def changed_pointers(current: Any, desired: Any, prefix: str = "") -> list[str]:
 
     An object on one side and absence on the other is descended into, so a new subtree reports its
     leaves; an empty object against absence is reported at its own pointer (they differ for CAPI).
+    Pointers come in sorted key order, depth first.
     """
-    if isinstance(current, Mapping) and isinstance(desired, Mapping):
-        found: list[str] = []
+    found: list[str] = []
+    _diff(current, desired, prefix, found)
+    return found
+
+
+def _diff(current: Any, desired: Any, prefix: str, found: list[str]) -> None:
+    current_is_object, desired_is_object = is_object(current), is_object(desired)
+    if current_is_object and desired_is_object:
         for key in sorted(current.keys() | desired.keys()):
-            found.extend(
-                changed_pointers(
-                    current.get(key, MISSING), desired.get(key, MISSING), prefix + join_pointer((key,))
-                )
-            )
-        return found
-    if current is MISSING and desired is MISSING:
-        return []
-    if current is MISSING and isinstance(desired, Mapping) and desired:
-        return changed_pointers({}, desired, prefix)
-    if desired is MISSING and isinstance(current, Mapping) and current:
-        return changed_pointers(current, {}, prefix)
-    if current is MISSING or desired is MISSING or not json_equal(current, desired):
-        return [prefix]
-    return []
+            token = key.replace("~", "~0").replace("/", "~1") if "~" in key or "/" in key else key
+            _diff(current.get(key, MISSING), desired.get(key, MISSING), f"{prefix}/{token}", found)
+    elif current is MISSING:
+        if desired is MISSING:
+            return
+        if desired_is_object and desired:
+            _diff({}, desired, prefix, found)
+        else:
+            found.append(prefix)
+    elif desired is MISSING:
+        if current_is_object and current:
+            _diff(current, {}, prefix, found)
+        else:
+            found.append(prefix)
+    elif not json_equal(current, desired):
+        found.append(prefix)
 
 
 def is_under(pointer: str, ancestor: str) -> bool:
