@@ -14,6 +14,7 @@ import pytest
 
 from hostlab.lab import Host, Lab
 
+from .apt_repo import StandinAptRepo
 from .inputs import KEY_A, KEY_B, PASSWORD_HASH, inputs
 from .standins import install_standins, lab_run_on_host
 from .support import STATE_DIR, ReleaseServer, RunResult, RunSpec, calls, host_exists, host_root, run_update
@@ -314,6 +315,33 @@ def test_kubernetes_version_minor_upgrade_on_a_worker(lab: Lab, host: Host, tmp_
 
         again = ok(run_update(RunSpec(lab, host, tmp_path, _version("v1.31.0"), extravars=extra)))
         assert again.changed_tasks == [STAMP_TASK]
+
+
+def test_kubernetes_version_upgrade_from_a_signed_apt_repository(
+    lab: Lab, host: Host, tmp_path: Path
+) -> None:
+    # Test setup, said plainly: the host's Debian sources are switched off and apt talks straight to the
+    # lab gateway (not through the lab's Debian-only proxy), so only the stand-in repository is used.
+    direct = f'Acquire::http::Proxy::{lab.gateway} "DIRECT";\n'
+    host_root(lab, host, ["sh", "-c", "rm -f /etc/apt/sources.list /etc/apt/sources.list.d/*"])
+    host_root(lab, host, ["tee", "/etc/apt/apt.conf.d/99inplace-test-direct"], stdin=direct)
+    with StandinAptRepo(tmp_path, ["v1.31.0"], lab.gateway) as repo:
+        extra = {
+            "kubernetes_version_package_source": "apt",
+            "kubernetes_version_apt_repository_base": repo.base_url,
+        }
+        ok(run_update(RunSpec(lab, host, tmp_path, _version("v1.31.0"), extravars=extra)))
+        assert "/core:/stable:/v1.31/deb/InRelease" in repo.requests  # apt checked the signature
+        again = ok(run_update(RunSpec(lab, host, tmp_path, _version("v1.31.0"), extravars=extra)))
+        assert again.changed_tasks == [STAMP_TASK]
+    assert host_root(lab, host, ["kubelet", "--version"]).strip() == "Kubernetes v1.31.0"
+    installed = host_root(lab, host, ["dpkg-query", "-W", "-f", "${Package} ${Version} ${Status}\n"])
+    for name in ("kubeadm", "kubelet", "kubectl"):
+        assert f"{name} 1.31.0-1.1 hold ok installed" in installed
+    assert "kubeadm@v1.31.0 upgrade node" in calls(lab, host)
+    source = lab.read_file(host, "/etc/apt/sources.list.d/kubernetes.list").splitlines()[-1]
+    key = "/etc/apt/keyrings/kubernetes-apt-keyring.asc"
+    assert source == f"deb [signed-by={key}] {repo.base_url}/v1.31/deb/ /"
 
 
 def test_kubernetes_version_first_control_plane_applies(lab: Lab, host: Host, tmp_path: Path) -> None:
