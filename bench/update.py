@@ -157,6 +157,12 @@ def _hosts_in(inventory: str) -> int:
         return 1
 
 
+def children_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of the waited-for descendants of ``pid``: the plays it ran, on this side."""
+    fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+
+
 def peak_rss_mb(pid: int) -> float:
     with Path(f"/proc/{pid}/status").open(encoding="ascii") as fh:
         for line in fh:
@@ -276,18 +282,22 @@ def main() -> int:
         # warm-up (ssh masters, page cache) for both ways, not counted
         bench.update(one, spec("warm", 100))
         bench.raw(one, spec("warm", 101), "warm-raw")
-        service_times, raw_times, calls = [], [], []
+        service_times, raw_times, calls, cpu_one = [], [], [], []
         for r in range(opts.rounds):
+            cpu = children_cpu_seconds(bench.service.proc.pid)
             t, polled = bench.update(one, spec(f"svc{r}", 110 + r))
+            cpu_one.append(children_cpu_seconds(bench.service.proc.pid) - cpu)
             service_times.append(t)
             calls.append(polled.calls)
             raw_times.append(bench.raw(one, spec(f"raw{r}", 120 + r), f"raw{r}"))
         svc, raw = statistics.median(service_times), statistics.median(raw_times)
 
+        cpu = children_cpu_seconds(bench.service.proc.pid)
         started = time.monotonic()
         with ThreadPoolExecutor(len(bench.names)) as pool:
             list(pool.map(lambda n: bench.update(n, spec("many", 130)), bench.names))
         many = time.monotonic() - started
+        cpu_many = (children_cpu_seconds(bench.service.proc.pid) - cpu) / len(bench.names)
 
         # no-op: the fingerprint the service just applied (memory) ...
         started = time.monotonic()
@@ -327,6 +337,10 @@ def main() -> int:
         ("  overhead service / raw", f"{svc / raw:6.2f}x   target <= 1.15x"),
         (f"{opts.hosts} hosts at once", f"{many:6.2f} s"),
         (f"  {opts.hosts} hosts / one host", f"{many / svc:6.2f}x   target <= 1.5x"),
+        (
+            "  controller CPU per host update",
+            f"{statistics.median(cpu_one):6.2f} s alone, {cpu_many:.2f} s in the batch",
+        ),
         (
             "no-op, fingerprint applied (memory)",
             f"{noop_memory:6.3f} s  {noop_polled.calls} call, target <= 2 s",
