@@ -5,7 +5,7 @@ Used by the patch builder and the decision code; knows nothing about Kubernetes 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 
@@ -66,12 +66,12 @@ def json_equal(a: Any, b: Any) -> bool:
     """Exact JSON equality (go-cmp on decoded JSON): ``True`` is not ``1``; [], {}, null, absent differ."""
     kind = type(a)
     if kind is type(b):  # fast paths for the plain JSON types; the general rules below give the same answers
-        if kind is dict:
-            return a.keys() == b.keys() and all(json_equal(value, b[key]) for key, value in a.items())
-        if kind is list:
-            return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
         if kind in _SCALARS:
             return bool(a == b)
+        if kind is dict:
+            return a.keys() == b.keys() and _all_equal(a.values(), map(b.__getitem__, a))
+        if kind is list:
+            return len(a) == len(b) and _all_equal(a, b)
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
     if is_object(a) and is_object(b):
@@ -84,6 +84,18 @@ def json_equal(a: Any, b: Any) -> bool:
 
 
 _SCALARS: Final = frozenset({str, int, float, bool, type(None)})
+
+
+def _all_equal(values: Iterable[Any], others: Iterable[Any]) -> bool:
+    """json_equal for every pair, with same-typed scalars (the common case) compared inline."""
+    for value, other in zip(values, others, strict=True):  # callers checked the lengths
+        kind = type(value)
+        if kind is type(other) and kind in _SCALARS:
+            if value != other:
+                return False
+        elif not json_equal(value, other):
+            return False
+    return True
 
 
 def changed_pointers(current: Any, desired: Any, prefix: str = "") -> list[str]:
@@ -101,9 +113,15 @@ def changed_pointers(current: Any, desired: Any, prefix: str = "") -> list[str]:
 def _diff(current: Any, desired: Any, prefix: str, found: list[str]) -> None:
     current_is_object, desired_is_object = is_object(current), is_object(desired)
     if current_is_object and desired_is_object:
-        for key in sorted(current.keys() | desired.keys()):
-            token = key.replace("~", "~0").replace("/", "~1") if "~" in key or "/" in key else key
-            _diff(current.get(key, MISSING), desired.get(key, MISSING), f"{prefix}/{token}", found)
+        keys = current.keys()
+        for key in sorted(keys if keys == desired.keys() else keys | desired.keys()):
+            old, new = current.get(key, MISSING), desired.get(key, MISSING)
+            kind = type(old)
+            if kind is type(new) and kind in _SCALARS:  # the common leaf: json_equal is == here
+                if old != new:
+                    found.append(_child(prefix, key))
+            else:
+                _diff(old, new, _child(prefix, key), found)
     elif current is MISSING:
         if desired is MISSING:
             return
@@ -118,6 +136,12 @@ def _diff(current: Any, desired: Any, prefix: str, found: list[str]) -> None:
             found.append(prefix)
     elif not json_equal(current, desired):
         found.append(prefix)
+
+
+def _child(prefix: str, key: str) -> str:
+    if "~" in key or "/" in key:
+        key = key.replace("~", "~0").replace("/", "~1")
+    return f"{prefix}/{key}"
 
 
 def is_under(pointer: str, ancestor: str) -> bool:

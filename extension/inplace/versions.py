@@ -65,9 +65,10 @@ def upgrade_problem(current: Any, desired: Any) -> str | None:
         return "the desired version is not a Kubernetes version like v1.31.0"
     if new.major != old.major:
         return "major version changes are not carried out in place"
-    if new.precedence() < old.precedence():
+    old_precedence, new_precedence = old.precedence(), new.precedence()
+    if new_precedence < old_precedence:
         return "downgrades are not carried out in place"
-    if new.precedence() == old.precedence():
+    if new_precedence == old_precedence:
         return "only build metadata differs, which no upgrade step changes"
     if new.minor > old.minor + 1:
         return "minor versions can only go up by one at a time (kubeadm upgrade rule)"
