@@ -67,6 +67,8 @@ def decide(attempts: Sequence[Attempt], token: str, now: float, base_backoff: in
         if last.retry_token == token:
             return Decision(Verdict.FAILED, failure_message(outcome.capability, outcome.task))
         return Decision(Verdict.START, next_attempt=next_attempt)
+    if last.retry_token != token:
+        return Decision(Verdict.START, next_attempt=next_attempt)  # the user asked to retry now
     failures = 0
     for attempt in reversed(attempts):
         if attempt.outcome is None or attempt.outcome.kind not in RETRIABLE:

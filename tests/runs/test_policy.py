@@ -63,7 +63,7 @@ def test_retriable_outcomes_back_off_exponentially() -> None:
         "host unreachable, retrying (attempt 4)",
     )
     # a remembered failure before the retriable tail does not count toward the backoff
-    mixed = [att(1, OutcomeKind.TASK_FAILED, token="a"), att(2, OutcomeKind.INTERRUPTED)]
+    mixed = [att(1, OutcomeKind.TASK_FAILED, token="a"), att(2, OutcomeKind.INTERRUPTED, token="b")]
     d = decide(mixed, "b", NOW, 10)
     assert (d.verdict, d.wait_seconds, d.message) == (
         Verdict.WAIT,
@@ -88,3 +88,10 @@ def test_backoff_is_capped_and_token_is_hashed() -> None:
 def test_host_busy_is_retried_with_its_own_message() -> None:
     d = decide([att(1, OutcomeKind.HOST_BUSY)], "", NOW, 10)
     assert (d.verdict, d.message) == (Verdict.WAIT, "host locked by another run, retrying (attempt 2)")
+
+
+def test_a_new_retry_token_skips_the_backoff() -> None:
+    attempts = [att(1, OutcomeKind.UNREACHABLE, token="")]
+    assert decide(attempts, "", NOW, 10).verdict is Verdict.WAIT
+    d = decide(attempts, retry_token("now"), NOW, 10)
+    assert (d.verdict, d.next_attempt) == (Verdict.START, 2)
