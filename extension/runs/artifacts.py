@@ -14,6 +14,7 @@ import enum
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,6 +264,22 @@ def classify(batch: BatchRef, fingerprint: str, finished: float | None = None) -
     # failed without a failed task of this host: ansible-playbook killed, or another host's failure
     # ended the play for all (update_machine.yml has any_errors_fatal)
     return Outcome(OutcomeKind.INTERRUPTED, detail=detail + " (no failed task)", finished=when)
+
+
+def prune_batches(batches_dir: Path, older_than: float, now: float) -> list[Path]:
+    """Delete finished plays' private data dirs last touched before ``now - older_than``.
+
+    Always safe: every attempt has its own ``outcome.json``, and an attempt whose summary was never
+    written and whose artifacts are gone is simply run again (the host stamp makes that a no-op).
+    """
+    removed = []
+    for batch_dir in batches_dir.glob("batch-*"):
+        if runner_status(batch_dir, batch_dir.name) is None:
+            continue  # running, or killed: the restart decides about it
+        if _mtime(batch_dir / "artifacts" / batch_dir.name / "status") < now - older_than:
+            shutil.rmtree(batch_dir, ignore_errors=True)
+            removed.append(batch_dir)
+    return removed
 
 
 def _mtime(path: Path) -> float:

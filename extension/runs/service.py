@@ -30,6 +30,7 @@ from extension.runs.artifacts import (
     classify,
     load_attempts,
     new_attempt_dir,
+    prune_batches,
     write_json,
 )
 from extension.runs.inventory import Inventory, InventoryError, load_inventory
@@ -55,6 +56,8 @@ LONG_POLL_SECONDS = 2.0
 # Runs queued within this window share one ansible-playbook (one start-up, forks; design.md §7): CAPI
 # polls the Machines of a rollout in quick succession.
 BATCH_WINDOW_SECONDS = 0.15
+# Finished plays' ansible-runner artifacts (events, stdout) are kept this long for operators to read.
+BATCH_RETENTION_SECONDS = 7 * 24 * 3600
 
 
 class RunConfigError(ValueError):
@@ -136,6 +139,7 @@ class RunService:
         cfg = playbooks / "ansible.cfg"
         self._ansible_cfg = cfg if cfg.is_file() else None
         self._wrapper = runner.install_wrapper(self._runs_dir)
+        self._prune()
         self._retry_after = settings.retry_after_seconds
         self._registry: RunRegistry[_Pending] = RunRegistry(
             settings.max_parallel_runs, self._run_batch, window=BATCH_WINDOW_SECONDS
@@ -310,6 +314,11 @@ class RunService:
             }
         for job, run in zip(jobs, hosts, strict=True):
             self._finish(job, run, outcomes[run.ident], status)
+        self._prune()
+
+    def _prune(self) -> None:
+        for removed in prune_batches(self._runs_dir / ".batches", BATCH_RETENTION_SECONDS, time.time()):
+            log.info("removed the artifacts of %s (older than the retention)", removed.name)
 
     def _finish(self, job: Job[_Pending], run: runner.HostRun, outcome: Outcome, status: str) -> None:
         request = job.payload.request

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from extension.runs.artifacts import (
     classify,
     load_attempts,
     new_attempt_dir,
+    prune_batches,
     task_label,
     write_json,
 )
@@ -134,3 +137,13 @@ def test_each_host_of_a_batch_is_classified_from_its_own_events(tmp_path: Path) 
     # a host the play aborted because another host failed (any_errors_fatal) is retried, not failed
     write_artifacts(tmp_path / "x", BATCH, "failed", 2, events[:2])
     assert classify(ref(tmp_path / "x"), FP).kind is OutcomeKind.INTERRUPTED
+
+
+def test_old_finished_batches_are_pruned(tmp_path: Path) -> None:
+    for name, status in (("batch-old", "successful"), ("batch-new", "failed"), ("batch-killed", None)):
+        write_artifacts(tmp_path / name, name, status, 0, [])
+    old = tmp_path / "batch-old" / "artifacts" / "batch-old" / "status"
+    os.utime(old, (1000.0, 1000.0))
+    os.utime(tmp_path / "batch-killed", (1000.0, 1000.0))
+    assert prune_batches(tmp_path, older_than=3600, now=time.time()) == [tmp_path / "batch-old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["batch-killed", "batch-new"]
