@@ -70,6 +70,10 @@ Base64Bytes = Annotated[
 ]
 
 
+# what json.dumps(..., separators=(",", ":"), ensure_ascii=False, allow_nan=False) uses, built once
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 class Patch(WireModel):
     """One patch for one object: ``patch`` is the patch document as standard padded base64 on the wire."""
 
@@ -79,7 +83,7 @@ class Patch(WireModel):
     @classmethod
     def json_patch(cls, operations: list[dict[str, Any]]) -> Patch:
         """An RFC 6902 patch from its operations (compact JSON, as CAPI's own examples)."""
-        document = json.dumps(operations, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        document = _COMPACT_JSON.encode(operations)
         return cls(patch_type=PatchType.JSON_PATCH, patch=document.encode())
 
     def document(self) -> Any:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from extension.inplace.pointers import MISSING, get_in
+from extension.inplace.pointers import MISSING, get_in, is_object
 
 _USER_KEYS: Final[Mapping[str, str]] = {  # KubeadmConfig v1beta2 User JSON name -> users role input name
     "name": "name",
@@ -71,7 +71,7 @@ def entries_of(value: Any) -> list[Any]:
 
 def parse_user(entry: Any) -> dict[str, Any]:
     """One ``users`` entry -> ``users_users`` item."""
-    if not isinstance(entry, Mapping):
+    if not is_object(entry):
         raise EntryInvalid("", "must be an object")
     if "passwdFrom" in entry:
         raise EntrySkipped("uses passwdFrom, which needs access to a Secret")
@@ -120,7 +120,7 @@ def _user_value(key: str, value: Any) -> Any:
 
 def parse_kubelet_arg(entry: Any) -> dict[str, str]:
     """One v1beta2 ``kubeletExtraArgs`` item ``{name, value}`` -> ``kubelet_args_extra_args`` item."""
-    if not isinstance(entry, Mapping):
+    if not is_object(entry):
         raise EntryInvalid("", "must be an object")
     unknown = sorted(set(entry) - {"name", "value"})
     if unknown:
@@ -192,7 +192,7 @@ def effective_kubelet_args(spec: Any) -> tuple[tuple[str, ...] | None, Any]:
 
 def parse_ntp(value: Any) -> dict[str, Any]:
     """``ntp`` {servers, enabled} -> the ntp role's inputs. cloud-init enables NTP unless told otherwise."""
-    if not isinstance(value, Mapping):
+    if not is_object(value):
         raise EntryInvalid("", "must be an object")
     unknown = sorted(set(value) - {"servers", "enabled"})
     if unknown:

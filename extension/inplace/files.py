@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from extension.inplace.entries import EntryInvalid, EntrySkipped, describe_key
+from extension.inplace.pointers import is_object
 
 _KNOWN_KEYS: Final = frozenset(
     {"path", "owner", "permissions", "encoding", "append", "content", "contentFrom"}
@@ -62,7 +63,7 @@ def path_problem(path: Any) -> str | None:
 
 def parse_file(entry: Any) -> FileEntry:
     """One ``files`` entry -> the role's input. Raises EntrySkipped or EntryInvalid."""
-    if not isinstance(entry, Mapping):
+    if not is_object(entry):
         raise EntryInvalid("", "must be an object")
     if "contentFrom" in entry:
         raise EntrySkipped("uses contentFrom, which needs access to a Secret")

@@ -24,7 +24,7 @@ from extension.inplace.entries import (
     parse_user,
 )
 from extension.inplace.files import parse_file
-from extension.inplace.pointers import MISSING
+from extension.inplace.pointers import MISSING, is_object
 from extension.inplace.versions import upgrade_problem
 
 
@@ -71,7 +71,7 @@ def kubeadm_files(change: Change) -> str | None:
 
 
 def _appends(entry: Any) -> bool:
-    return isinstance(entry, Mapping) and entry.get("append") is True
+    return is_object(entry) and entry.get("append") is True
 
 
 def users(change: Change) -> str | None:
@@ -86,7 +86,7 @@ def users(change: Change) -> str | None:
     current_by_name = {_identity(entry, "name"): entry for entry in entries_of(change.current)}
     for index, entry in enumerate(entries_of(change.desired)):
         before = current_by_name.get(_identity(entry, "name"))
-        if isinstance(before, Mapping) and isinstance(entry, Mapping):
+        if is_object(before) and is_object(entry):
             problem = _user_change_problem(before, entry)
             if problem is not None:
                 return f"entry {index} {problem}"
@@ -178,7 +178,7 @@ def _list_problem(
 
 def _identity(entry: Any, key: str) -> str | None:
     """A string field of an entry (a file's path, a user's or an argument's name), or None."""
-    value = entry.get(key) if isinstance(entry, Mapping) else None
+    value = entry.get(key) if is_object(entry) else None
     return value if isinstance(value, str) else None
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from extension.inplace.pointers import get_in
+from extension.inplace.pointers import get_in, is_object
 
 
 class ClaimKind(enum.Enum):
@@ -119,7 +119,7 @@ def comparable_machine_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in spec.items():
         if key in _IGNORED_MACHINE_FIELDS or value is None or value == "":
             continue
-        if key == "deletion" and isinstance(value, Mapping):
+        if key == "deletion" and is_object(value):
             value = {k: v for k, v in value.items() if k not in _IGNORED_DELETION_FIELDS}
             if not value:
                 continue
@@ -129,4 +129,4 @@ def comparable_machine_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def is_control_plane(machine: Mapping[str, Any]) -> bool:
     labels = get_in(machine, ("metadata", "labels"))
-    return isinstance(labels, Mapping) and CONTROL_PLANE_LABEL in labels
+    return is_object(labels) and CONTROL_PLANE_LABEL in labels

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from extension.inplace.pointers import MISSING, get_in, join_pointer, json_equal
+from extension.inplace.pointers import MISSING, get_in, is_object, join_pointer, json_equal
 
 
 class SpecPatch:
@@ -55,7 +55,7 @@ class SpecPatch:
         """Index of the first absent token (len(tokens) if none); None when a parent is not an object."""
         node: Any = self.spec
         for index, token in enumerate(tokens):
-            if not isinstance(node, Mapping):
+            if not is_object(node):
                 return None
             if token not in node:
                 return index
@@ -69,7 +69,7 @@ class SpecPatch:
         while depth > 1:
             parent = get_in(self.spec, tokens[: depth - 1])
             if (
-                not (isinstance(parent, Mapping) and len(parent) == 1)
+                not (is_object(parent) and len(parent) == 1)
                 or get_in(self._desired, tokens[: depth - 1]) is not MISSING
             ):
                 break

@@ -6,7 +6,7 @@ Used by the patch builder and the decision code; knows nothing about Kubernetes 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 
 class _Missing:
@@ -42,7 +42,7 @@ def join_pointer(tokens: tuple[str, ...] | list[str]) -> str:
     return "".join("/" + token.replace("~", "~0").replace("/", "~1") for token in tokens)
 
 
-def is_object(value: Any) -> bool:
+def is_object(value: Any) -> TypeGuard[Mapping[str, Any]]:
     """A JSON object (any Mapping); plain dicts and common scalars are answered without the ABC check."""
     kind = type(value)
     return kind is dict or (kind not in _NOT_MAPPINGS and isinstance(value, Mapping))
