@@ -30,7 +30,6 @@ from extension.runs.resolve import HostTarget
 log = logging.getLogger(__name__)
 
 HOST_KEY_ALIAS = "inplace-extension-target"  # known_hosts lines are written for this alias, see _ssh_args
-CANCEL_POLL_SECONDS = 0.5  # how often ansible-runner asks cancel_callback (its default is 5 s)
 MAX_CONTROL_DIR_LEN = 60  # ssh ControlPath sockets must fit in sun_path (108 bytes) with a 40-char hash
 
 
@@ -139,7 +138,6 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
             inventory={"all": {"hosts": hosts}},
             forks=len(hosts),
             envvars=_envvars(spec),
-            settings={"pexpect_timeout": CANCEL_POLL_SECONDS},
             quiet=True,
             suppress_env_files=True,
             event_handler=event_handler,
@@ -148,8 +146,8 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
             # while a play left alone finishes (detach.py) and a later attempt finds its stamp.
             cancel_callback=_never_cancel,
         )
-    except (ValueError, OSError, RuntimeError) as exc:
-        raise RunStartError(f"ansible-runner could not start: {exc}") from exc
+    except Exception as exc:  # ConfigurationError, ValueError, OSError...: all mean "did not start"
+        raise RunStartError(f"ansible-runner could not start: {type(exc).__name__}: {exc}") from exc
     return RunHandle(thread, runner)
 
 

@@ -287,3 +287,17 @@ async def test_machines_polled_together_share_one_play(svc: RunService, fake: Fa
     ]
     first, second = fake.batches[0].hosts
     assert first.attempt_dir.parent.name == first.ident != second.ident
+
+
+async def test_a_run_that_cannot_start_is_retried_with_backoff(
+    svc: RunService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(spec: runner_mod.BatchSpec, on_task: runner_mod.TaskListener) -> runner_mod.RunHandle:
+        raise runner_mod.RunStartError("ansible-runner could not start: ConfigurationError: nope")
+
+    monkeypatch.setattr(runner_mod, "start", refuse)
+    answer = await settle(svc, req())
+    assert (answer.state, answer.message) == (
+        ProgressState.IN_PROGRESS,
+        "run interrupted, retrying (attempt 2)",
+    )

@@ -1,0 +1,80 @@
+"""The ansible-runner adapter without hosts: files it writes, ssh options, and refusing to start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from extension.runs import runner
+from extension.runs.resolve import HostTarget
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJAm/+qD5i6Qm8kDm+Qr9ygOJL1jDRtSlh6jlxmhLn0T"
+PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "update_machine.yml"
+
+
+def target(insecure: bool = False) -> HostTarget:
+    return HostTarget(
+        "10.9.0.5",
+        2222,
+        "ops",
+        Path("/keys/id"),
+        True,
+        () if insecure else (KEY,),
+        insecure,
+        None,
+        "inventory",
+    )
+
+
+def host_run(tmp_path: Path, insecure: bool = False) -> runner.HostRun:
+    attempt = tmp_path / "ns.m1.abc" / "attempt-0001"
+    attempt.mkdir(parents=True)
+    inputs: dict[str, dict[str, Any]] = {
+        "ntp": {"ntp_servers": ["{{ lookup('pipe', 'id') }}"]},
+        "users": {"users_users": []},
+    }
+    return runner.HostRun("ns.m1.abc", "ns.m1.abc", "ab" * 32, ("ntp",), inputs, target(insecure), attempt)
+
+
+def test_host_key_is_pinned_under_an_alias(tmp_path: Path) -> None:
+    run = host_run(tmp_path)
+    host = runner._host_vars(run.target, run.attempt_dir)
+    assert (host["ansible_host"], host["ansible_port"], host["ansible_user"]) == ("10.9.0.5", 2222, "ops")
+    assert host["ansible_host_key_checking"] is True
+    args = host["ansible_ssh_common_args"]
+    assert "StrictHostKeyChecking=yes" in args and "GlobalKnownHostsFile=/dev/null" in args
+    assert f"HostKeyAlias={runner.HOST_KEY_ALIAS}" in args
+    assert (run.attempt_dir / "known_hosts").read_text() == f"{runner.HOST_KEY_ALIAS} {KEY}\n"
+    insecure = runner._host_vars(target(insecure=True), run.attempt_dir)
+    assert insecure["ansible_host_key_checking"] is False
+    assert "StrictHostKeyChecking=no" in insecure["ansible_ssh_common_args"]
+
+
+def test_control_path_dir_stays_short(tmp_path: Path) -> None:
+    assert runner.control_path_dir(Path("/var/lib/x")) == Path("/var/lib/x/cp")
+    long_dir = tmp_path / ("d" * 80)
+    short = runner.control_path_dir(long_dir)
+    assert len(str(short)) < 60 and short == runner.control_path_dir(long_dir)
+
+
+def test_inputs_file_holds_only_the_run_capabilities_and_start_refusals_are_translated(
+    tmp_path: Path,
+) -> None:
+    run = host_run(tmp_path)
+    spec = runner.BatchSpec(
+        ident="batch-x",
+        batch_dir=tmp_path / "missing-batch-dir",  # ansible-runner insists that it exists
+        hosts=(run,),
+        playbook=PLAYBOOK,
+        ansible_cfg=None,
+        state_dir=tmp_path,
+        wrapper=runner.install_wrapper(tmp_path),
+    )
+    with pytest.raises(runner.RunStartError, match="could not start"):
+        runner.start(spec, lambda host, role, task: None)
+    inputs_file = run.attempt_dir / "inputs.json"
+    assert json.loads(inputs_file.read_text()) == {"ntp": {"ntp_servers": ["{{ lookup('pipe', 'id') }}"]}}
+    assert inputs_file.stat().st_mode & 0o777 == 0o600
