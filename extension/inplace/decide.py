@@ -71,9 +71,18 @@ class Decision:
         return f"rollout needed: {rollout}" + (f"; in place alone: {claimed}" if claimed else "")
 
 
-# (capability, claim) pairs per claim kind, in CAPABILITIES order
-_CLAIMS_BY_KIND: Final[Mapping[ClaimKind, tuple[tuple[Capability, Claim], ...]]] = {
-    kind: tuple((capability, claim) for capability in CAPABILITIES for claim in capability.claims_for(kind))
+def _first_segment(pointer: str) -> str:
+    """``"/clusterConfiguration/featureGates"`` -> ``"clusterConfiguration"`` (as escaped in the pointer)."""
+    return pointer.split("/", 2)[1] if pointer else ""
+
+
+# (capability, claim, first segment of the claim's pointer) per claim kind, in CAPABILITIES order
+_CLAIMS_BY_KIND: Final[Mapping[ClaimKind, tuple[tuple[Capability, Claim, str], ...]]] = {
+    kind: tuple(
+        (capability, claim, _first_segment(claim.pointer))
+        for capability in CAPABILITIES
+        for claim in capability.claims_for(kind)
+    )
     for kind in ClaimKind
 }
 
@@ -126,7 +135,9 @@ def _decide_slot(
     verdicts: list[FieldVerdict] = []
     ckind = claim_kind(desired_obj)
     if ckind is not None and ckind is claim_kind(current_obj):
-        verdicts = _claim(slot, kind, ckind, patch, current_compared, desired_compared, upgrade_claimed)
+        verdicts = _claim(
+            slot, kind, ckind, patch, current_compared, desired_compared, upgrade_claimed, changed
+        )
     # Every changed field outside the claimed pointers is unclaimed. A claim's ops only ever touch its own
     # subtree (and the ancestors that exist only to hold it), so these are exactly the fields where the
     # patched spec still differs from desired.
@@ -148,10 +159,17 @@ def _claim(
     current_spec: Mapping[str, Any],
     desired_spec: Mapping[str, Any],
     upgrade_claimed: bool,
+    changed: list[str],
 ) -> list[FieldVerdict]:
     """Run every claim of this kind whose field changed: guard first, then copy desired over current."""
+    # A claimed field whose value differs has a changed pointer inside it or above it, so both start with
+    # the same segment: claims under any other first segment are unchanged and skipped without a look.
+    segments = {_first_segment(pointer) for pointer in changed}
+    everything = "" in segments  # (changed_pointers never reports the root of two objects; be safe anyway)
     verdicts = []
-    for capability, claim in _CLAIMS_BY_KIND[ckind]:
+    for capability, claim, segment in _CLAIMS_BY_KIND[ckind]:
+        if segment not in segments and not everything:
+            continue
         old, new = get_in(current_spec, claim.tokens), get_in(desired_spec, claim.tokens)
         if _same(old, new):
             continue
