@@ -9,6 +9,7 @@ outcome means (that is :mod:`extension.runs.artifacts`); ansible-runner exceptio
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -205,6 +206,9 @@ def close_control_masters(state_dir: Path) -> None:
                 ["ssh", "-O", "exit", "-o", f"ControlPath={sock}", "control-master"],
                 capture_output=True, timeout=10, check=False,
             )  # fmt: skip
+    if cp_dir.parent != state_dir:
+        with contextlib.suppress(OSError):
+            cp_dir.rmdir()  # the fallback under the temp dir: leave nothing behind (only if empty)
 
 
 def _envvars(spec: BatchSpec) -> dict[str, str]:

@@ -58,6 +58,9 @@ def test_control_path_dir_stays_short(tmp_path: Path) -> None:
     long_dir = tmp_path / ("d" * 80)
     short = runner.control_path_dir(long_dir)
     assert len(str(short)) < 60 and short == runner.control_path_dir(long_dir)
+    short.mkdir()
+    runner.close_control_masters(long_dir)  # nothing to close; the empty fallback dir goes away
+    assert not short.exists()
 
 
 def test_inputs_file_holds_only_the_run_capabilities_and_start_refusals_are_translated(
