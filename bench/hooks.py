@@ -2,8 +2,11 @@
 
 Starts two uvicorn subprocesses on loopback: ``inplace-extension serve --plain-http`` and a bare
 Starlette endpoint that parses a JSON body and returns it (the floor: what any Python service on this
-stack pays). Then, for 1, 8 and 32 concurrent keep-alive clients, posts the same ~8 KB CanUpdateMachineSet
-request (fixture 5A) to both and prints p50/p99 latency, throughput, and the p99 ratio against the floor.
+stack pays), both with the same uvicorn settings. Then, for 1, 8 and 32 concurrent keep-alive clients,
+posts the same ~8 KB CanUpdateMachineSet request (fixture 5A) to both and prints p50/p99 latency,
+throughput, the server's CPU time per request (user + system, from /proc) and the p99 ratio against the
+floor. Both servers get the same client (one cheap asyncio protocol per connection, in this process),
+a warm-up, and short measured rounds that alternate between them, in alternating order.
 
     .venv/bin/python bench/hooks.py [--seconds 5] [--clients 1,8,32]
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import re
@@ -31,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "capi" / "can_update_machine_set" / "5A.request.json"
 HOOK_PATH = "/hooks.runtime.cluster.x-k8s.io/v1alpha1/canupdatemachineset/can-update-machineset"
 SERVING = re.compile(r"serving http://127\.0\.0\.1:(\d+)")
+CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
 MAX_REQUESTS_PER_RUN = 200_000  # a hard bound on the load, whatever --seconds says
 
 
@@ -57,13 +62,33 @@ def serve_floor() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)  # listening before the port is announced, as the service does
     print(f"floor: serving http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
-    config = uvicorn.Config(floor_app(), log_level="warning", access_log=False)  # type: ignore[arg-type]
+    # the same uvicorn settings as ``inplace-extension serve`` (cli.cmd_serve), start-up objects frozen alike
+    config = uvicorn.Config(
+        floor_app(),  # type: ignore[arg-type]
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        server_header=False,
+    )
+    gc.collect()
+    gc.freeze()
     uvicorn.Server(config).run(sockets=[sock])
 
 
+@dataclass(frozen=True)
+class Server:
+    pid: int
+    port: int
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server process has used so far, from /proc (Linux)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def server(argv: list[str]) -> Iterator[int]:
-    """Start a server subprocess, yield its port (read from its 'serving' line), stop it by PID."""
+def server(argv: list[str]) -> Iterator[Server]:
+    """Start a server subprocess, yield it with its port (read from its 'serving' line), stop it by PID."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
     try:
         assert proc.stdout is not None
@@ -77,7 +102,7 @@ def server(argv: list[str]) -> Iterator[int]:
             port = int(match.group(1)) if match else None
         if port is None:
             raise RuntimeError("server did not report its port within 30 s")
-        yield port
+        yield Server(proc.pid, port)
     finally:
         proc.terminate()
         try:
@@ -87,28 +112,73 @@ def server(argv: list[str]) -> Iterator[int]:
             proc.wait()
 
 
+class _Connection(asyncio.Protocol):
+    """One keep-alive client connection, kept cheap (the client shares the 2 cores with the server):
+    a plain asyncio protocol that completes a future per whole answer, no stream reader layers."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.expected = -1  # length of the whole answer once its header block is in, else -1
+        self.answer: asyncio.Future[bytes] | None = None
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if self.expected < 0:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            # both servers answer with Content-Length
+            match = CONTENT_LENGTH.search(self.buffer, 0, end + 2)
+            if not self.buffer.startswith(b"HTTP/1.1 200") or match is None:
+                self._finish(RuntimeError(f"unexpected answer {bytes(self.buffer[:200])!r}"))
+                return
+            self.expected = end + 4 + int(match.group(1))
+        if len(self.buffer) >= self.expected:
+            del self.buffer[: self.expected]
+            self.expected = -1
+            self._finish(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._finish(exc or ConnectionError("server closed the connection"))
+
+    def _finish(self, problem: Exception | None) -> None:
+        if self.answer is not None and not self.answer.done():
+            if problem is None:
+                self.answer.set_result(b"")
+            else:
+                self.answer.set_exception(problem)
+
+    async def ask(self, request: bytes) -> None:
+        assert self.transport is not None
+        if self.lost:
+            raise ConnectionError("server closed the connection")
+        self.answer = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        await self.answer
+
+
 async def _client(port: int, body: bytes, stop_at: float, budget: list[int], latencies: list[float]) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = (
+    _, connection = await asyncio.get_running_loop().create_connection(_Connection, "127.0.0.1", port)
+    request = (
         f"POST {HOOK_PATH}?timeout=5s HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"  # no Content-Type, as CAPI sends it
-    ).encode()
+    ).encode() + body
     try:
         while time.perf_counter() < stop_at and budget[0] > 0:
             budget[0] -= 1
             started = time.perf_counter()
-            writer.write(head + body)
-            status = await reader.readline()
-            length = 0
-            while (line := await reader.readline()) not in (b"\r\n", b""):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            await reader.readexactly(length)
+            await connection.ask(request)
             latencies.append(time.perf_counter() - started)
-            if not status.startswith(b"HTTP/1.1 200"):
-                raise RuntimeError(f"unexpected answer {status!r}")
     finally:
-        writer.close()
+        assert connection.transport is not None
+        connection.transport.close()
 
 
 @dataclass(frozen=True)
@@ -116,11 +186,12 @@ class Result:
     p50_ms: float
     p99_ms: float
     rps: float
+    cpu_ms: float  # server CPU time (user + system) per answered request
 
 
-def summarize(latencies: list[float], elapsed: float) -> Result:
+def summarize(latencies: list[float], elapsed: float, cpu: float) -> Result:
     cuts = statistics.quantiles(latencies, n=100)
-    return Result(cuts[49] * 1000, cuts[98] * 1000, len(latencies) / elapsed)
+    return Result(cuts[49] * 1000, cuts[98] * 1000, len(latencies) / elapsed, cpu / len(latencies) * 1000)
 
 
 async def measure(port: int, body: bytes, clients: int, seconds: float, latencies: list[float]) -> float:
@@ -132,17 +203,22 @@ async def measure(port: int, body: bytes, clients: int, seconds: float, latencie
 
 
 async def compare(
-    ports: dict[str, int], body: bytes, clients: int, seconds: float, rounds: int
+    servers: dict[str, Server], body: bytes, clients: int, seconds: float, rounds: int
 ) -> dict[str, Result]:
     """Alternate short rounds between the servers, so load from elsewhere on the machine hits both alike."""
-    latencies: dict[str, list[float]] = {name: [] for name in ports}
-    elapsed = dict.fromkeys(ports, 0.0)
-    for port in ports.values():  # warm-up, not counted
-        await measure(port, body, clients, 0.5, [])
-    for _ in range(rounds):
-        for name, port in ports.items():
-            elapsed[name] += await measure(port, body, clients, seconds / rounds, latencies[name])
-    return {name: summarize(latencies[name], elapsed[name]) for name in ports}
+    latencies: dict[str, list[float]] = {name: [] for name in servers}
+    elapsed = dict.fromkeys(servers, 0.0)
+    cpu = dict.fromkeys(servers, 0.0)
+    for each in servers.values():  # warm-up, not counted
+        await measure(each.port, body, clients, 1.0, [])
+    for round_number in range(rounds):
+        # alternate the order too, so neither server always runs right after the other
+        order = list(servers.items()) if round_number % 2 == 0 else list(reversed(servers.items()))
+        for name, each in order:
+            before = each.cpu_seconds()
+            elapsed[name] += await measure(each.port, body, clients, seconds / rounds, latencies[name])
+            cpu[name] += each.cpu_seconds() - before
+    return {name: summarize(latencies[name], elapsed[name], cpu[name]) for name in servers}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,20 +242,28 @@ def main(argv: list[str] | None = None) -> int:
         f"in {args.rounds} alternating rounds, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, "
         f"python {sys.version.split()[0]}"
     )
-    print(f"{'clients':>7}  {'server':<9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}   p99 ratio")
+    header = f"{'clients':>7}  {'server':<9} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'CPU ms/req':>10}"
+    print(f"{header}   p99 ratio")
     worst_ok = True
-    with server(ours_argv) as ours_port, server(floor_argv) as floor_port:
+    with server(ours_argv) as ours_server, server(floor_argv) as floor_server:
         for clients in levels:
             results = asyncio.run(
                 compare(
-                    {"floor": floor_port, "extension": ours_port}, body, clients, args.seconds, args.rounds
+                    {"floor": floor_server, "extension": ours_server},
+                    body,
+                    clients,
+                    args.seconds,
+                    args.rounds,
                 )
             )
             floor, ours = results["floor"], results["extension"]
             ratio = ours.p99_ms / floor.p99_ms
-            print(f"{clients:>7}  {'floor':<9} {floor.p50_ms:>8.2f} {floor.p99_ms:>8.2f} {floor.rps:>8.0f}")
-            row = f"{clients:>7}  {'extension':<9} {ours.p50_ms:>8.2f} {ours.p99_ms:>8.2f} {ours.rps:>8.0f}"
-            print(f"{row}   {ratio:.2f}x")
+            for name, result in (("floor", floor), ("extension", ours)):
+                row = (
+                    f"{clients:>7}  {name:<9} {result.p50_ms:>8.2f} {result.p99_ms:>8.2f} "
+                    f"{result.rps:>8.0f} {result.cpu_ms:>10.3f}"
+                )
+                print(f"{row}   {ratio:.2f}x" if result is ours else row)
             if clients == 32:
                 ok = ratio <= 1.5 and ours.p99_ms < 20
                 worst_ok = worst_ok and ok
