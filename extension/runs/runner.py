@@ -9,7 +9,6 @@ outcome means (that is :mod:`extension.runs.artifacts`); ansible-runner exceptio
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -18,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,8 +207,17 @@ def close_control_masters(state_dir: Path) -> None:
                 capture_output=True, timeout=10, check=False,
             )  # fmt: skip
     if cp_dir.parent != state_dir:
-        with contextlib.suppress(OSError):
-            cp_dir.rmdir()  # the fallback under the temp dir: leave nothing behind (only if empty)
+        # the fallback under the temp dir: leave nothing behind. A master removes its socket just after
+        # "ssh -O exit" returns, so give the directory a moment to become empty.
+        deadline = time.monotonic() + 2.0
+        while True:
+            try:
+                cp_dir.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline or any(not p.is_socket() for p in cp_dir.iterdir()):
+                    return
+                time.sleep(0.05)
 
 
 def _envvars(spec: BatchSpec) -> dict[str, str]:
