@@ -7,7 +7,7 @@ the object that was sent, for the pure core.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 from pydantic import ConfigDict, Field
 
@@ -17,13 +17,14 @@ from extension.api.common import CommonRequest, CommonResponse, CommonRetryRespo
 class JsonObjectModel(WireModel):
     """A wire model over a JSON object: its fields are JSON values or other ``JsonObjectModel`` s."""
 
-    WIRE_FIELDS: ClassVar[tuple[tuple[str, str], ...]] = ()  # (field name, wire name), set per subclass
+    # (field name, wire name, whether the value may be a JsonObjectModel), set per subclass
+    WIRE_FIELDS: ClassVar[tuple[tuple[str, str, bool], ...]] = ()
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         cls.WIRE_FIELDS = tuple(
-            (name, field.serialization_alias or field.alias or name)
+            (name, field.serialization_alias or field.alias or name, _may_hold_model(field.annotation))
             for name, field in cls.model_fields.items()
         )
 
@@ -37,13 +38,22 @@ class JsonObjectModel(WireModel):
         data: dict[str, Any] = {}
         fields_set = self.model_fields_set
         values = self.__dict__
-        for name, wire in self.WIRE_FIELDS:
+        for name, wire, may_hold_model in self.WIRE_FIELDS:
             if name in fields_set:
                 value = values[name]
-                data[wire] = value.to_json() if isinstance(value, JsonObjectModel) else value
+                if may_hold_model and isinstance(value, JsonObjectModel):
+                    value = value.to_json()
+                data[wire] = value
         if self.__pydantic_extra__:
             data.update(self.__pydantic_extra__)
         return data
+
+
+def _may_hold_model(annotation: Any) -> bool:
+    """Whether a field annotation names a JsonObjectModel (directly or inside a union or container)."""
+    if isinstance(annotation, type) and issubclass(annotation, JsonObjectModel):
+        return True
+    return any(_may_hold_model(argument) for argument in get_args(annotation))
 
 
 class ObjectMeta(JsonObjectModel):
