@@ -214,6 +214,8 @@ def close_control_masters(state_dir: Path) -> None:
             try:
                 cp_dir.rmdir()
                 return
+            except FileNotFoundError:
+                return
             except OSError:
                 if time.monotonic() > deadline or any(not p.is_socket() for p in cp_dir.iterdir()):
                     return
