@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Final
 
 from extension.inplace.capabilities import CAPABILITIES, VERSION_CLAIM, Capability, Claim
@@ -116,7 +117,10 @@ def _decide_slot(
 ) -> tuple[list[FieldVerdict], list[dict[str, Any]]]:
     if current_obj is None and desired_obj is None:
         return [], []
-    kind = next((kind_of(obj) for obj in (desired_obj, current_obj) if is_object(obj)), "object")
+    if is_object(desired_obj):
+        kind = kind_of(desired_obj)
+    else:
+        kind = kind_of(current_obj) if is_object(current_obj) else "object"
     if not is_object(current_obj) or not is_object(desired_obj):
         return [_unclaimed(slot, kind, "", f"{slot.key} is not present as an object on both sides")], []
     current_spec, desired_spec = spec_of(current_obj, slot), spec_of(desired_obj, slot)
@@ -147,8 +151,11 @@ def _decide_slot(
             verdicts.append(
                 _unclaimed(slot, kind, pointer, f"{pointer or '/'}: no capability changes it in place")
             )
-    verdicts.sort(key=lambda verdict: verdict.pointer)
+    verdicts.sort(key=_POINTER)
     return verdicts, patch.ops
+
+
+_POINTER: Final = attrgetter("pointer")
 
 
 def _claim(
