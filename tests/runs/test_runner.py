@@ -76,8 +76,11 @@ def test_inputs_file_holds_only_the_run_capabilities_and_start_refusals_are_tran
         state_dir=tmp_path,
         wrapper=runner.install_wrapper(tmp_path),
     )
-    with pytest.raises(runner.RunStartError, match="could not start"):
-        runner.start(spec, lambda host, role, task: None)
+    try:
+        with pytest.raises(runner.RunStartError, match="could not start"):
+            runner.start(spec, lambda host, role, task: None)
+    finally:
+        runner.close_control_masters(tmp_path)  # removes the control path dir start() made
     inputs_file = run.attempt_dir / "inputs.json"
     assert json.loads(inputs_file.read_text()) == {"ntp": {"ntp_servers": ["{{ lookup('pipe', 'id') }}"]}}
     assert inputs_file.stat().st_mode & 0o777 == 0o600
