@@ -30,6 +30,7 @@ from extension.errors import ExtensionError
 from extension.hooks.explain import explain_request
 from extension.hooks.table import HOOKS, find_hook
 from extension.logs import configure_logging
+from extension.metrics import Metrics
 from extension.runs.service import RunService
 from extension.settings import Settings
 from extension.tls import default_hosts, ensure_dev_certificate
@@ -119,8 +120,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_format, settings.log_level)
     host, port = parse_listen(settings.listen)
     tls_options = _tls_options(settings, host)
-    executor = RunService(settings)  # create_app takes an UpdateExecutor: mypy checks that RunService fits
-    app = create_app(settings, executor)
+    metrics = Metrics()  # one registry shared by the hooks (app) and the runs (executor)
+    executor = RunService(settings, metrics)  # create_app takes an UpdateExecutor: mypy checks that it fits
+    app = create_app(settings, executor, metrics)
     sock = _bind(host, port)
     scheme = "https" if tls_options else "http"
     shown = f"[{host}]" if ":" in host else host

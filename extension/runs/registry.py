@@ -112,6 +112,16 @@ class RunRegistry(Generic[P]):
         with self._lock:
             return len(self._jobs)
 
+    def running_count(self) -> int:
+        """Jobs executing now (admitted to a slot); the runs_in_flight gauge."""
+        with self._lock:
+            return len(self._running)
+
+    def queued_count(self) -> int:
+        """Jobs waiting in the FIFO queue for a slot; the run_queue_length gauge."""
+        with self._lock:
+            return len(self._queue)
+
     def close(self) -> list[threading.Thread]:
         """Admit nothing more, drop the queue; return the worker threads still running."""
         with self._lock:

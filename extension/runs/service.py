@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio.to_thread
 
 import extension
+from extension.metrics import Metrics
 from extension.runs import runner
 from extension.runs.artifacts import (
     Attempt,
@@ -127,7 +128,7 @@ class _InventorySource:
 class RunService:
     """Implements ``UpdateExecutor`` (extension/hooks/update_machine.py): fast, durable, bounded."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self._runs_dir = settings.runs_dir.expanduser().resolve()
         self._runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._allowed = parse_cidrs(settings.allowed_cidrs)
@@ -144,6 +145,9 @@ class RunService:
         self._registry: RunRegistry[_Pending] = RunRegistry(
             settings.max_parallel_runs, self._run_batch, window=BATCH_WINDOW_SECONDS
         )
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.bind_run_gauges(self._registry.running_count, self._registry.queued_count)
         self._cache_lock = threading.Lock()
         self._attempts: dict[str, list[Attempt]] = {}  # ident -> attempts on disk (cache)
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
@@ -300,6 +304,7 @@ class RunService:
             else:
                 self._registry.set_phase(host, "finishing" if host in seen_capability else "starting")
 
+        started = time.monotonic()
         try:
             status = runner.start(spec, on_task).wait()
             ended = time.time()
@@ -312,8 +317,11 @@ class RunService:
             outcomes = {
                 run.ident: Outcome(OutcomeKind.INTERRUPTED, detail=str(exc), finished=ended) for run in hosts
             }
+        seconds = time.monotonic() - started
         for job, run in zip(jobs, hosts, strict=True):
             self._finish(job, run, outcomes[run.ident], status)
+            if self._metrics is not None:
+                self._metrics.run_finished(outcomes[run.ident].kind.value, seconds)
         self._prune()
 
     def _prune(self) -> None:

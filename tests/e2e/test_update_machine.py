@@ -107,6 +107,16 @@ def test_rollout_updates_every_capability_on_three_hosts(
     for name in MACHINES:
         assert re.search(rf"machine=e2e/{name} run=e2e\.{name}\.[0-9a-f]{{12}} state=successful", log)
     assert BOOTSTRAP_TOKEN not in log
+    # /metrics of the real service after the real runs: every host's run counted, nothing left in flight
+    scrape = service.client.get("/metrics").text
+    runs_ok = re.search(r'^inplace_extension_runs_total\{outcome="successful"\} (\S+)$', scrape, re.M)
+    assert runs_ok is not None and float(runs_ok.group(1)) == len(MACHINES)
+    assert re.search(r"^inplace_extension_run_duration_seconds_count (\S+)$", scrape, re.M)
+    assert re.search(r"^inplace_extension_runs_in_flight 0\.0$", scrape, re.M)
+    assert re.search(r"^inplace_extension_run_queue_length 0\.0$", scrape, re.M)
+    updates = r'^inplace_extension_hook_calls_total\{hook="UpdateMachine",status="Success"\} (\S+)$'
+    update_calls = re.search(updates, scrape, re.M)
+    assert update_calls is not None and float(update_calls.group(1)) >= 2 * len(MACHINES)
 
 
 def test_task_failure_is_stable_until_the_retry_annotation_changes(

@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from extension.metrics import Metrics
 from extension.runs import runner as runner_mod
 from extension.runs.inventory import InventoryError
 from extension.runs.model import Progress, ProgressState, RunRequest
@@ -301,3 +302,34 @@ async def test_a_run_that_cannot_start_is_retried_with_backoff(
         ProgressState.IN_PROGRESS,
         "run interrupted, retrying (attempt 2)",
     )
+
+
+def _sample(metrics: Metrics, name: str, labels: dict[str, str] | None = None) -> float:
+    value = metrics.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+async def test_run_metrics_count_outcomes_and_track_slots(settings: Settings, fake: FakeRunner) -> None:
+    metrics = Metrics()
+    fake.gate = threading.Event()
+    fake.scripts["m2"] = [lambda spec: ("failed", 2, failed_events("users", "Create users"))]
+    service = RunService(settings.model_copy(update={"max_parallel_runs": 1}), metrics)
+    try:
+        for name in ("m1", "m2"):
+            await service.poll(req(name))
+        until(lambda: fake.count("m1") == 1)
+        # scraped while m1 holds the only slot and m2 waits
+        assert _sample(metrics, "inplace_extension_runs_in_flight") == 1
+        assert _sample(metrics, "inplace_extension_run_queue_length") == 1
+        fake.gate.set()
+        assert (await settle(service, req("m1"))).state is ProgressState.DONE
+        assert (await settle(service, req("m2"))).state is ProgressState.FAILED
+        runs = "inplace_extension_runs_total"
+        assert _sample(metrics, runs, {"outcome": "successful"}) == 1
+        assert _sample(metrics, runs, {"outcome": "task_failed"}) == 1
+        assert _sample(metrics, "inplace_extension_run_duration_seconds_count") == 2
+        assert _sample(metrics, "inplace_extension_runs_in_flight") == 0
+        assert _sample(metrics, "inplace_extension_run_queue_length") == 0
+    finally:
+        fake.gate.set()
+        service.close()
