@@ -3,14 +3,13 @@
 ```
 ExtensionError            .reason (stable CamelCase), .message (deterministic, secret-free)
 ├── RequestTooLarge       transport: the body passes the cap -> HTTP 413
-├── InvalidRequest        hook: the body is not JSON or does not fit the hook's model -> 200 Failure
-├── Unavailable           something we depend on is unreachable; nothing is remembered -> 200 Failure
-│   ├── ClusterUnavailable
-│   └── HostUnreachable
-└── UpdateFailed          the host refused the change; remembered per desired fingerprint -> 200 Failure
-    └── PlaybookFailed
+└── InvalidRequest        hook: the body is not JSON or does not fit the hook's model -> 200 Failure
 anything else             a bug: logged with its traceback -> 200 Failure "InternalError: see extension logs"
 ```
+
+Host errors are not exceptions here: the run engine reports them as values (``runs.model.Progress``):
+an unreachable host as "in progress, retry later", a failed task as a remembered ``Failure`` message
+(design.md §4: "not yet" and "can't do it" are values).
 
 Unknown paths (404) and wrong methods (405) are answered by the router itself (capi-hooks.md §1.2: any
 non-200 is a transport error for CAPI, so only these three transport cases may leave 200).
@@ -54,31 +53,6 @@ class InvalidRequest(ExtensionError):
         super().__init__(f"{field_path}: {problem}")
         self.field_path = field_path
         self.problem = problem
-
-
-class Unavailable(ExtensionError):
-    reason = "Unavailable"
-
-
-class ClusterUnavailable(Unavailable):
-    reason = "ClusterUnavailable"
-
-
-class HostUnreachable(Unavailable):
-    reason = "HostUnreachable"
-
-
-class UpdateFailed(ExtensionError):
-    reason = "UpdateFailed"
-
-
-class PlaybookFailed(UpdateFailed):
-    reason = "PlaybookFailed"
-
-    def __init__(self, role: str, task: str) -> None:
-        super().__init__(f"role {role}, task {task!r}")
-        self.role = role
-        self.task = task
 
 
 @dataclass(frozen=True)

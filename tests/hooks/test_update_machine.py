@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from extension.errors import HostUnreachable
+from extension.errors import InvalidRequest
 from extension.hooks.update_machine import NO_EXECUTOR_MESSAGE, UNEXPECTED_CALL_MESSAGE, to_response
 from extension.inplace.plan import plan_update
 from extension.runs.model import Progress, ProgressState, RunRequest
@@ -109,15 +109,15 @@ async def test_an_invalid_desired_value_is_a_failure_naming_its_path() -> None:
     assert executor.requests == []
 
 
-class UnreachableExecutor:
+class RefusingExecutor:
     async def poll(self, request: RunRequest) -> Progress:
-        raise HostUnreachable("ssh to the host of default/my-cluster-cp-7xk2p failed")
+        raise InvalidRequest("desired.machine.metadata.annotations", "refused here")
 
 
 async def test_known_executor_errors_become_their_failure_message() -> None:
-    answer = await post(load("update_machine/6A.request.json"), UnreachableExecutor())
+    answer = await post(load("update_machine/6A.request.json"), RefusingExecutor())
     assert answer["status"] == "Failure"
-    assert answer["message"] == "HostUnreachable: ssh to the host of default/my-cluster-cp-7xk2p failed"
+    assert answer["message"] == "InvalidRequest: desired.machine.metadata.annotations: refused here"
 
 
 @pytest.mark.parametrize("fixture", ["update_machine/6A.request.json", "update_machine/6B.request.json"])
