@@ -143,7 +143,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
-        executor.close()  # cancel running attempts (they are retried after a restart), join the workers
+        executor.close()  # admit no more runs, give running plays time to end (they are never killed)
         sock.close()
     return 0
 
