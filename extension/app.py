@@ -27,6 +27,7 @@ from extension.errors import RequestTooLarge, answer_for
 from extension.hooks.context import HookContext
 from extension.hooks.table import HOOKS, Hook
 from extension.hooks.update_machine import UpdateExecutor
+from extension.inplace.custom import NO_CUSTOM, CustomTable
 from extension.metrics import HookStatus, Metrics
 from extension.settings import Settings
 
@@ -107,10 +108,16 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(
-    settings: Settings, executor: UpdateExecutor | None = None, metrics: Metrics | None = None
+    settings: Settings,
+    executor: UpdateExecutor | None = None,
+    metrics: Metrics | None = None,
+    custom: CustomTable = NO_CUSTOM,
 ) -> Starlette:
-    """The ASGI app. ``executor`` runs UpdateMachine; without one UpdateMachine answers a clear Failure."""
-    context = HookContext(settings=settings, hooks=HOOKS, executor=executor)
+    """The ASGI app. ``executor`` runs UpdateMachine; without one UpdateMachine answers a clear Failure.
+
+    ``custom``: the user-defined capabilities (``--capabilities-file``), already loaded and checked.
+    """
+    context = HookContext(settings=settings, hooks=HOOKS, executor=executor, custom=custom)
     metrics = metrics or Metrics()
     prefix = normalize_prefix(settings.path_prefix)
     routes = [

@@ -26,9 +26,11 @@ from pydantic import ValidationError
 from extension import schemas
 from extension.app import create_app, normalize_prefix
 from extension.auth import PeerCertH11Protocol, server_tls
+from extension.capabilities_file import load_capabilities
 from extension.errors import ExtensionError
 from extension.hooks.explain import explain_request
 from extension.hooks.table import HOOKS, find_hook
+from extension.inplace.custom import NO_CUSTOM, CustomTable
 from extension.logs import configure_logging
 from extension.metrics import Metrics
 from extension.runs.service import RunService
@@ -120,9 +122,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_format, settings.log_level)
     host, port = parse_listen(settings.listen)
     tls_options = _tls_options(settings, host)
+    custom = _custom_capabilities(settings.capabilities_file)  # a bad file stops the start here
     metrics = Metrics()  # one registry shared by the hooks (app) and the runs (executor)
-    executor = RunService(settings, metrics)  # create_app takes an UpdateExecutor: mypy checks that it fits
-    app = create_app(settings, executor, metrics)
+    # create_app takes an UpdateExecutor: mypy checks that RunService fits
+    executor = RunService(settings, metrics, custom.roles_paths)
+    app = create_app(settings, executor, metrics, custom)
     sock = _bind(host, port)
     scheme = "https" if tls_options else "http"
     shown = f"[{host}]" if ":" in host else host
@@ -146,6 +150,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         executor.close()  # admit no more runs, give running plays time to end (they are never killed)
         sock.close()
     return 0
+
+
+def _custom_capabilities(path: Path | None) -> CustomTable:
+    """The user-defined capabilities of ``--capabilities-file`` (none without one); logged by name only."""
+    if path is None:
+        return NO_CUSTOM
+    custom = load_capabilities(path.expanduser())
+    logger.info("capabilities file %s: %s", path, ", ".join(custom.names) or "no capabilities")
+    return custom
 
 
 def load_document(path: str) -> Any:
@@ -200,7 +213,9 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    lines, ok = explain_request(json.dumps(load_document(args.file)).encode())
+    path = Path(args.capabilities_file) if args.capabilities_file else Settings().capabilities_file
+    custom = _custom_capabilities(path)
+    lines, ok = explain_request(json.dumps(load_document(args.file)).encode(), custom)
     print("\n".join(lines))
     return 0 if ok else 1
 
@@ -246,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="explain a CanUpdate*/UpdateMachine request field by field (offline)")
     plan.add_argument("file", help="request body, JSON or YAML ('-' = stdin)")
+    plan.add_argument(
+        "--capabilities-file",
+        metavar="FILE",
+        help="user-defined capabilities YAML, judged as the service would [INPLACE_CAPABILITIES_FILE]",
+    )
     plan.set_defaults(func=cmd_plan)
 
     gen = sub.add_parser("schemas", help="write (or --check) the JSON Schemas generated from the models")

@@ -22,6 +22,7 @@ from extension.api.inplace import (
     UpdateMachineRequest,
     UpdateMachineResponse,
 )
+from extension.capabilities_file import CapabilitiesFile
 from extension.runs.inventory import Inventory
 from extension.settings import Settings
 
@@ -39,6 +40,8 @@ MODELS: dict[str, tuple[type[BaseModel], Literal["validation", "serialization"]]
     "UpdateMachineResponse.json": (UpdateMachineResponse, "serialization"),
     "Settings.json": (Settings, "validation"),
     "inventory.schema.json": (Inventory, "validation"),  # the --inventory file (extension/runs/inventory.py)
+    # the --capabilities-file (extension/capabilities_file.py)
+    "capabilities.schema.json": (CapabilitiesFile, "validation"),
 }
 
 

@@ -80,7 +80,8 @@ async def can_update_machine(
 ) -> CanUpdateMachineResponse:
     current, desired = request.current.to_json(), request.desired.to_json()
     answer = answer_can_update(
-        HookOptions.from_settings(request.settings), lambda: decide_can_update_machine(current, desired)
+        HookOptions.from_settings(request.settings),
+        lambda: decide_can_update_machine(current, desired, context.custom),
     )
     machine, infrastructure, bootstrap = _patches_for(answer, MACHINE_TARGETS)
     _log("CanUpdateMachine", request.desired.machine.key, answer)
@@ -98,7 +99,8 @@ async def can_update_machine_set(
 ) -> CanUpdateMachineSetResponse:
     current, desired = request.current.to_json(), request.desired.to_json()
     answer = answer_can_update(
-        HookOptions.from_settings(request.settings), lambda: decide_can_update_machine_set(current, desired)
+        HookOptions.from_settings(request.settings),
+        lambda: decide_can_update_machine_set(current, desired, context.custom),
     )
     # the old MachineSet is the object CAPI asks about (its Machines would move)
     machine_set, infrastructure, bootstrap = _patches_for(answer, MACHINE_SET_TARGETS)

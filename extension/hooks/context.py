@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from extension.inplace.custom import NO_CUSTOM, CustomTable
 from extension.settings import Settings
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ class HookContext:
     settings: Settings
     hooks: tuple[Hook[Any, Any], ...]  # heterogeneous table: each row has its own models
     executor: UpdateExecutor | None
+    custom: CustomTable = NO_CUSTOM  # user-defined capabilities, loaded once at start-up by the CLI
 
 
 @dataclass(frozen=True)

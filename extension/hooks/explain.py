@@ -16,6 +16,7 @@ from extension.errors import InvalidRequest
 from extension.hooks.can_update import CanUpdateAnswer, answer_can_update
 from extension.hooks.context import HookOptions
 from extension.hooks.update_machine import plan_request, to_run_request
+from extension.inplace.custom import NO_CUSTOM, CustomTable
 from extension.inplace.decide import Decision, decide_can_update_machine, decide_can_update_machine_set
 
 
@@ -63,8 +64,8 @@ def _explain_decision(title: str, decision: Decision, answer: CanUpdateAnswer) -
     return lines
 
 
-def _explain_update(request: UpdateMachineRequest) -> list[str]:
-    plan = plan_request(request)
+def _explain_update(request: UpdateMachineRequest, custom: CustomTable) -> list[str]:
+    plan = plan_request(request, custom)
     run = to_run_request(plan, request)
     lines = [
         f"UpdateMachine {request.desired.machine.key}",
@@ -76,25 +77,29 @@ def _explain_update(request: UpdateMachineRequest) -> list[str]:
     for number, step in enumerate(plan.steps, 1):
         inputs: Mapping[str, Any] = step.inputs
         names = ", ".join(f"{name} ({_describe(value)})" for name, value in inputs.items())
-        lines.append(f"  {number}. {step.capability}: {names}")
+        role = f" (role {step.role})" if step.role is not None else ""
+        lines.append(f"  {number}. {step.capability}{role}: {names}")
     return lines
 
 
-def explain_request(body: bytes) -> tuple[list[str], bool]:
-    """Lines for a person, and whether the request was valid. Never raises for bad input."""
+def explain_request(body: bytes, custom: CustomTable = NO_CUSTOM) -> tuple[list[str], bool]:
+    """Lines for a person, and whether the request was valid. Never raises for bad input.
+
+    ``custom``: the user-defined capabilities (``plan --capabilities-file``), judged as the service would.
+    """
     try:
         kind = request_kind(parse_json(body))
         if kind == "UpdateMachineRequest":
-            return _explain_update(parse_request(UpdateMachineRequest, body)), True
+            return _explain_update(parse_request(UpdateMachineRequest, body), custom), True
         if kind == "CanUpdateMachineSetRequest":
             ms = parse_request(CanUpdateMachineSetRequest, body)
-            decision = decide_can_update_machine_set(ms.current.to_json(), ms.desired.to_json())
+            decision = decide_can_update_machine_set(ms.current.to_json(), ms.desired.to_json(), custom)
             answer = answer_can_update(HookOptions.from_settings(ms.settings), lambda: decision)
             return _explain_decision(
                 f"CanUpdateMachineSet {ms.current.machine_set.key}", decision, answer
             ), True
         m = parse_request(CanUpdateMachineRequest, body)
-        decision = decide_can_update_machine(m.current.to_json(), m.desired.to_json())
+        decision = decide_can_update_machine(m.current.to_json(), m.desired.to_json(), custom)
         answer = answer_can_update(HookOptions.from_settings(m.settings), lambda: decision)
         return _explain_decision(f"CanUpdateMachine {m.desired.machine.key}", decision, answer), True
     except InvalidRequest as exc:

@@ -13,6 +13,7 @@ from extension.api.common import ResponseStatus
 from extension.api.inplace import UpdateMachineRequest, UpdateMachineResponse
 from extension.errors import InvalidRequest
 from extension.hooks.context import HookContext, HookOptions
+from extension.inplace.custom import NO_CUSTOM, CustomTable
 from extension.inplace.plan import Plan, PlanError, plan_update
 from extension.runs.model import Progress, ProgressState, RunRequest
 
@@ -36,10 +37,10 @@ class UpdateExecutor(Protocol):
         ...
 
 
-def plan_request(request: UpdateMachineRequest) -> Plan:
+def plan_request(request: UpdateMachineRequest, custom: CustomTable = NO_CUSTOM) -> Plan:
     """The plan for the desired objects; an invalid value becomes ``InvalidRequest`` naming its field path."""
     try:
-        return plan_update(request.desired.to_json())
+        return plan_update(request.desired.to_json(), custom)
     except PlanError as exc:
         path = exc.field_path if exc.field_path.startswith("desired") else f"desired.{exc.field_path}"
         raise InvalidRequest(path, exc.reason) from None
@@ -53,6 +54,8 @@ def to_run_request(plan: Plan, request: UpdateMachineRequest) -> RunRequest:
         fingerprint=plan.fingerprint,
         capabilities=tuple(step.capability for step in plan.steps),
         inputs={step.capability: step.inputs for step in plan.steps},
+        # role names of user-defined steps come from the capabilities file (via the plan), never a request
+        roles={step.capability: step.role for step in plan.steps if step.role is not None},
         annotations=dict(metadata.annotations or {}),
         labels=dict(metadata.labels or {}),
     )
@@ -80,7 +83,7 @@ async def update_machine(request: UpdateMachineRequest, context: HookContext) ->
     if HookOptions.from_settings(request.settings).disable_in_place_updates:
         logger.info("hook=UpdateMachine machine=%s decision=failure reason=disabled", machine)
         return UpdateMachineResponse(status=ResponseStatus.FAILURE, message=UNEXPECTED_CALL_MESSAGE)
-    run = to_run_request(plan_request(request), request)
+    run = to_run_request(plan_request(request, context.custom), request)
     if context.executor is None:
         logger.warning(
             "hook=UpdateMachine machine=%s run=%s decision=failure reason=no-executor", machine, run.ident

@@ -10,11 +10,12 @@ decline, after which CAPI rolls the machine out (capi-hooks.md §7.2-§7.4). Ext
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Final
 
-from extension.inplace.capabilities import CAPABILITIES, VERSION_CLAIM, Capability, Claim
+from extension.inplace.capabilities import CAPABILITIES, VERSION_CLAIM, Capability, Claim, capability_names
+from extension.inplace.custom import NO_CUSTOM, CustomTable, removal_problem
 from extension.inplace.guards import Change
 from extension.inplace.objects import (
     MACHINE_SET_SLOTS,
@@ -45,6 +46,7 @@ class FieldVerdict:
 class Decision:
     patches: Mapping[str, list[dict[str, Any]]]  # patch field -> RFC 6902 ops (only targets with ops)
     verdicts: tuple[FieldVerdict, ...]  # one per changed field, claimed or not
+    order: tuple[str, ...] = field(default_factory=capability_names)  # run order: built-ins, then custom
 
     @property
     def fully_claimed(self) -> bool:
@@ -53,9 +55,9 @@ class Decision:
 
     @property
     def capabilities(self) -> tuple[str, ...]:
-        """Capabilities with at least one claimed field, in CAPABILITIES (run) order."""
+        """Capabilities with at least one claimed field, in run order (CAPABILITIES, then user-defined)."""
         used = {verdict.capability for verdict in self.verdicts if verdict.in_place}
-        return tuple(capability.name for capability in CAPABILITIES if capability.name in used)
+        return tuple(name for name in self.order if name in used)
 
     @property
     def unclaimed(self) -> tuple[FieldVerdict, ...]:
@@ -88,32 +90,45 @@ _CLAIMS_BY_KIND: Final[Mapping[ClaimKind, tuple[tuple[Capability, Claim, str], .
 }
 
 
-def decide_can_update_machine(current: Mapping[str, Any], desired: Mapping[str, Any]) -> Decision:
-    """current/desired: {"machine", "infrastructureMachine", "bootstrapConfig" (optional)} JSON objects."""
-    return _decide(current, desired, MACHINE_SLOTS)
+def decide_can_update_machine(
+    current: Mapping[str, Any], desired: Mapping[str, Any], custom: CustomTable = NO_CUSTOM
+) -> Decision:
+    """current/desired: {"machine", "infrastructureMachine", "bootstrapConfig" (optional)} JSON objects.
+
+    ``custom``: the user-defined capabilities (extension/inplace/custom.py), claimed after the built-ins.
+    """
+    return _decide(current, desired, MACHINE_SLOTS, custom)
 
 
-def decide_can_update_machine_set(current: Mapping[str, Any], desired: Mapping[str, Any]) -> Decision:
+def decide_can_update_machine_set(
+    current: Mapping[str, Any], desired: Mapping[str, Any], custom: CustomTable = NO_CUSTOM
+) -> Decision:
     """current/desired: {"machineSet", "infrastructureMachineTemplate", "bootstrapConfigTemplate"?}."""
-    return _decide(current, desired, MACHINE_SET_SLOTS)
+    return _decide(current, desired, MACHINE_SET_SLOTS, custom)
 
 
-def _decide(current: Mapping[str, Any], desired: Mapping[str, Any], slots: tuple[Slot, ...]) -> Decision:
+def _decide(
+    current: Mapping[str, Any], desired: Mapping[str, Any], slots: tuple[Slot, ...], custom: CustomTable
+) -> Decision:
     patches: dict[str, list[dict[str, Any]]] = {}
     verdicts: list[FieldVerdict] = []
     upgrade_claimed = False
     for slot in slots:
-        slot_verdicts, ops = _decide_slot(slot, current.get(slot.key), desired.get(slot.key), upgrade_claimed)
+        slot_verdicts, ops = _decide_slot(
+            slot, current.get(slot.key), desired.get(slot.key), upgrade_claimed, custom
+        )
         if slot.role is Role.MACHINE:
             upgrade_claimed = any(v.in_place and v.pointer == VERSION_CLAIM.pointer for v in slot_verdicts)
         verdicts.extend(slot_verdicts)
         if ops:
             patches[slot.target] = ops
+    if custom:
+        return Decision(patches, tuple(verdicts), (*capability_names(), *custom.names))
     return Decision(patches, tuple(verdicts))
 
 
 def _decide_slot(
-    slot: Slot, current_obj: Any, desired_obj: Any, upgrade_claimed: bool
+    slot: Slot, current_obj: Any, desired_obj: Any, upgrade_claimed: bool, custom: CustomTable
 ) -> tuple[list[FieldVerdict], list[dict[str, Any]]]:
     if current_obj is None and desired_obj is None:
         return [], []
@@ -142,6 +157,10 @@ def _decide_slot(
         verdicts = _claim(
             slot, kind, ckind, patch, current_compared, desired_compared, upgrade_claimed, changed
         )
+    # User-defined claims match on the kind string alone (any API group and version: the user named the
+    # kind, and their role decides what the value means); both sides must be that kind.
+    if custom and kind == kind_of(current_obj):
+        verdicts.extend(_claim_custom(slot, kind, custom, patch, current_compared, desired_compared, changed))
     # Every changed field outside the claimed pointers is unclaimed. A claim's ops only ever touch its own
     # subtree (and the ancestors that exist only to hold it), so these are exactly the fields where the
     # patched spec still differs from desired.
@@ -182,6 +201,35 @@ def _claim(
             continue
         change = Change(claim.pointer, old, new, current_spec, desired_spec, upgrade_claimed)
         problem = claim.guard(change) or patch.claim(claim.tokens)
+        if problem is None:
+            reason = f"{claim.pointer}: {capability.name} changes it in place"
+        else:
+            reason = f"{claim.pointer}: {capability.name} does not change it in place: {problem}"
+        verdicts.append(
+            FieldVerdict(slot.target, kind, claim.pointer, problem is None, capability.name, reason)
+        )
+    return verdicts
+
+
+def _claim_custom(
+    slot: Slot,
+    kind: str,
+    custom: CustomTable,
+    patch: SpecPatch,
+    current_spec: Mapping[str, Any],
+    desired_spec: Mapping[str, Any],
+    changed: list[str],
+) -> list[FieldVerdict]:
+    """The user-defined claims of this kind, after the built-ins (load-time checks keep them disjoint)."""
+    segments = {_first_segment(pointer) for pointer in changed}
+    verdicts = []
+    for capability, claim in custom.claims_for(kind, slot.template):
+        if _first_segment(claim.pointer) not in segments and "" not in segments:
+            continue
+        old, new = get_in(current_spec, claim.tokens), get_in(desired_spec, claim.tokens)
+        if _same(old, new):
+            continue
+        problem = removal_problem(new) or patch.claim(claim.tokens)
         if problem is None:
             reason = f"{claim.pointer}: {capability.name} changes it in place"
         else:

@@ -38,6 +38,11 @@ class Slot:
     spec_path: tuple[str, ...]
 
     @property
+    def template(self) -> bool:
+        """Does this slot hold a template (MachineSet, *Template) rather than the machine's own object?"""
+        return self.spec_path == _TEMPLATE_SPEC
+
+    @property
     def spec_pointer(self) -> str:
         return "".join("/" + part for part in self.spec_path)
 

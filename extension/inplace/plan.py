@@ -3,7 +3,8 @@
 UpdateMachine sends no ``current`` (capi-hooks.md §6.4), so every capability whose fields are present in
 the desired objects becomes a step with its full desired inputs; the roles converge declaratively and
 the host's stamp makes an already-applied fingerprint a no-op (design.md §3). Only claimed fields are
-read: ``joinConfiguration.discovery`` (bootstrap tokens) never reaches a step.
+read: ``joinConfiguration.discovery`` (bootstrap tokens) never reaches a step. User-defined capabilities
+(extension/inplace/custom.py) follow the built-ins in file order, each with ``<name>_values``.
 """
 
 from __future__ import annotations
@@ -15,23 +16,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from extension.inplace.capabilities import CAPABILITIES
+from extension.inplace.custom import NO_CUSTOM, CustomTable, extract_values
 from extension.inplace.inputs import DesiredObjects, PlanError
-from extension.inplace.objects import ClaimKind, claim_kind, is_control_plane
+from extension.inplace.objects import MACHINE_SLOTS, ClaimKind, claim_kind, is_control_plane, kind_of
 
 __all__ = ["Plan", "PlanError", "PlanStep", "fingerprint", "plan_update"]
 
 
 @dataclass(frozen=True)
 class PlanStep:
-    capability: str  # = role name = Ansible tag
+    capability: str  # = role name = Ansible tag (built-ins); a user-defined capability names its role
     inputs: Mapping[str, Any]  # role variables, named <capability>_<input>
+    role: str | None = None  # user-defined capabilities only: the user's role (the playbook includes it)
 
 
 @dataclass(frozen=True)
 class Plan:
     namespace: str
     name: str
-    steps: tuple[PlanStep, ...]  # in CAPABILITIES order
+    steps: tuple[PlanStep, ...]  # in CAPABILITIES order, then user-defined ones in file order
     fingerprint: str  # sha256 hex of canonical JSON {capability: inputs}
 
     @property
@@ -44,8 +47,11 @@ class Plan:
         return {step.capability: step.inputs for step in self.steps}
 
 
-def plan_update(desired: Mapping[str, Any]) -> Plan:
-    """desired = the UpdateMachine request's ``desired`` objects. Raises PlanError for invalid values."""
+def plan_update(desired: Mapping[str, Any], custom: CustomTable = NO_CUSTOM) -> Plan:
+    """desired = the UpdateMachine request's ``desired`` objects. Raises PlanError for invalid values.
+
+    ``custom``: user-defined capabilities, planned after the built-ins from the desired objects only.
+    """
     machine = desired.get("machine")
     if not isinstance(machine, Mapping):
         raise PlanError("desired.machine", "must be an object")
@@ -68,6 +74,12 @@ def plan_update(desired: Mapping[str, Any]) -> Plan:
         inputs = capability.extract(objects)
         if inputs is not None:
             steps.append(PlanStep(capability.name, inputs))
+    if custom:
+        specs = _specs_by_kind(desired)
+        for extra in custom.capabilities:
+            values = extract_values(extra, specs)
+            if values is not None:
+                steps.append(PlanStep(extra.name, values, extra.role))
     return Plan(namespace, name, tuple(steps), fingerprint({step.capability: step.inputs for step in steps}))
 
 
@@ -75,6 +87,18 @@ def fingerprint(inputs: Mapping[str, Mapping[str, Any]]) -> str:
     """sha256 hex of canonical JSON (sorted keys, compact separators, UTF-8) of {capability: inputs}."""
     canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _specs_by_kind(desired: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Kind -> spec of each desired object (UpdateMachine carries the machine-level shapes only)."""
+    specs: dict[str, Mapping[str, Any]] = {}
+    for slot in MACHINE_SLOTS:
+        obj = desired.get(slot.key)
+        if isinstance(obj, Mapping):
+            spec = obj.get("spec")
+            if isinstance(spec, Mapping):
+                specs.setdefault(kind_of(obj), spec)
+    return specs
 
 
 def _name(machine: Mapping[str, Any], key: str) -> str:

@@ -158,13 +158,26 @@ def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
     try:
         return Inventory.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors(include_url=False, include_input=False):
-            loc = tuple(err["loc"])
-            where = _line_of(node, loc)
-            field = _dotted(loc) or "(top level)"
-            problems.append(f"line {where}: {field}: {err['msg']}" if where else f"{field}: {err['msg']}")
-        raise InventoryError(f"inventory {source}: " + "; ".join(problems)) from None
+        raise InventoryError(f"inventory {source}: " + "; ".join(yaml_problems(exc, node))) from None
+
+
+def yaml_problems(exc: ValidationError, node: yaml.Node | None) -> list[str]:
+    """pydantic's errors as ``line N: field.path: message`` (lines from the composed YAML ``node``).
+
+    Shared with the ``--capabilities-file`` loader (extension/capabilities_file.py). Inputs are left out:
+    they would echo file content into logs.
+    """
+    return [
+        locate(node, tuple(err["loc"]), err["msg"])
+        for err in exc.errors(include_url=False, include_input=False)
+    ]
+
+
+def locate(node: yaml.Node | None, loc: tuple[Any, ...], message: str) -> str:
+    """One problem at ``loc`` (a pydantic-style location) as ``line N: field.path: message``."""
+    where = _line_of(node, loc)
+    field = _dotted(loc) or "(top level)"
+    return f"line {where}: {field}: {message}" if where else f"{field}: {message}"
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:

@@ -13,7 +13,8 @@ class RunRequest:
     """One UpdateMachine call, reduced to what a run needs. Built by ``extension.hooks.update_machine``.
 
     ``inputs`` maps capability name (= role name) to that role's inputs; it never holds
-    ``joinConfiguration.discovery`` or any other field no capability claims.
+    ``joinConfiguration.discovery`` or any other field no capability claims. ``roles`` names the role of
+    each user-defined capability (from the capabilities file; built-ins are their own role).
     """
 
     namespace: str
@@ -23,6 +24,7 @@ class RunRequest:
     inputs: Mapping[str, Mapping[str, Any]]
     annotations: Mapping[str, str] = field(default_factory=dict)  # Machine annotations (address, retry token)
     labels: Mapping[str, str] = field(default_factory=dict)  # Machine labels (inventory label selectors)
+    roles: Mapping[str, str] = field(default_factory=dict)  # user-defined capability -> its role
 
     @property
     def ident(self) -> str:

@@ -126,7 +126,7 @@ async def test_a_patch_for_a_foreign_target_is_a_bug_not_a_silent_drop(
     from extension.inplace.decide import Decision
 
     stray = Decision(patches={"machineSetPatch": [{"op": "add", "path": "/x", "value": 1}]}, verdicts=())
-    monkeypatch.setattr(can_update, "decide_can_update_machine", lambda current, desired: stray)
+    monkeypatch.setattr(can_update, "decide_can_update_machine", lambda *args: stray)
     answer = await post(CAN_UPDATE_MACHINE, load("can_update_machine/4A.request.json"))
     assert (answer["status"], answer["message"]) == ("Failure", "InternalError: see extension logs")
     assert "machineSetPatch" in caplog.text

@@ -1,0 +1,136 @@
+"""The --capabilities-file loader: a valid file becomes the pure table; every mistake is refused with the
+file, the line and the field, before the service starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from extension.capabilities_file import CapabilitiesFileError, load_capabilities, parse_capabilities
+from extension.inplace.custom import CustomClaim
+
+
+@pytest.fixture
+def roles(tmp_path: Path) -> Path:
+    for role in ("os_image", "motd"):
+        (tmp_path / role / "tasks").mkdir(parents=True)
+        (tmp_path / role / "tasks" / "main.yml").write_text("---\n[]\n")
+    return tmp_path
+
+
+def capability(roles: Path, name: str = "os_image", role: str = "os_image", claims: str = "") -> str:
+    claims = claims or "      - {kind: Metal3Machine, pointer: /image/url}\n"
+    return f"  - name: {name}\n    role: {role}\n    roles_path: {roles}\n    claims:\n{claims}"
+
+
+def refused(text: str) -> str:
+    with pytest.raises(CapabilitiesFileError) as info:
+        parse_capabilities(text, "caps.yaml")
+    message = str(info.value)
+    assert message.startswith("capabilities file caps.yaml: ")
+    return message
+
+
+def test_a_valid_file_becomes_the_table_in_file_order(roles: Path) -> None:
+    text = (
+        "capabilities:\n"
+        + capability(roles)
+        + capability(roles, "motd", "motd", "      - {kind: KubeadmConfig, pointer: /preKubeadmCommands}\n")
+    )
+    path = roles / "caps.yaml"
+    path.write_text(text)
+    table = load_capabilities(path)
+    assert table.names == ("os_image", "motd")
+    assert table.roles_paths == (str(roles),)
+    assert table.capabilities[0].claims == (CustomClaim("Metal3Machine", "/image/url"),)
+    assert [c.name for c, _ in table.claims_for("Metal3MachineTemplate", True)] == ["os_image"]
+    assert table.claims_for("Metal3MachineTemplate", False) == ()
+
+
+def test_an_empty_file_declares_nothing() -> None:
+    assert not parse_capabilities("", "caps.yaml")
+
+
+def test_unknown_fields_are_refused_with_their_line(roles: Path) -> None:
+    text = "capabilities:\n" + capability(roles) + "    command: bootc switch\n"
+    assert "line 7: capabilities[0].command: Extra inputs are not permitted" in refused(text)
+
+
+@pytest.mark.parametrize(
+    ("claim", "field", "words"),
+    [
+        ("{kind: Metal3Machine, pointer: image/url}", "pointer", "should match pattern"),
+        ("{kind: Metal3Machine, pointer: /a~2b}", "pointer", "should match pattern"),
+        ("{kind: Metal3MachineTemplate, pointer: /image/url}", "kind", "name the machine-level kind"),
+        ("{kind: MachineSet, pointer: /version}", "kind", "name the machine-level kind"),
+        ("{kind: metal3machine, pointer: /image/url}", "kind", "should match pattern"),
+    ],
+)
+def test_bad_claims_are_refused(roles: Path, claim: str, field: str, words: str) -> None:
+    text = "capabilities:\n" + capability(roles, claims=f"      - {claim}\n")
+    message = refused(text)
+    assert f"line 6: capabilities[0].claims[0].{field}: " in message and words in message
+
+
+def test_names_are_identifier_like_because_they_prefix_an_ansible_variable(roles: Path) -> None:
+    message = refused("capabilities:\n" + capability(roles, name="os-image"))
+    assert "line 2: capabilities[0].name: String should match pattern" in message
+
+
+def test_a_relative_roles_path_is_refused() -> None:
+    text = "capabilities:\n" + capability(Path("roles"))
+    assert "line 4: capabilities[0].roles_path: Value error, must be an absolute path" in refused(text)
+
+
+def test_a_missing_role_is_refused_at_load(roles: Path) -> None:
+    message = refused("capabilities:\n" + capability(roles, role="bootc"))
+    assert f"line 3: capabilities[0].role: no role at {roles / 'bootc'}" in message
+
+
+@pytest.mark.parametrize(("name", "role"), [("users", "os_image"), ("os_image", "kubernetes_version")])
+def test_built_in_names_and_roles_are_refused(roles: Path, name: str, role: str) -> None:
+    message = refused("capabilities:\n" + capability(roles, name=name, role=role))
+    assert "is a built-in capability" in message or "is the role of a built-in capability" in message
+
+
+def test_duplicate_names_are_refused(roles: Path) -> None:
+    message = refused("capabilities:\n" + capability(roles) + capability(roles))
+    assert "line 7: capabilities[1].name: 'os_image' is already declared by capabilities[0]" in message
+
+
+@pytest.mark.parametrize(
+    ("claim", "other"),
+    [
+        ("{kind: KubeadmConfig, pointer: /files}", "/files, claimed by built-in"),
+        ("{kind: KubeadmConfig, pointer: /ntp/servers}", "/ntp, claimed by built-in"),
+        ("{kind: Machine, pointer: /version}", "/version, claimed by built-in"),
+    ],
+)
+def test_claims_overlapping_a_built_in_claim_are_refused(roles: Path, claim: str, other: str) -> None:
+    message = refused("capabilities:\n" + capability(roles, claims=f"      - {claim}\n"))
+    assert "line 6: capabilities[0].claims[0].pointer: " in message and f"overlaps {other}" in message
+
+
+def test_claims_overlapping_another_custom_claim_are_refused(roles: Path) -> None:
+    second = capability(roles, "motd", "motd", "      - {kind: Metal3Machine, pointer: /image}\n")
+    message = refused("capabilities:\n" + capability(roles) + second)
+    assert (
+        "capabilities[1].claims[0].pointer: Metal3Machine /image overlaps /image/url, claimed by os_image"
+        in message
+    )
+
+
+def test_the_same_pointer_twice_in_one_capability_is_refused(roles: Path) -> None:
+    claims = (
+        "      - {kind: Metal3Machine, pointer: /image/url}\n"
+        "      - {kind: Metal3Data, pointer: /image/url}\n"
+    )
+    message = refused("capabilities:\n" + capability(roles, claims=claims))
+    assert "capabilities[0].claims[1].pointer: /image/url is already claimed by this capability" in message
+
+
+def test_not_yaml_and_unreadable_files_are_refused(tmp_path: Path) -> None:
+    assert "not valid YAML" in refused("capabilities: [\n")
+    with pytest.raises(CapabilitiesFileError, match="cannot read"):
+        load_capabilities(tmp_path / "absent.yaml")
