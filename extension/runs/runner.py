@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ class HostRun:
     inputs: Mapping[str, Mapping[str, Any]]
     target: HostTarget
     attempt_dir: Path  # this Machine's attempt: inputs.json, known_hosts, meta.json, outcome.json
+    roles: Mapping[str, str] = field(default_factory=dict)  # user-defined capability -> role (ours, checked)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class BatchSpec:
     ansible_cfg: Path | None
     state_dir: Path  # the runs dir: ANSIBLE_HOME and the ssh control sockets live below it
     wrapper: Path  # from install_wrapper()
+    roles_paths: tuple[Path, ...] = ()  # user roles directories (--capabilities-file), searched after ours
 
 
 TaskListener = Callable[[str, str | None, str], None]  # (host name, role or None, task) per task start
@@ -107,15 +109,9 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
         inputs_file = run.attempt_dir / "inputs.json"
         # request data reaches the play only through this file (lookup(file)|from_json, never templated)
         write_json(inputs_file, {cap: dict(run.inputs.get(cap, {})) for cap in run.capabilities})
-        hosts[run.host_name] = {
-            **_host_vars(run.target, run.attempt_dir),
-            # the playbook's run parameters (architecture.md), as host variables so that one play can
-            # carry several Machines, each with its own ident, fingerprint and inputs
-            "update_machine_ident": run.ident,
-            "update_machine_fingerprint": run.fingerprint,
-            "update_machine_capabilities": list(run.capabilities),
-            "update_machine_inputs_file": str(inputs_file),
-        }
+        # the playbook's run parameters (architecture.md), as host variables so that one play can
+        # carry several Machines, each with its own ident, fingerprint and inputs
+        hosts[run.host_name] = {**_host_vars(run.target, run.attempt_dir), **run_parameters(run, inputs_file)}
 
     def event_handler(event: dict[str, Any]) -> bool:
         # an exception here would kill runner's thread and leave status "running" (hostlab pitfall 6)
@@ -150,6 +146,21 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
     except Exception as exc:  # ConfigurationError, ValueError, OSError...: all mean "did not start"
         raise RunStartError(f"ansible-runner could not start: {type(exc).__name__}: {exc}") from exc
     return RunHandle(thread, runner)
+
+
+def run_parameters(run: HostRun, inputs_file: Path) -> dict[str, Any]:
+    """The play's ``update_machine_*`` variables for one Machine: all ours, no request string among them."""
+    return {
+        "update_machine_ident": run.ident,
+        "update_machine_fingerprint": run.fingerprint,
+        "update_machine_capabilities": list(run.capabilities),
+        "update_machine_inputs_file": str(inputs_file),
+        # user-defined steps in run order: the play includes each role by this name (from the
+        # capabilities file); their inputs still come only from the inputs file
+        "update_machine_custom": [
+            {"capability": cap, "role": run.roles[cap]} for cap in run.capabilities if cap in run.roles
+        ],
+    }
 
 
 def _host_vars(target: HostTarget, attempt_dir: Path) -> dict[str, Any]:
@@ -242,4 +253,8 @@ def _envvars(spec: BatchSpec) -> dict[str, str]:
     }
     if spec.ansible_cfg is not None:
         env["ANSIBLE_CONFIG"] = str(spec.ansible_cfg)
+    if spec.roles_paths:
+        # replaces ansible.cfg's roles_path, so ours comes first; the playbook's roles/ is searched anyway
+        ours = spec.playbook.parent / "roles"
+        env["ANSIBLE_ROLES_PATH"] = os.pathsep.join(str(path) for path in (ours, *spec.roles_paths))
     return env

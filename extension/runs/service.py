@@ -15,6 +15,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,9 @@ def _invalid(request: RunRequest) -> str | None:
     for cap in request.capabilities:
         if not _CAPABILITY_RE.match(cap):
             return "a capability name is not a valid role name"
+    for cap, role in request.roles.items():
+        if cap not in request.capabilities or not _CAPABILITY_RE.match(role):
+            return "a user-defined step does not name a valid role"
     return None
 
 
@@ -128,7 +132,10 @@ class _InventorySource:
 class RunService:
     """Implements ``UpdateExecutor`` (extension/hooks/update_machine.py): fast, durable, bounded."""
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics | None = None, roles_paths: Sequence[Path | str] = ()
+    ) -> None:
+        """``roles_paths``: directories of user-defined capabilities' roles (loaded by the CLI)."""
         self._runs_dir = settings.runs_dir.expanduser().resolve()
         self._runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._allowed = parse_cidrs(settings.allowed_cidrs)
@@ -140,6 +147,7 @@ class RunService:
         cfg = playbooks / "ansible.cfg"
         self._ansible_cfg = cfg if cfg.is_file() else None
         self._wrapper = runner.install_wrapper(self._runs_dir)
+        self._roles_paths = tuple(Path(path) for path in roles_paths)
         self._prune()
         self._retry_after = settings.retry_after_seconds
         self._registry: RunRegistry[_Pending] = RunRegistry(
@@ -281,6 +289,7 @@ class RunService:
                     inputs=request.inputs,
                     target=target,
                     attempt_dir=attempt_dir,
+                    roles=request.roles,
                 )
             )
         spec = runner.BatchSpec(
@@ -291,16 +300,20 @@ class RunService:
             ansible_cfg=self._ansible_cfg,
             state_dir=self._runs_dir,
             wrapper=self._wrapper,
+            roles_paths=self._roles_paths,
         )
         capabilities = {job.ident: job.payload.request.capabilities for job in jobs}
+        # task events name the role; a user-defined step's role maps back to its capability for the phase
+        step_of_role = {job.ident: {r: c for c, r in job.payload.request.roles.items()} for job in jobs}
         seen_capability: set[str] = set()
 
         def on_task(host: str, role: str | None, task: str) -> None:
             if host not in capabilities:
                 return
-            if role in capabilities[host]:
+            step = step_of_role[host].get(role or "", role)
+            if step in capabilities[host]:
                 seen_capability.add(host)
-                self._registry.set_phase(host, role)
+                self._registry.set_phase(host, step)
             else:
                 self._registry.set_phase(host, "finishing" if host in seen_capability else "starting")
 

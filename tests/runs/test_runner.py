@@ -84,3 +84,25 @@ def test_inputs_file_holds_only_the_run_capabilities_and_start_refusals_are_tran
     inputs_file = run.attempt_dir / "inputs.json"
     assert json.loads(inputs_file.read_text()) == {"ntp": {"ntp_servers": ["{{ lookup('pipe', 'id') }}"]}}
     assert inputs_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_user_defined_steps_become_role_parameters_and_their_roles_path_is_searched(tmp_path: Path) -> None:
+    run = host_run(tmp_path)
+    run = runner.HostRun(
+        run.ident, run.host_name, run.fingerprint, ("ntp", "os_image"),
+        {**run.inputs, "os_image": {"os_image_values": {"/image/url": "x"}}},
+        run.target, run.attempt_dir, roles={"os_image": "bootc_image"},
+    )  # fmt: skip
+    params = runner.run_parameters(run, run.attempt_dir / "inputs.json")
+    assert params["update_machine_capabilities"] == ["ntp", "os_image"]
+    assert params["update_machine_custom"] == [{"capability": "os_image", "role": "bootc_image"}]
+    assert "x" not in json.dumps(params)  # values travel in the inputs file only
+    spec = runner.BatchSpec(
+        "batch-x", tmp_path, (run,), PLAYBOOK, None, tmp_path, tmp_path / "wrapper",
+        roles_paths=(Path("/srv/roles"), Path("/opt/more")),
+    )  # fmt: skip
+    env = runner._envvars(spec)
+    assert env["ANSIBLE_ROLES_PATH"] == f"{PLAYBOOK.parent / 'roles'}:/srv/roles:/opt/more"
+    plain = runner._envvars(runner.BatchSpec("b", tmp_path, (run,), PLAYBOOK, None, tmp_path, tmp_path / "w"))
+    assert "ANSIBLE_ROLES_PATH" not in plain  # ansible.cfg's roles_path stays in charge
+    runner.close_control_masters(tmp_path)
