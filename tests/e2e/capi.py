@@ -40,6 +40,8 @@ class NodeSpec:
 
     version: str
     kubeadm: Mapping[str, Any] = field(default_factory=dict)  # files, users, ntp, joinConfiguration
+    # when given: {"kind": machine-level infrastructure kind, "spec": its spec} (user-defined capabilities)
+    infrastructure: Mapping[str, Any] = field(default_factory=dict)
 
     def bootstrap_spec(self) -> dict[str, Any]:
         spec = copy.deepcopy(dict(self.kubeadm))
@@ -53,6 +55,10 @@ def machine_set_request(current: NodeSpec, desired: NodeSpec) -> dict[str, Any]:
         objs = body[key]
         objs["machineSet"]["spec"]["template"]["spec"]["version"] = node.version
         objs["bootstrapConfigTemplate"]["spec"]["template"]["spec"] = node.bootstrap_spec()
+        if node.infrastructure:
+            template = objs["infrastructureMachineTemplate"]
+            template["kind"] = node.infrastructure["kind"] + "Template"
+            template["spec"]["template"]["spec"] = copy.deepcopy(dict(node.infrastructure["spec"]))
     return body
 
 
@@ -72,6 +78,9 @@ def update_machine_request(
         "bootstrapToken": {"apiServerEndpoint": "10.0.0.1:6443", "token": BOOTSTRAP_TOKEN, "caCertHashes": []}
     }
     objs["bootstrapConfig"]["spec"] = spec
+    if desired.infrastructure:
+        objs["infrastructureMachine"]["kind"] = desired.infrastructure["kind"]
+        objs["infrastructureMachine"]["spec"] = copy.deepcopy(dict(desired.infrastructure["spec"]))
     return body
 
 

@@ -14,7 +14,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -58,7 +58,12 @@ def start_service(tmp_path: Path, e2e_playbooks: Path, lab: Lab) -> Iterator[Sta
     started: list[Service] = []
 
     def start(
-        inventory: Path, runs_dir: Path | None = None, *, max_parallel: int = 8, name: str = "service"
+        inventory: Path,
+        runs_dir: Path | None = None,
+        *,
+        max_parallel: int = 8,
+        name: str = "service",
+        extra_args: Sequence[str] = (),
     ) -> Service:
         runs = runs_dir or tmp_path / f"runs-{name}"
         argv = [
@@ -70,6 +75,7 @@ def start_service(tmp_path: Path, e2e_playbooks: Path, lab: Lab) -> Iterator[Sta
             "--playbooks-dir", str(e2e_playbooks),
             "--retry-after-seconds", "1",
             "--max-parallel-runs", str(max_parallel),
+            *extra_args,
         ]  # fmt: skip
         service = Service(argv, tmp_path / f"{name}.log", runs)
         started.append(service)
