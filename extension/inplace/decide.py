@@ -46,7 +46,7 @@ class FieldVerdict:
 class Decision:
     patches: Mapping[str, list[dict[str, Any]]]  # patch field -> RFC 6902 ops (only targets with ops)
     verdicts: tuple[FieldVerdict, ...]  # one per changed field, claimed or not
-    order: tuple[str, ...] = field(default_factory=capability_names)  # run order: built-ins, then custom
+    order: tuple[str, ...] = field(default=capability_names())  # run order: built-ins, then custom
 
     @property
     def fully_claimed(self) -> bool:

@@ -78,3 +78,22 @@ def test_playbook_runs_the_roles_in_table_order() -> None:
             assert task["when"] == f"'{role}' in update_machine_capabilities"
     # the lock is released whatever happens inside the block
     assert [t["inplace_host_state"]["state"] for t in block["always"]] == ["unlocked"]
+
+
+def test_user_defined_roles_run_after_the_built_ins_with_inputs_from_the_inputs_file() -> None:
+    [play] = yaml.safe_load((PLAYBOOKS / "update_machine.yml").read_text())
+    [block] = [t for t in play["tasks"] if "block" in t]
+    names = [next(k for k in t if k.startswith(("ansible.builtin.", "inplace_"))) for t in block["block"]]
+    # built-ins, then the custom steps, then the stamp: a custom role must not run after the stamp
+    assert names[-2:] == ["ansible.builtin.include_tasks", "inplace_host_state"]
+    custom = block["block"][-2]
+    assert custom["ansible.builtin.include_tasks"] == "tasks/custom_capability.yml"
+    assert custom["loop"] == "{{ update_machine_custom | default([]) }}"
+    assert "when" not in custom  # update_machine_custom lists exactly the steps to run
+    set_fact, include = yaml.safe_load((PLAYBOOKS / "tasks" / "custom_capability.yml").read_text())
+    [(key, value)] = set_fact["ansible.builtin.set_fact"].items()
+    assert key == "{{ update_machine_step.capability }}_values"
+    # the value is read out of the inputs document (lookup + from_json), never written into the task text
+    assert value.strip().startswith("{{ update_machine_inputs[update_machine_step.capability]")
+    assert set_fact["no_log"] is True
+    assert include["ansible.builtin.include_role"] == {"name": "{{ update_machine_step.role }}"}

@@ -230,6 +230,9 @@ async def test_invalid_requests_are_refused(svc: RunService, fake: FakeRunner) -
         RunRequest("Default", "m1", FP, (), {}),
         RunRequest("default", "m1", "zz", (), {}),
         RunRequest("default", "m1", FP, ("ntp; rm -rf /",), {}),
+        # a user-defined step's role must be a plain role name, for a capability of this run
+        RunRequest("default", "m1", FP, ("os_image",), {}, roles={"os_image": "../../etc"}),
+        RunRequest("default", "m1", FP, ("ntp",), {}, roles={"os_image": "os_image"}),
     ]
     for request in bad:
         answer = await svc.poll(request)
