@@ -89,12 +89,6 @@ class CustomTable:
         """
         return self._by_kind.get((kind, template), ())
 
-    def get(self, name: str) -> CustomCapability | None:
-        for capability in self.capabilities:
-            if capability.name == name:
-                return capability
-        return None
-
 
 NO_CUSTOM: Final = CustomTable()
 
