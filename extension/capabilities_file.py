@@ -11,12 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from extension.inplace.capabilities import CAPABILITIES, capability_names
 from extension.inplace.custom import CustomCapability, CustomClaim, CustomTable, overlap_problems
-from extension.runs.inventory import locate, yaml_problems
+from extension.yamlfile import locate, parse_model, read_file
 
 # Capability and role names become Ansible variable prefixes (<name>_values) and role names, and the
 # runs layer accepts only this shape for capability names (extension/runs/service.py).
@@ -90,25 +89,12 @@ def _builtin_claims() -> dict[str, list[str]]:
 
 def load_capabilities(path: Path) -> CustomTable:
     """Read, validate and check a capabilities file; errors name the file, the line and the field."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CapabilitiesFileError(f"capabilities file {path}: cannot read: {exc}") from exc
+    text = read_file(path, f"capabilities file {path}", CapabilitiesFileError)
     return parse_capabilities(text, str(path))
 
 
 def parse_capabilities(text: str, source: str = "<capabilities>") -> CustomTable:
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CapabilitiesFileError(f"capabilities file {source}: not valid YAML: {exc}") from exc
-    try:
-        model = CapabilitiesFile.model_validate({} if data is None else data)
-    except ValidationError as exc:
-        raise CapabilitiesFileError(
-            f"capabilities file {source}: " + "; ".join(yaml_problems(exc, node))
-        ) from None
+    model, node = parse_model(text, CapabilitiesFile, f"capabilities file {source}", CapabilitiesFileError)
     table = CustomTable(
         tuple(
             CustomCapability(

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from extension.yamlfile import load_model, parse_model
 
 KEY_TYPES = (
     "ssh-ed25519",
@@ -140,64 +140,8 @@ class Inventory(_Strict):
 
 def load_inventory(path: Path) -> Inventory:
     """Read and validate an inventory file; errors name the file, the line and the field."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InventoryError(f"inventory {path}: cannot read: {exc}") from exc
-    return parse_inventory(text, str(path))
+    return load_model(path, Inventory, f"inventory {path}", InventoryError)
 
 
 def parse_inventory(text: str, source: str = "<inventory>") -> Inventory:
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InventoryError(f"inventory {source}: not valid YAML: {exc}") from exc
-    if data is None:
-        data = {}
-    try:
-        return Inventory.model_validate(data)
-    except ValidationError as exc:
-        raise InventoryError(f"inventory {source}: " + "; ".join(yaml_problems(exc, node))) from None
-
-
-def yaml_problems(exc: ValidationError, node: yaml.Node | None) -> list[str]:
-    """pydantic's errors as ``line N: field.path: message`` (lines from the composed YAML ``node``).
-
-    Shared with the ``--capabilities-file`` loader (extension/capabilities_file.py). Inputs are left out:
-    they would echo file content into logs.
-    """
-    return [
-        locate(node, tuple(err["loc"]), err["msg"])
-        for err in exc.errors(include_url=False, include_input=False)
-    ]
-
-
-def locate(node: yaml.Node | None, loc: tuple[Any, ...], message: str) -> str:
-    """One problem at ``loc`` (a pydantic-style location) as ``line N: field.path: message``."""
-    where = _line_of(node, loc)
-    field = _dotted(loc) or "(top level)"
-    return f"line {where}: {field}: {message}" if where else f"{field}: {message}"
-
-
-def _dotted(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the deepest YAML node on the path ``loc`` (pydantic's error location)."""
-    best: yaml.Node | None = node
-    for part in loc:
-        if isinstance(best, yaml.MappingNode) and isinstance(part, str):
-            nxt = next((v for k, v in best.value if getattr(k, "value", None) == part), None)
-        elif isinstance(best, yaml.SequenceNode) and isinstance(part, int) and part < len(best.value):
-            nxt = best.value[part]
-        else:
-            nxt = None  # model-level validators add loc parts that are not YAML keys
-        if nxt is None:
-            break
-        best = nxt
-    return best.start_mark.line + 1 if best is not None else None
+    return parse_model(text, Inventory, f"inventory {source}", InventoryError)[0]
