@@ -8,17 +8,15 @@ files, users and configs are real.
 
 from __future__ import annotations
 
-import hashlib
-import http.server
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from playbooks.standins import install_standins, lab_run_on_host, standin_binary
+from playbooks.standins import install_standins, lab_run_on_host
+from playbooks.support import ReleaseServer
 
 from extension.runs.runner import close_control_masters
 from hostlab.lab import Host, Lab
@@ -89,33 +87,12 @@ def start_service(tmp_path: Path, e2e_playbooks: Path, lab: Lab) -> Iterator[Sta
         close_control_masters(runs)
 
 
-class _ReleaseHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        return
-
-
 @pytest.fixture(scope="session")
-def release_server(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """dl.k8s.io's layout for NEXT_VERSION (stand-in binaries + .sha256), served on the lab gateway:
-    the lab hosts reach nothing else."""
-    root = tmp_path_factory.mktemp("release")
-    arch_dir = root / "release" / NEXT_VERSION / "bin" / "linux" / "amd64"
-    arch_dir.mkdir(parents=True)
-    for name in ("kubeadm", "kubelet", "kubectl"):
-        data = standin_binary(name, NEXT_VERSION)
-        (arch_dir / name).write_bytes(data)
-        (arch_dir / f"{name}.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
-
-    def handler(*args: object, **kwargs: object) -> _ReleaseHandler:
-        return _ReleaseHandler(*args, directory=str(root), **kwargs)  # type: ignore[arg-type]
-
-    server = http.server.ThreadingHTTPServer((lab.gateway, 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://{lab.gateway}:{server.server_address[1]}/release"
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+def release_server(lab: Lab) -> Iterator[str]:
+    """dl.k8s.io's layout (stand-in binaries + .sha256) served on the lab gateway, the only place the lab
+    hosts reach: the playbook tests' ReleaseServer."""
+    with ReleaseServer(lab.gateway) as server:
+        yield server.base_url
 
 
 @pytest.fixture(scope="session")

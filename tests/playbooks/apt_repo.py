@@ -16,16 +16,16 @@ import hashlib
 import http.server
 import os
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
 from .standins import KUBERNETES_BINARIES, standin_binary
+from .support import BackgroundHTTPServer
 
 ARCH = "all"  # the stand-ins are shell scripts
 
 
-class StandinAptRepo:
+class StandinAptRepo(BackgroundHTTPServer):
     def __init__(self, workdir: Path, versions: list[str], address: str) -> None:
         self.root = workdir / "apt-root"
         self._gnupg = workdir / "gnupg"
@@ -47,10 +47,9 @@ class StandinAptRepo:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self._server = http.server.ThreadingHTTPServer((address, 0), Handler)
+        super().__init__(address, Handler)
         # the role appends "/v1.31/deb/" to this, as to https://pkgs.k8s.io/core:/stable:
-        self.base_url = f"http://{address}:{self._server.server_address[1]}/core:/stable:"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self.base_url = f"{self.origin}/core:/stable:"
 
     def _gpg(self, *args: str, stdin: bytes | None = None) -> bytes:
         env = {**os.environ, "GNUPGHOME": str(self._gnupg)}
@@ -103,12 +102,3 @@ class StandinAptRepo:
         # the index stanza: the control fields plus where the package is and its size and digest
         where = f"Filename: ./{deb.name}\nSize: {len(data)}\nSHA256: {hashlib.sha256(data).hexdigest()}\n"
         return control.replace("Description:", where + "Description:")
-
-    def __enter__(self) -> StandinAptRepo:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import ansible_runner
 
@@ -237,7 +237,26 @@ def calls(lab: Lab, host: Host) -> list[str]:
     return host_text(lab, host, "/var/lib/inplace-standins/calls.log").splitlines()
 
 
-class ReleaseServer:
+class BackgroundHTTPServer:
+    """An HTTP server on ``address`` (a lab gateway, port chosen by the kernel) served from a thread while
+    the ``with`` block runs; shut down and joined on exit. Base of the tests' package/release servers."""
+
+    def __init__(self, address: str, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
+        self._server = http.server.ThreadingHTTPServer((address, 0), handler)
+        self.origin = f"http://{address}:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+class ReleaseServer(BackgroundHTTPServer):
     """Serves stand-in kubeadm/kubelet/kubectl as "release binaries" on the lab gateway.
 
     Layout as dl.k8s.io: ``/<version>/bin/linux/<arch>/<name>`` and ``<name>.sha256`` (hex digest only).
@@ -267,15 +286,5 @@ class ReleaseServer:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self._server = http.server.ThreadingHTTPServer((address, 0), Handler)
-        self.base_url = f"http://{address}:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    def __enter__(self) -> ReleaseServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        super().__init__(address, Handler)
+        self.base_url = self.origin
