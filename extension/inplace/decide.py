@@ -201,13 +201,7 @@ def _claim(
             continue
         change = Change(claim.pointer, old, new, current_spec, desired_spec, upgrade_claimed)
         problem = claim.guard(change) or patch.claim(claim.tokens)
-        if problem is None:
-            reason = f"{claim.pointer}: {capability.name} changes it in place"
-        else:
-            reason = f"{claim.pointer}: {capability.name} does not change it in place: {problem}"
-        verdicts.append(
-            FieldVerdict(slot.target, kind, claim.pointer, problem is None, capability.name, reason)
-        )
+        verdicts.append(_verdict(slot, kind, claim.pointer, capability.name, problem))
     return verdicts
 
 
@@ -230,14 +224,17 @@ def _claim_custom(
         if _same(old, new):
             continue
         problem = removal_problem(new) or patch.claim(claim.tokens)
-        if problem is None:
-            reason = f"{claim.pointer}: {capability.name} changes it in place"
-        else:
-            reason = f"{claim.pointer}: {capability.name} does not change it in place: {problem}"
-        verdicts.append(
-            FieldVerdict(slot.target, kind, claim.pointer, problem is None, capability.name, reason)
-        )
+        verdicts.append(_verdict(slot, kind, claim.pointer, capability.name, problem))
     return verdicts
+
+
+def _verdict(slot: Slot, kind: str, pointer: str, capability: str, problem: str | None) -> FieldVerdict:
+    """A claimed field's verdict; ``problem`` (from a guard or the patch) means it stays unclaimed."""
+    if problem is None:
+        reason = f"{pointer}: {capability} changes it in place"
+    else:
+        reason = f"{pointer}: {capability} does not change it in place: {problem}"
+    return FieldVerdict(slot.target, kind, pointer, problem is None, capability, reason)
 
 
 def _same(old: Any, new: Any) -> bool:
