@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -38,7 +39,8 @@ def lab_required() -> bool:
     return os.environ.get("CI", "").lower() == "true" or os.environ.get("HOSTLAB_REQUIRED") == "1"
 
 
-def _unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
+    """Something a lab-side test needs is missing: an error where the lab is required (CI), else a skip."""
     if lab_required():
         pytest.fail(
             f"hostlab: the test lab is required here (CI=true) but cannot start: {reason}", pytrace=False
@@ -60,7 +62,7 @@ def lab() -> Iterator[Lab]:
     cfg = Config.from_env()
     why = prereqs.missing(cfg)
     if why:
-        _unavailable(why)
+        unavailable(why)
     wanted = os.environ.get("HOSTLAB_HOSTS", "3")
     if not wanted.isdigit():
         pytest.fail(f"hostlab: HOSTLAB_HOSTS must be a number of hosts, got {wanted!r}", pytrace=False)
@@ -71,7 +73,7 @@ def lab() -> Iterator[Lab]:
         the_lab.up(count, owner_pid=os.getpid())
     except LabUnavailable as exc:
         the_lab.down()
-        _unavailable(str(exc))
+        unavailable(str(exc))
     except LabError as exc:
         the_lab.down()
         pytest.fail(f"hostlab: lab did not start: {exc}", pytrace=False)

@@ -14,6 +14,7 @@ from types import ModuleType
 import pytest
 
 from extension.runs.inventory import parse_inventory
+from hostlab.pytest_plugin import unavailable
 
 VAGRANT_DIR = Path(__file__).resolve().parents[2] / "vagrant"
 
@@ -21,10 +22,7 @@ VAGRANT_DIR = Path(__file__).resolve().parents[2] / "vagrant"
 def _tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        reason = f"{name} is not installed (scripts/bootstrap installs it as root)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(f"{name} is not installed (scripts/bootstrap installs it as root)")
     return path
 
 
