@@ -21,7 +21,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 RUN python -m venv /opt/inplace-extension/venv
 COPY pyproject.toml README.md ./
-COPY extension/ extension/
+COPY inplace_extension/ inplace_extension/
 RUN /opt/inplace-extension/venv/bin/pip install .
 
 FROM python:3.11-slim-bookworm

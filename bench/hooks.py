@@ -235,7 +235,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     body = FIXTURE.read_bytes()
     levels = [int(part) for part in args.clients.split(",")]
-    ours_argv = [sys.executable, "-m", "extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
+    ours_argv = [
+        sys.executable,
+        "-m",
+        "inplace_extension",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--plain-http",
+    ]
     floor_argv = [sys.executable, str(Path(__file__).resolve()), "--floor-server"]
     print(
         f"CanUpdateMachineSet, {len(body)} byte body (fixture 5A), {args.seconds:g} s per server and case "

@@ -1,22 +1,15 @@
 """Benchmark: UpdateMachine end to end through the service vs ``ansible-playbook`` run directly, on lab hosts.
 
-Brings up its own hostlab lab (10 hosts, Kubernetes stand-ins installed), starts ``inplace-extension
-serve --plain-http`` on loopback, and measures, all in the same run:
-
-1. one host, a files + kubelet_args update: wall time from the first UpdateMachine call to
-   ``Success``/``retryAfterSeconds: 0``, polled like CAPI (again after ``retryAfterSeconds``), against
-   ``ansible-playbook`` of the same playbook with the same inputs, inventory and ansible.cfg run
-   directly. Alternating rounds on the same host, each with new content (real work every time);
-2. ten hosts updated at once vs one host;
-3. the no-op: a fingerprint the service already applied (answered from memory), and the same after a
-   restart with an empty runs dir (a run that finds the host stamp and ends early);
-4. peak RSS of the service process, and peak PSS of each play's process tree (wrapper, ansible-playbook,
-   its forks and ssh), sampled every 100 ms, shared out over the Machines the play carried.
+Brings up its own hostlab lab (10 hosts, Kubernetes stand-ins), starts ``inplace-extension serve
+--plain-http`` on loopback and measures in one run: a files + kubelet_args update on one host, polled
+like CAPI, against the same play run directly (alternating rounds, new content each time); all five
+built-in capabilities on untouched hosts, and the same inputs again under a new fingerprint; ten hosts
+at once (controller CPU per host update); the no-op (from memory, and after a restart that lost the
+runs dir); peak RSS of the service and peak PSS of each play. Module executions per role are counted
+from the job events (bench/plays.py). Each line with a target says "met" or "MISSED"; the last line is
+``targets met: N/M``. Needs root (the lab); the lab and the service are stopped at the end.
 
     .venv/bin/python bench/update.py [--rounds 3] [--hosts 10]
-
-Targets (issue #4): overhead <= 1.15x raw ansible-playbook; 10 hosts <= 1.5x one host; no-op <= 2 s;
-<= 100 MB per in-flight run. Needs root (the lab); the lab and the service are stopped at the end.
 """
 
 from __future__ import annotations
@@ -29,149 +22,52 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the e2e CAPI driver and the lab stand-ins live with the tests
+sys.path.append(str(ROOT))  # bench.plays (appended: tests/playbooks must win over the playbooks/ directory)
 
 from e2e.capi import NodeSpec, Polled, poll_update_machine  # noqa: E402
 from e2e.service import Service  # noqa: E402
-from playbooks.standins import install_standins, lab_run_on_host  # noqa: E402
-
-from extension.runs.runner import close_control_masters  # noqa: E402
 from hostlab.config import Config  # noqa: E402
 from hostlab.inventory import render  # noqa: E402
 from hostlab.lab import Lab  # noqa: E402
+from playbooks.standins import install_standins, lab_run_on_host  # noqa: E402
+
+from bench import plays  # noqa: E402
+from bench.procs import MemorySampler, children_cpu_seconds, hosts_in, peak_rss_mb  # noqa: E402
+from bench.report import Target  # noqa: E402
+from inplace_extension.runs.runner import close_control_masters  # noqa: E402
 
 VERSION = "v1.30.2"
-SAMPLE_SECONDS = 0.1
 
 
 def spec(tag: str, max_pods: int) -> NodeSpec:
     """A files + kubelet_args change; ``tag`` makes every round's content (and fingerprint) new."""
-    files = [
-        {
-            "path": f"/etc/bench/{name}.conf",
-            "content": f"{name} {tag}\n",
-            "owner": "root:root",
-            "permissions": "0644",
-        }
-        for name in ("a", "b", "c")
-    ]
+    file = {"owner": "root:root", "permissions": "0644"}
+    files = [{**file, "path": f"/etc/bench/{n}.conf", "content": f"{n} {tag}\n"} for n in ("a", "b", "c")]
     args = {"nodeRegistration": {"kubeletExtraArgs": [{"name": "max-pods", "value": str(max_pods)}]}}
     return NodeSpec(VERSION, {"files": files, "joinConfiguration": args})
 
 
-# ---------------------------------------------------------------- memory sampling
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with Path(f"/proc/{entry.name}/stat").open(encoding="ascii") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(entry.name))
-    return kids
-
-
-def _tree(root: int, kids: dict[int, list[int]]) -> list[int]:
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(kids.get(pid, []))
-    return out
-
-
-def _pss_kb(pid: int) -> int:
-    try:
-        with Path(f"/proc/{pid}/smaps_rollup").open(encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-class MemorySampler:
-    """Peak PSS per run (process tree under each ansible-playbook-detached / ansible-playbook root)."""
-
-    def __init__(self) -> None:
-        self.peaks: dict[str, int] = {}  # run key (attempt dir or raw tag) -> peak PSS KiB
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(SAMPLE_SECONDS):
-            kids = _children()
-            for pid in [p for ps in kids.values() for p in ps]:
-                cmd = _cmdline(pid).split(b"\0")
-                key = None
-                if any(part.endswith(b"ansible-playbook-detached") for part in cmd[:2]):
-                    key = next(
-                        (p.decode() for p in cmd if b"/inputs.json" in p or b"hosts.json" in p), str(pid)
-                    )
-                elif (
-                    b"bench-raw-ansible" in _cmdline(pid)
-                    and cmd[1:2]
-                    and cmd[1].endswith(b"ansible-playbook")
-                ):
-                    key = f"raw-{pid}"
-                if key is None:
-                    continue
-                total = sum(_pss_kb(p) for p in _tree(pid, kids))
-                self.peaks[key] = max(self.peaks.get(key, 0), total)
-
-
-def _hosts_in(inventory: str) -> int:
-    try:
-        return max(1, len(json.loads(Path(inventory).read_text())["all"]["hosts"]))
-    except (OSError, ValueError, KeyError):
-        return 1
-
-
-def children_cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) of the waited-for descendants of ``pid``: the plays it ran, on this side."""
-    fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
-    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
-
-
-def peak_rss_mb(pid: int) -> float:
-    with Path(f"/proc/{pid}/status").open(encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-# ---------------------------------------------------------------- runs
+def all_five(tag: str) -> NodeSpec:
+    """All five built-in capabilities: two users (keys, sudo), time servers, files, a kubelet flag and
+    the version the stand-ins already have (kubernetes_version runs and finds it in place)."""
+    node = spec(tag, 90)
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl bench@lab"
+    users = [
+        {"name": "ops", "groups": "adm", "sudo": "ALL=(ALL) NOPASSWD:ALL", "sshAuthorizedKeys": [key]},
+        {"name": "audit", "gecos": "Read-only audit", "sshAuthorizedKeys": [key]},
+    ]
+    ntp = {"enabled": True, "servers": ["0.pool.ntp.org", "192.0.2.10"]}
+    return NodeSpec(VERSION, {**node.kubeadm, "users": users, "ntp": ntp})
 
 
 @dataclass
@@ -188,19 +84,20 @@ class Bench:
             raise SystemExit(f"bench: {name} did not converge: {polled.messages}")
         return time.monotonic() - started, polled
 
+    def executions(self, name: str) -> dict[str, plays.Count]:
+        """Module executions per role on ``name``'s host in the service's last attempt for ``name``."""
+        _, meta = self._last_attempt(name)
+        events = plays.read_events(Path(meta["batch_dir"]) / "artifacts" / meta["batch_ident"])
+        return plays.count(events, meta["host"])
+
+    def _last_attempt(self, name: str) -> tuple[Path, dict[str, Any]]:
+        last = max(self.service.runs_dir.glob(f"e2e.{name}.*/attempt-*"), key=lambda p: p.stat().st_mtime)
+        return last, json.loads((last / "meta.json").read_text())
+
     def raw(self, name: str, node: NodeSpec, tag: str) -> float:
-        """The same playbook, inputs, host variables and ansible.cfg as the service's last run for ``name``,
-        started directly as ``ansible-playbook`` for that one host (what an operator would type)."""
-        last = sorted(self.service.runs_dir.glob(f"e2e.{name}.*/attempt-*"))[-1]
-        meta = json.loads((last / "meta.json").read_text())
-        batch_dir = Path(meta["batch_dir"])
-        command = json.loads((batch_dir / "artifacts" / meta["batch_ident"] / "command").read_text())[
-            "command"
-        ]
-        host_vars = json.loads((batch_dir / "inventory" / "hosts.json").read_text())["all"]["hosts"][
-            meta["host"]
-        ]
-        host_vars = {k: v for k, v in host_vars.items() if not k.startswith("update_machine_")}
+        """The service's last inputs for ``name`` with this round's file content and kubelet flag, played
+        by ``ansible-playbook`` directly (see ``raw_play``)."""
+        last, _ = self._last_attempt(name)
         inputs = json.loads((last / "inputs.json").read_text())
         inputs["kubeadm_files"]["kubeadm_files_files"] = [
             {**f, "content": f"{Path(f['path']).stem} {tag}\n"}
@@ -209,19 +106,36 @@ class Bench:
         max_pods = node.kubeadm["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"][0]["value"]
         for arg in inputs["kubelet_args"]["kubelet_args_extra_args"]:
             arg["value"] = max_pods
+        fingerprint = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+        return self.raw_play(name, inputs, fingerprint)
+
+    def again(self, name: str) -> float:
+        """The service's last inputs for ``name`` unchanged, under a new fingerprint: every role runs and
+        finds its target already there (what a changed-and-reverted spec or a lost runs dir costs)."""
+        last, _ = self._last_attempt(name)
+        inputs = json.loads((last / "inputs.json").read_text())
+        return self.raw_play(name, inputs, hashlib.sha256(os.urandom(16)).hexdigest())
+
+    def raw_play(self, name: str, inputs: dict[str, Any], fingerprint: str) -> float:
+        """The same playbook, host variables and ansible.cfg as the service's last run for ``name``, started
+        directly as ``ansible-playbook`` for that one host (what an operator would type)."""
+        _, meta = self._last_attempt(name)
+        batch_dir = Path(meta["batch_dir"])
+        command = json.loads((batch_dir / "artifacts" / meta["batch_ident"] / "command").read_text())
+        hosts = json.loads((batch_dir / "inventory" / "hosts.json").read_text())["all"]["hosts"]
+        host_vars = {k: v for k, v in hosts[meta["host"]].items() if not k.startswith("update_machine_")}
         raw_dir = Path(tempfile.mkdtemp(prefix="bench-raw-ansible-", dir=self.work))
         inputs_file = raw_dir / "inputs.json"
         inputs_file.write_text(json.dumps(inputs))
         inventory = raw_dir / "hosts.json"
         inventory.write_text(json.dumps({"all": {"hosts": {name: host_vars}}}))
-        fingerprint = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
         extravars = {
             "update_machine_ident": f"raw.{name}.{fingerprint[:12]}",
             "update_machine_fingerprint": fingerprint,
             "update_machine_capabilities": list(inputs),
             "update_machine_inputs_file": str(inputs_file),
         }
-        argv = ["ansible-playbook", command[1], "-i", str(inventory), "-e", json.dumps(extravars)]
+        argv = ["ansible-playbook", command["command"][1], "-i", str(inventory), "-e", json.dumps(extravars)]
         env = {
             **os.environ,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -263,7 +177,7 @@ def lab_and_service(hosts: int) -> Iterator[Bench]:
 
 def start(inventory: Path, lab: Lab, runs_dir: Path, log: Path) -> Service:
     argv = [
-        sys.executable, "-m", "extension", "serve", "--listen", "127.0.0.1:0", "--plain-http",
+        sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http",
         "--inventory", str(inventory), "--allowed-cidrs", str(lab.network), "--runs-dir", str(runs_dir),
         "--retry-after-seconds", "1", "--max-parallel-runs", "10", "--log-level", "WARNING",
     ]  # fmt: skip
@@ -275,9 +189,10 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternating service/raw rounds (median)")
-    parser.add_argument("--hosts", type=int, default=10, help="hosts for the many-at-once case")
+    parser.add_argument("--hosts", type=int, default=10, help="hosts for the many-at-once case (>= 2)")
     opts = parser.parse_args()
-    with lab_and_service(opts.hosts) as bench, MemorySampler() as memory:
+    load_before = os.getloadavg()[0]
+    with lab_and_service(max(opts.hosts, 2)) as bench, MemorySampler() as memory:
         one = bench.names[0]
         # warm-up (ssh masters, page cache) for both ways, not counted
         bench.update(one, spec("warm", 100))
@@ -291,6 +206,14 @@ def main() -> int:
             calls.append(polled.calls)
             raw_times.append(bench.raw(one, spec(f"raw{r}", 120 + r), f"raw{r}"))
         svc, raw = statistics.median(service_times), statistics.median(raw_times)
+        one_plays = bench.executions(one)
+
+        # all five capabilities on hosts nothing has touched yet, then the same inputs again under a
+        # new fingerprint (every role runs, finds its target in place)
+        fresh = bench.names[1 : 1 + min(opts.rounds, len(bench.names) - 1)]
+        scratch = [bench.update(name, all_five("scratch"))[0] for name in fresh]
+        scratch_plays = bench.executions(fresh[-1])
+        again = [bench.again(name) for name in fresh]
 
         cpu = children_cpu_seconds(bench.service.proc.pid)
         started = time.monotonic()
@@ -304,12 +227,8 @@ def main() -> int:
         _, noop_polled = bench.update(one, spec("many", 130))
         noop_memory = time.monotonic() - started
         # ... and after a restart that lost the runs dir: a run that finds the host stamp
-        restarted = start(
-            bench.work / "inventory.yaml",
-            bench.lab,
-            bench.work / "runs-restarted",
-            bench.work / "restarted.log",
-        )
+        work = bench.work
+        restarted = start(work / "inventory.yaml", bench.lab, work / "runs-restarted", work / "restarted.log")
         try:
             started = time.monotonic()
             noop_run = poll_update_machine(restarted.client, one, spec("many", 130), within=120)
@@ -321,50 +240,58 @@ def main() -> int:
         service_rss = peak_rss_mb(bench.service.proc.pid)
 
     # a batch carries several Machines: its peak shared out over the hosts it held in flight
-    runs = [kb / 1024 / _hosts_in(key) for key, kb in memory.peaks.items() if not key.startswith("raw-")]
+    runs = [kb / 1024 / hosts_in(key) for key, kb in memory.peaks.items() if not key.startswith("raw-")]
     batches = [kb / 1024 for key, kb in memory.peaks.items() if not key.startswith("raw-")]
     raws = [kb / 1024 for key, kb in memory.peaks.items() if key.startswith("raw-")]
-    times = ", ".join(f"{t:.2f}" for t in service_times)
-    raw_list = ", ".join(f"{t:.2f}" for t in raw_times)
+    raw_times = [round(t, 2) for t in raw_times]
+    listed = ", ".join
+    targets = [
+        Target("one host, files+kubelet_args: service", svc, " s", 1.5,
+               f"median of {listed(f'{t:.2f}' for t in service_times)}"),
+        Target("  overhead service / raw ansible-playbook", svc / raw, "x", 1.15),
+        Target("all five capabilities from scratch", statistics.median(scratch), " s", 2.5,
+               f"median of {listed(f'{t:.2f}' for t in scratch)} (service)"),
+        Target("same inputs, new fingerprint", statistics.median(again), " s", 2.0,
+               f"median of {listed(f'{t:.2f}' for t in again)} (raw play)"),
+        Target("controller CPU per host, 10-host batch", cpu_many, " s", 0.5,
+               f"(alone: {statistics.median(cpu_one):.2f} s)"),
+        Target(f"{opts.hosts} hosts at once / one host", many / svc, "x", 1.5, f"({many:.2f} s)"),
+        Target("no-op, fingerprint applied (memory)", noop_memory, " s", 2.0, f"{noop_polled.calls} call"),
+    ]  # fmt: skip
+    if runs:
+        targets.append(
+            Target("peak PSS per in-flight run", max(runs), " MB", 100, f"max over {len(runs)} plays")
+        )
     report = [
         (
             f"bench/update.py: {opts.rounds} rounds, {opts.hosts} hosts",
-            f"{os.cpu_count()} CPUs, shared with the lab",
+            f"{os.cpu_count()} CPUs shared with the lab, load average {load_before:.1f} at the start",
         ),
-        ("one host, files+kubelet_args: service", f"{svc:6.2f} s  median of {times}"),
+        targets[0].line(),
         ("  UpdateMachine calls per update", f"{statistics.median(calls):6.0f}    (retryAfterSeconds 1)"),
-        ("  raw ansible-playbook, same inputs", f"{raw:6.2f} s  median of {raw_list}"),
-        ("  overhead service / raw", f"{svc / raw:6.2f}x   target <= 1.15x"),
-        (f"{opts.hosts} hosts at once", f"{many:6.2f} s"),
-        (f"  {opts.hosts} hosts / one host", f"{many / svc:6.2f}x   target <= 1.5x"),
-        (
-            "  controller CPU per host update",
-            f"{statistics.median(cpu_one):6.2f} s alone, {cpu_many:.2f} s in the batch",
-        ),
-        (
-            "no-op, fingerprint applied (memory)",
-            f"{noop_memory:6.3f} s  {noop_polled.calls} call, target <= 2 s",
-        ),
-        (
-            "no-op after restart, empty runs dir",
-            f"{noop_stamp:6.2f} s  {noop_run.calls} calls, stamp on host",
-        ),
+        ("  raw ansible-playbook, same inputs", f"{raw:6.2f} s   median of {listed(map(str, raw_times))}"),
+        targets[1].line(),
+        ("  module executions, last round", "(per role; on host = SSH round trips)"),
+        *((line, "") for line in plays.render(one_plays, indent="    ")),
+        targets[2].line(),
+        ("  module executions, last host", ""),
+        *((line, "") for line in plays.render(scratch_plays, indent="    ")),
+        targets[3].line(),
+        targets[4].line(),
+        targets[5].line(),
+        targets[6].line(),
+        ("no-op after restart, empty runs dir", f"{noop_stamp:6.2f} s   {noop_run.calls} calls (stamp)"),
         ("peak RSS, service process", f"{service_rss:6.1f} MB  (restarted service: {restarted_rss:.1f} MB)"),
-    ]
-    if runs:
-        report.append(
-            (
-                "peak PSS per in-flight run",
-                f"{max(runs):6.1f} MB  max over {len(runs)} plays, target <= 100 MB",
-            )
-        )
-        report.append(
-            ("peak PSS of one play (process tree)", f"{max(batches):6.1f} MB  (all the Machines it carried)")
-        )
+        *(t.line() for t in targets[7:]),
+    ]  # fmt: skip
+    if batches:
+        report.append(("peak PSS of one play (process tree)", f"{max(batches):6.1f} MB  (all its Machines)"))
     if raws:
         report.append(("peak PSS, raw ansible-playbook tree", f"{max(raws):6.1f} MB"))
+    report.append(("load average at the end", f"{os.getloadavg()[0]:6.1f}"))
     for label, value in report:
-        print(f"{label:<40} {value}")
+        print(f"{label:<42} {value}".rstrip())
+    print(f"targets met: {sum(t.met for t in targets)}/{len(targets)}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Test-side emulation of how CAPI decides "in place or rollout" from a CanUpdate* answer.
 
-Reproduces capi-hooks.md §3.3 and §7.2-§7.3 independently of ``extension.inplace`` (it does not use the
+Reproduces capi-hooks.md §3.3 and §7.2-§7.3 independently of ``inplace_extension`` (it does not use the
 ``jsonpatch`` library the production code uses, so the two cannot share a bug): strict base64 decoding,
 RFC 6902 applied with evanphx/json-patch v5 default semantics, RFC 7386 merge patches, both applied to the
 WHOLE ``current`` object, then only ``spec`` (CanUpdateMachine) or ``spec.template.spec``

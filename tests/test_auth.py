@@ -1,4 +1,4 @@
-"""extension.auth over real TLS: uvicorn on 127.0.0.1 with trustme certificates, called with httpx.
+"""inplace_extension.auth over real TLS: uvicorn on 127.0.0.1 with trustme certificates, called with httpx.
 
 Refusals asserted here: a connection without a client certificate completes the handshake and gets 401
 (CERT_OPTIONAL, so probes keep working); a certificate from another CA fails the TLS handshake itself.
@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from extension.auth import (
+from inplace_extension.auth import (
     AuthConfigError,
     AuthMiddleware,
     AuthPolicy,
@@ -34,7 +34,7 @@ from extension.auth import (
     ServerTls,
     server_tls,
 )
-from extension.settings import Settings
+from inplace_extension.settings import Settings
 
 HOOK = "/hooks.runtime.cluster.x-k8s.io/v1alpha1/discovery"
 TOKEN = "s3cr3t-token-for-people-0123456789"
@@ -295,7 +295,7 @@ def test_config_errors_are_precise(tmp_path: Path, pki: dict[str, Path]) -> None
 
 def test_the_real_app_wired_as_cli_should(pki: dict[str, Path], ca: trustme.CA) -> None:
     """create_app + AuthMiddleware + server_tls + PeerCertH11Protocol: the wiring cli.py is asked to adopt."""
-    from extension.app import create_app
+    from inplace_extension.app import create_app
 
     settings = Settings(
         tls_cert=pki["cert"], tls_key=pki["key"], client_ca=pki["ca"], bearer_token_file=pki["token"]

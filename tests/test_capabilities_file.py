@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from extension.capabilities_file import CapabilitiesFileError, load_capabilities, parse_capabilities
-from extension.inplace.custom import CustomClaim
+from inplace_extension.capabilities_file import CapabilitiesFileError, load_capabilities, parse_capabilities
+from inplace_extension.inplace.custom import CustomClaim
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""extension.metrics: real calls through a Starlette app, then /metrics scraped and parsed."""
+"""inplace_extension.metrics: real calls through a Starlette app, then /metrics scraped and parsed."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from extension.metrics import HOOK_BUCKETS, RUN_OUTCOMES, HookStatus, Metrics
+from inplace_extension.metrics import HOOK_BUCKETS, RUN_OUTCOMES, HookStatus, Metrics
 
 pytestmark = pytest.mark.anyio
 
@@ -161,7 +161,7 @@ def test_bad_values_are_refused_precisely(call: object, message: str) -> None:
 
 def test_run_outcomes_are_the_run_engine_outcome_kinds() -> None:
     # run_finished(outcome.kind.value, ...) must be accepted for every outcome the run engine records
-    from extension.runs.artifacts import OutcomeKind
+    from inplace_extension.runs.artifacts import OutcomeKind
 
     assert {kind.value for kind in OutcomeKind} == RUN_OUTCOMES
     metrics = Metrics()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from extension import schemas
+from inplace_extension import schemas
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
 

@@ -16,7 +16,8 @@ role's own manifest:
 Why a module and not a chain of tasks: every module execution costs about half a second over SSH
 (design.md section 7). ``state=locked`` takes the lock AND reads the stamp in one execution; when
 the stamp already matches it releases the lock in the same execution, so a run that has nothing to
-do costs one module execution.
+do costs one module execution; ``state=stamped`` with ``release=true`` writes the stamp and gives the
+lock back in one execution too (the playbook's ``always:`` release then has nothing left to do).
 
 The lock survives between tasks (each task is its own process), hence the directory; a run that is
 killed keeps it until it is older than ``stale_seconds``, then the next run takes it over.
@@ -45,7 +46,8 @@ description:
   - C(state=locked) waits for the exclusive host lock (taking over a stale one), then reads the
     stamp; if the stamp already holds I(fingerprint) it releases the lock and returns
     C(up_to_date=true).
-  - C(state=stamped) writes the stamp (only while this run holds the lock).
+  - C(state=stamped) writes the stamp (only while this run holds the lock); with I(release) it then
+    releases the lock in the same execution.
   - C(state=unlocked) releases the lock if this run holds it, and does nothing otherwise.
 options:
   state: {description: What to do., type: str, required: true, choices: [locked, unlocked, stamped]}
@@ -56,6 +58,8 @@ options:
   wait_seconds: {description: How long state=locked waits for another run's lock., type: float, default: 300}
   stale_seconds: {description: Age after which a lock counts as left behind by a dead run., type: float,
                   default: 1800}
+  release: {description: state=stamped also releases the lock after writing the stamp., type: bool,
+            default: false}
   poll_seconds: {description: How often a waiting run looks at the lock again., type: float, default: 0.5}
 """
 
@@ -65,7 +69,7 @@ up_to_date: {description: The stamp already holds the requested fingerprint., ty
 token: {description: Nonce of this lock holding; pass it to unlocked and stamped., type: str}
 applied_fingerprint: {description: Fingerprint in the stamp before this run (null if none)., type: str}
 took_over_from: {description: Ident of the stale holder this run displaced (null if none)., type: str}
-released: {description: state=unlocked removed this run's lock., type: bool}
+released: {description: state=unlocked (or stamped with release) removed this run's lock., type: bool}
 """
 
 OWNER = "owner.json"
@@ -275,7 +279,10 @@ def write_stamp(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
             {"fingerprint": p["fingerprint"], "ident": p["ident"], "applied_at": _now()},
         )
         _append_log(state_dir, "stamp.log", {"fingerprint": p["fingerprint"], "ident": p["ident"]})
-    return {"changed": True, "fingerprint": p["fingerprint"]}
+        if p["release"]:
+            shutil.rmtree(lock_dir)
+            _append_log(state_dir, "lock.log", {"event": "released", "ident": p["ident"]})
+    return {"changed": True, "fingerprint": p["fingerprint"], "released": p["release"]}
 
 
 def main() -> None:
@@ -290,6 +297,7 @@ def main() -> None:
             "wait_seconds": {"type": "float", "default": 300.0},
             "stale_seconds": {"type": "float", "default": 1800.0},
             "poll_seconds": {"type": "float", "default": 0.5},
+            "release": {"type": "bool", "default": False},
         },
         required_if=[("state", "locked", ["fingerprint"]), ("state", "stamped", ["fingerprint", "token"])],
         supports_check_mode=True,

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from extension.api.body import MAX_DEPTH, field_path, parse_json, parse_request
-from extension.api.inplace import CanUpdateMachineRequest, UpdateMachineRequest
-from extension.errors import InvalidRequest
+from inplace_extension.api.body import MAX_DEPTH, field_path, parse_json, parse_request
+from inplace_extension.api.inplace import CanUpdateMachineRequest, UpdateMachineRequest
+from inplace_extension.errors import InvalidRequest
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "capi"
 SECRET = "abcdef.0123456789abcdef"

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from extension.api.common import Patch, PatchType, ResponseStatus
-from extension.api.discovery import DiscoveryResponse, ExtensionHandler, GroupVersionHook
-from extension.api.inplace import (
+from inplace_extension.api.common import Patch, PatchType, ResponseStatus
+from inplace_extension.api.discovery import DiscoveryResponse, ExtensionHandler, GroupVersionHook
+from inplace_extension.api.inplace import (
     CanUpdateMachineRequest,
     CanUpdateMachineResponse,
     CanUpdateMachineSetRequest,

@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from extension.app import create_app
-from extension.hooks.update_machine import UpdateExecutor
-from extension.settings import Settings
+from inplace_extension.app import create_app
+from inplace_extension.hooks.update_machine import UpdateExecutor
+from inplace_extension.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "capi"
 API = "/hooks.runtime.cluster.x-k8s.io/v1alpha1"

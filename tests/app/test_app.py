@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from extension.errors import INTERNAL_ERROR_MESSAGE
-from extension.runs.model import Progress, RunRequest
-from extension.settings import Settings
+from inplace_extension.errors import INTERNAL_ERROR_MESSAGE
+from inplace_extension.runs.model import Progress, RunRequest
+from inplace_extension.settings import Settings
 
 from .conftest import PATHS, client_for, fixture_bytes, fixture_json
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from extension.logs import configure_logging
+from inplace_extension.logs import configure_logging
 
 
 @pytest.fixture
@@ -27,16 +27,18 @@ def restore_root() -> Iterator[None]:
 def test_json_format_writes_one_object_per_line(restore_root: None) -> None:
     stream = io.StringIO()
     configure_logging("json", "info", stream=stream)
-    logging.getLogger("extension.hooks.can_update").info("hook=%s decision=%s", "CanUpdateMachine", "rollout")
+    logging.getLogger("inplace_extension.hooks.can_update").info(
+        "hook=%s decision=%s", "CanUpdateMachine", "rollout"
+    )
     logging.getLogger("uvicorn.error").info("Started server process")
-    logging.getLogger("extension").debug("not at INFO")
+    logging.getLogger("inplace_extension").debug("not at INFO")
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [line["message"] for line in lines] == [
         "hook=CanUpdateMachine decision=rollout",
         "Started server process",
     ]
     assert lines[0]["level"] == "INFO"
-    assert lines[0]["logger"] == "extension.hooks.can_update"
+    assert lines[0]["logger"] == "inplace_extension.hooks.can_update"
 
 
 def test_json_format_carries_the_traceback(restore_root: None) -> None:
@@ -45,7 +47,7 @@ def test_json_format_carries_the_traceback(restore_root: None) -> None:
     try:
         raise RuntimeError("boom")
     except RuntimeError:
-        logging.getLogger("extension.app").exception(
+        logging.getLogger("inplace_extension.app").exception(
             "hook=UpdateMachine decision=failure reason=InternalError"
         )
     line = json.loads(stream.getvalue())

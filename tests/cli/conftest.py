@@ -1,4 +1,4 @@
-"""CLI fixtures: run ``python -m extension`` as a subprocess in a clean environment; stop servers by PID."""
+"""CLI fixtures: run ``python -m inplace_extension`` as a subprocess in a clean environment; stop by PID."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def clean_env(state: Path) -> dict[str, str]:
 
 def run_cli(*args: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "extension", *args],
+        [sys.executable, "-m", "inplace_extension", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -54,7 +54,7 @@ def start_server(tmp_path: Path) -> Iterator[object]:
 
     def start(*flags: str) -> Server:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "extension", "serve", *flags],
+            [sys.executable, "-m", "inplace_extension", "serve", *flags],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from extension.cli import build_parser, parse_listen, settings_from_args
+from inplace_extension.cli import build_parser, parse_listen, settings_from_args
 
 from .conftest import FIXTURES, ROOT, clean_env, run_cli
 
@@ -56,7 +56,7 @@ def test_schemas_check_passes_on_the_repo_and_fails_with_the_command_elsewhere(t
     )
     drift = run_cli("schemas", "--check", "--write", str(tmp_path / "empty"), env=clean_env(tmp_path))
     assert drift.returncode == 1
-    assert "regenerate with: python -m extension.schemas" in drift.stderr
+    assert "regenerate with: python -m inplace_extension.schemas" in drift.stderr
 
 
 def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:

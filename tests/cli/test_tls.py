@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from extension.tls import default_hosts, ensure_dev_certificate
+from inplace_extension.tls import default_hosts, ensure_dev_certificate
 
 
 def test_dev_certificate_covers_the_hosts_and_is_reused(tmp_path: Path) -> None:

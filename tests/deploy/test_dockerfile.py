@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import trustme
 
-from extension.app import create_app
-from extension.cli import build_parser, cmd_serve, settings_from_args
-from extension.settings import Settings
+from inplace_extension.app import create_app
+from inplace_extension.cli import build_parser, cmd_serve, settings_from_args
+from inplace_extension.settings import Settings
 
 from .support import DOCKERFILE, ROOT, Stage, dockerfile_stages, exec_form, parse_dockerfile, serve_tls, tool
 
@@ -102,7 +102,7 @@ def test_entrypoint_is_the_console_script_and_cmd_is_serve(monkeypatch: pytest.M
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
     entrypoint = exec_form(_final().last("ENTRYPOINT").args)
     assert len(entrypoint) == 1
-    assert scripts[entrypoint[0]] == "extension.cli:main"
+    assert scripts[entrypoint[0]] == "inplace_extension.cli:main"
     cmd = exec_form(_final().last("CMD").args)
     args = build_parser().parse_args(cmd)
     assert args.command == "serve"

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from extension.hooks.context import HookOptions
-from extension.settings import Settings
+from inplace_extension.hooks.context import HookOptions
+from inplace_extension.settings import Settings
 
 from .support import (
     DEPLOY,
@@ -196,7 +196,7 @@ def test_mounted_paths_match_the_settings(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_example_inventory_uses_the_ssh_mount() -> None:
-    from extension.runs.inventory import Inventory
+    from inplace_extension.runs.inventory import Inventory
 
     example = yaml.safe_load((DEPLOY / "examples" / "inventory.yaml").read_text(encoding="utf-8"))
     inventory = Inventory.model_validate(example)
@@ -305,6 +305,35 @@ def test_client_auth_component_validates_and_points_settings_into_its_mounts(
     assert str(settings.bearer_token_file.parent) == mounts["token"]
     assert secrets["client-ca"] == "inplace-extension-client-ca"
     assert secrets["token"] == "inplace-extension-token"
-    # the base's mounts and probes are untouched: probes stay open under client auth (extension.auth)
+    # the base's mounts and probes are untouched: probes stay open under client auth (inplace_extension.auth)
     assert container["livenessProbe"] == _container()["livenessProbe"]
     assert {m["name"] for m in _container()["volumeMounts"]} < set(mounts)
+
+
+def test_kube_aware_component_validates_and_grants_only_what_the_mode_uses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = os.path.relpath(DEPLOY, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources:\n  - {base}\ncomponents:\n  - {base}/components/kube-aware\n", encoding="utf-8"
+    )
+    docs = kustomize(tmp_path)
+    for version in KUBERNETES_VERSIONS:
+        assert {d["kind"]: validation_errors(d, version) for d in docs if validation_errors(d, version)} == {}
+    by_kind = {d["kind"]: d for d in docs}
+    assert by_kind["ServiceAccount"]["automountServiceAccountToken"] is True
+    pod = by_kind["Deployment"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    for item in pod["containers"][0]["env"]:
+        monkeypatch.setenv(item["name"], item["value"])
+    assert Settings().kube_aware
+    rules = {(g, r, v) for rule in by_kind["ClusterRole"]["rules"] for g in rule["apiGroups"]
+             for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
+    assert rules == {
+        ("cluster.x-k8s.io", "machines", "get"),
+        ("cluster.x-k8s.io", "machines", "patch"),
+        ("", "events", "create"),
+        ("", "secrets", "get"),
+    }
+    subject = by_kind["ClusterRoleBinding"]["subjects"][0]
+    assert (subject["name"], subject["namespace"]) == ("inplace-extension", "inplace-extension-system")

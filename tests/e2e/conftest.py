@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from hostlab.lab import Host, Lab
 from playbooks.standins import install_standins, lab_run_on_host
 from playbooks.support import ReleaseServer
 
-from extension.runs.runner import close_control_masters
-from hostlab.lab import Host, Lab
+from inplace_extension.runs.runner import close_control_masters
 
 from .service import Service
 
@@ -65,7 +65,7 @@ def start_service(tmp_path: Path, e2e_playbooks: Path, lab: Lab) -> Iterator[Sta
     ) -> Service:
         runs = runs_dir or tmp_path / f"runs-{name}"
         argv = [
-            sys.executable, "-m", "extension", "serve",
+            sys.executable, "-m", "inplace_extension", "serve",
             "--listen", "127.0.0.1:0", "--plain-http",
             "--inventory", str(inventory),
             "--allowed-cidrs", str(lab.network),
@@ -107,7 +107,6 @@ def e2e_playbooks(release_server: str, tmp_path_factory: pytest.TempPathFactory)
         "kubernetes_version_package_source: binary\n"
         f"kubernetes_version_binary_base_url: {release_server}\n"
         "kubernetes_version_health_delay_seconds: 1\n"
-        "kubelet_args_health_delay_seconds: 1\n"
     )
     return target
 

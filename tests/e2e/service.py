@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import ssl
 import subprocess
 import time
 from collections.abc import Sequence
@@ -12,13 +13,13 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
-SERVING_RE = re.compile(r"serving http://127\.0\.0\.1:(\d+)")
+SERVING_RE = re.compile(r"serving (https?)://127\.0\.0\.1:(\d+)")
 
 
 class Service:
-    """``inplace-extension serve`` in a subprocess, driven over plain HTTP on loopback."""
+    """``inplace-extension serve`` in a subprocess on loopback: plain HTTP, or TLS trusted through ``ca``."""
 
-    def __init__(self, argv: Sequence[str], log_path: Path, runs_dir: Path) -> None:
+    def __init__(self, argv: Sequence[str], log_path: Path, runs_dir: Path, ca: Path | None = None) -> None:
         self.log_path = log_path
         self.runs_dir = runs_dir
         self._log = log_path.open("ab")
@@ -30,8 +31,9 @@ class Service:
             assert self.proc.poll() is None, f"service exited: {self.log()}"
             assert time.monotonic() < deadline, f"service did not start: {self.log()}"
             time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{match.group(1)}"
-        self.client = httpx.Client(base_url=self.url, timeout=15)
+        self.url = f"{match.group(1)}://127.0.0.1:{match.group(2)}"
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if ca else True
+        self.client = httpx.Client(base_url=self.url, timeout=15, verify=verify)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

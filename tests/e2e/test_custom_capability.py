@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from hostlab.lab import Host, Lab
 from hostlab.pytest_plugin import WriteInventory
 

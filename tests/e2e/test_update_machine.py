@@ -14,7 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from hostlab import faults
 from hostlab.lab import Host, Lab
 from hostlab.pytest_plugin import WriteInventory
@@ -26,7 +25,10 @@ from .hostcheck import lock_events, overlapping_holders, run_on, stamp_writes
 pytestmark = pytest.mark.lab
 
 MACHINES = ["md-0-aaaaa", "md-0-bbbbb", "md-0-ccccc"]
-PAYLOAD = "hello {{ lookup('pipe', 'touch /tmp/e2e-pwned') }} $(touch /tmp/e2e-pwned2)\n"
+# Shell payloads only: a "{{ ... }}" in KubeadmConfig data is a cloud-init template, rendered only at
+# bootstrap, so a changed file holding one is declined (tests/hooks/test_templates.py) and never reaches
+# Ansible; Jinja payloads through the service are covered by test_custom_capability.py (Metal3Machine).
+PAYLOAD = "hello `touch /tmp/e2e-pwned` $(touch /tmp/e2e-pwned2)\n"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci1lMmUtdGVzdHMtb25seQ e2e@test"
 RETRY = "inplace-extension.io/retry"
 CAPABILITIES = ("users", "ntp", "kubeadm_files", "kubelet_args", "kubernetes_version")
@@ -153,7 +155,9 @@ def test_link_down_is_retried_and_converges_when_back(
             service.client, name, FILES_AND_ARGS, within=120, until=lambda m: m.startswith("host unreachable")
         )
         assert down.status == "Success", down.messages  # retriable: CAPI keeps calling, no Failure
-        assert down.message == "host unreachable, retrying (attempt 2)"
+        # each call after the backoff is one more attempt; how many passed before this poll depends on load
+        retrying = re.fullmatch(r"host unreachable, retrying \(attempt (\d+)\)", down.message)
+        assert retrying is not None and int(retrying[1]) >= 2, down.message
         assert all(m.startswith(("running:", "queued:")) for m in down.messages[:-1]), down.messages
     finally:
         faults.link(lab, host, up=True)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from capi_emulator import emulate_can_update_machine, emulate_can_update_machine_set
 
-from extension.hooks.can_update import DISABLED_MESSAGE
+from inplace_extension.hooks.can_update import DISABLED_MESSAGE
 
 from .conftest import CAN_UPDATE_MACHINE, CAN_UPDATE_MACHINE_SET, TOKEN, client_for, load
 
@@ -110,20 +110,20 @@ async def test_bootstrap_tokens_never_reach_answers_or_logs(caplog: pytest.LogCa
 
 
 async def test_one_log_line_per_decision(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="extension")
+    caplog.set_level(logging.INFO, logger="inplace_extension")
     await post(CAN_UPDATE_MACHINE, load("can_update_machine/4B.request.json"))
-    lines = [r.getMessage() for r in caplog.records if r.name == "extension.hooks.can_update"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "inplace_extension.hooks.can_update"]
     assert lines == [
         "hook=CanUpdateMachine machine=default/my-cluster-cp-7xk2p decision=rollout "
-        "patches=bootstrapConfigPatch,machinePatch"
+        "patches=bootstrapConfigPatch,machinePatch affects_availability=true"
     ]
 
 
 async def test_a_patch_for_a_foreign_target_is_a_bug_not_a_silent_drop(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from extension.hooks import can_update
-    from extension.inplace.decide import Decision
+    from inplace_extension.hooks import can_update
+    from inplace_extension.inplace.decide import Decision
 
     stray = Decision(patches={"machineSetPatch": [{"op": "add", "path": "/x", "value": 1}]}, verdicts=())
     monkeypatch.setattr(can_update, "decide_can_update_machine", lambda *args: stray)
@@ -139,4 +139,6 @@ async def test_a_patch_for_a_foreign_target_is_a_bug_not_a_silent_drop(
 async def test_full_claims_answer_exactly_the_capi_example_patches(fixture: str, path: str) -> None:
     answer = await post(path, load(f"{fixture}.request.json"))
     expected = load(f"{fixture}.response.json")
+    # the examples predate CAPI v1.15's affectsAvailability; a version upgrade restarts the kubelet
+    assert answer.pop("affectsAvailability") is True
     assert {k: v for k, v in answer.items() if k != "message"} == expected  # same base64, byte for byte

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from extension.app import create_app
-from extension.capabilities_file import load_capabilities
-from extension.inplace.custom import CustomTable
-from extension.settings import Settings
+from inplace_extension.app import create_app
+from inplace_extension.capabilities_file import load_capabilities
+from inplace_extension.inplace.custom import CustomTable
+from inplace_extension.settings import Settings
 
 from .conftest import CAN_UPDATE_MACHINE_SET, TOKEN, UPDATE_MACHINE, FakeExecutor, load
 

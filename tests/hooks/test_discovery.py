@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from extension.api.common import FailurePolicy
-from extension.hooks.discovery import discovery_response
-from extension.hooks.table import HOOKS, find_hook
+from inplace_extension.api.common import FailurePolicy
+from inplace_extension.hooks.discovery import discovery_response
+from inplace_extension.hooks.table import HOOKS, find_hook
 
 from .conftest import load
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from extension.errors import InvalidRequest
-from extension.hooks.update_machine import NO_EXECUTOR_MESSAGE, UNEXPECTED_CALL_MESSAGE, to_response
-from extension.inplace.plan import plan_update
-from extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.errors import InvalidRequest
+from inplace_extension.hooks.update_machine import NO_EXECUTOR_MESSAGE, UNEXPECTED_CALL_MESSAGE, to_response
+from inplace_extension.inplace.plan import plan_update
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 
 from .conftest import TOKEN, UPDATE_MACHINE, FakeExecutor, client_for, load
 

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from hostlab.base import MARKER, base_ready, ensure_base
 from hostlab.config import BASE_FORMAT, Config
 from hostlab.errors import LabError

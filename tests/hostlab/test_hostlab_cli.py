@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from extension.runs.inventory import load_inventory
 from hostlab.cli import main
 from hostlab.lab import Lab
 from hostlab.pytest_plugin import WriteInventory
+
+from inplace_extension.runs.inventory import load_inventory
 
 HOSTLAB = str(Path(sys.executable).with_name("hostlab"))
 

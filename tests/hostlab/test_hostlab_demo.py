@@ -8,7 +8,6 @@ import os
 from typing import Any
 
 import pytest
-
 from hostlab import demo
 from hostlab.lab import Lab
 

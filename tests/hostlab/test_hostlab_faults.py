@@ -6,7 +6,6 @@ import socket
 import time
 
 import pytest
-
 from hostlab import faults
 from hostlab.errors import FaultUnsupported, LabError
 from hostlab.lab import Host, Lab, banner_ready

@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from hostlab.lab import Host, Lab
 
 pytestmark = pytest.mark.lab

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from hostlab.errors import LabError
 from hostlab.lab import Lab, link_exists, reap_stale
 from hostlab.proc import alive, cmdline, run

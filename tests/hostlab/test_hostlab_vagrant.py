@@ -12,9 +12,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-from extension.runs.inventory import parse_inventory
 from hostlab.pytest_plugin import unavailable
+
+from inplace_extension.runs.inventory import parse_inventory
 
 VAGRANT_DIR = Path(__file__).resolve().parents[2] / "vagrant"
 

@@ -1,1 +1,1 @@
-"""Tests of extension.inplace, the pure core, and of tests/capi_emulator.py."""
+"""Tests of inplace_extension.inplace, the pure core, and of tests/capi_emulator.py."""

@@ -11,7 +11,11 @@ from typing import Any
 
 from capi_emulator import EmulatorResult, emulate_can_update_machine, emulate_can_update_machine_set
 
-from extension.inplace.decide import Decision, decide_can_update_machine, decide_can_update_machine_set
+from inplace_extension.inplace.decide import (
+    Decision,
+    decide_can_update_machine,
+    decide_can_update_machine_set,
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

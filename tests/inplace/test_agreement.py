@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from extension.inplace.pointers import is_under
+from inplace_extension.inplace.pointers import is_under
 
 from .support import bootstrap_spec, decide_and_emulate, load, machine_spec, unchanged
 

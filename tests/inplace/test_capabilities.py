@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import yaml
 
-from extension.inplace.capabilities import CAPABILITIES, capability_names
-from extension.inplace.entries import ARG_NAME, ARG_VALUE, NTP_SERVER, USER_NAME
-from extension.inplace.inputs import InputSpec
-from extension.inplace.objects import ClaimKind
-from extension.inplace.plan import plan_update
-from extension.inplace.pointers import parse_pointer
+from inplace_extension.inplace.capabilities import CAPABILITIES, capability_names
+from inplace_extension.inplace.entries import ARG_NAME, ARG_VALUE, NTP_SERVER, USER_NAME
+from inplace_extension.inplace.inputs import InputSpec
+from inplace_extension.inplace.objects import ClaimKind
+from inplace_extension.inplace.plan import plan_update
+from inplace_extension.inplace.pointers import parse_pointer
 
 from .support import load
 

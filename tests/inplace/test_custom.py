@@ -8,9 +8,9 @@ from typing import Any
 
 from capi_emulator import emulate_can_update_machine, emulate_can_update_machine_set
 
-from extension.inplace.custom import CustomCapability, CustomClaim, CustomTable, template_kind
-from extension.inplace.decide import decide_can_update_machine, decide_can_update_machine_set
-from extension.inplace.plan import plan_update
+from inplace_extension.inplace.custom import CustomCapability, CustomClaim, CustomTable, template_kind
+from inplace_extension.inplace.decide import decide_can_update_machine, decide_can_update_machine_set
+from inplace_extension.inplace.plan import plan_update
 
 from .support import load, response_for, unchanged
 

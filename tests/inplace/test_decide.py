@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from extension.inplace.decide import (
+from inplace_extension.inplace.decide import (
     Decision,
     FieldVerdict,
     decide_can_update_machine,

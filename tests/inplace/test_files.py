@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from extension.inplace.entries import EntryInvalid, EntrySkipped
-from extension.inplace.files import parse_file, path_problem
+from inplace_extension.inplace.entries import EntryInvalid, EntrySkipped
+from inplace_extension.inplace.files import parse_file, path_problem
 
 TEXT = "line one\nzweite Zeile: äöü\n"
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from capi_emulator import apply_json_patch
 
-from extension.inplace.patches import SpecPatch
-from extension.inplace.pointers import MISSING, changed_pointers, join_pointer, parse_pointer
+from inplace_extension.inplace.patches import SpecPatch
+from inplace_extension.inplace.pointers import MISSING, changed_pointers, join_pointer, parse_pointer
 
 
 def _claim(current: dict[str, Any], desired: dict[str, Any], *pointers: str) -> SpecPatch:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from extension.inplace.plan import Plan, PlanError, fingerprint, plan_update
+from inplace_extension.inplace.plan import Plan, PlanError, fingerprint, plan_update
 
 from .support import load
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from extension.inplace.versions import KubeVersion, parse_version, upgrade_problem
+from inplace_extension.inplace.versions import KubeVersion, parse_version, upgrade_problem
 
 
 @pytest.mark.parametrize(

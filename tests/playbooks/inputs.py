@@ -1,4 +1,4 @@
-"""Role inputs for the playbook tests, shaped as extension.inplace.plan produces them.
+"""Role inputs for the playbook tests, shaped as inplace_extension.inplace.plan produces them.
 
 The inputs file is ``{capability: {<capability>_<input>: value}}`` (docs/architecture.md).
 """

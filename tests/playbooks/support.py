@@ -1,6 +1,6 @@
 """Helpers for the playbook tests: run playbooks/update_machine.yml on one lab host, read results.
 
-``run_update`` drives the real playbook through ansible-runner exactly as extension.runs does (inputs
+``run_update`` drives the real playbook through ansible-runner exactly as inplace_extension.runs does (inputs
 JSON file + the four update_machine_* extra vars, ANSIBLE_CONFIG pointing at playbooks/ansible.cfg,
 host-key checking on with the lab's pinned known_hosts) and returns a :class:`RunResult` built from the
 job events. ``ReleaseServer`` serves stand-in "release binaries" on the lab gateway for the
@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Self
 
 import ansible_runner
-
 from hostlab.lab import Host, Lab
 
 from .standins import KUBERNETES_BINARIES, standin_binary

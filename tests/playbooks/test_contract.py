@@ -1,6 +1,6 @@
 """The playbooks match the Python capability table (no lab needed).
 
-extension.inplace.capabilities.CAPABILITIES is the one table of capabilities and their role inputs;
+inplace_extension.inplace.capabilities.CAPABILITIES is the one table of capabilities and their role inputs;
 each role's meta/argument_specs.yml must declare exactly those inputs (names, types, required, element
 types, dict options, no_log), and update_machine.yml must run the roles in the table's order.
 """
@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from extension.inplace.capabilities import CAPABILITIES
+from inplace_extension.inplace.capabilities import CAPABILITIES
+from inplace_extension.inplace.shipped import SHIPPED
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 SPEC_KEYS = ("type", "required", "elements", "options", "no_log")
@@ -51,10 +52,21 @@ def test_argument_specs_declare_the_capability_inputs(capability: Any) -> None:
 
 def test_every_role_is_a_capability_and_has_the_standard_layout() -> None:
     roles = sorted(p.name for p in (PLAYBOOKS / "roles").iterdir() if p.is_dir())
-    assert roles == sorted(c.name for c in CAPABILITIES)
+    assert roles == sorted([*(c.name for c in CAPABILITIES), *SHIPPED])
     for role in roles:
-        for part in ("defaults/main.yml", "meta/argument_specs.yml", "tasks/main.yml", "handlers/main.yml"):
+        parts = ["defaults/main.yml", "meta/argument_specs.yml", "tasks/main.yml"]
+        parts += [] if role in SHIPPED else ["handlers/main.yml"]
+        for part in parts:
             assert (PLAYBOOKS / "roles" / role / part).is_file(), f"{role}/{part}"
+
+
+def test_shipped_roles_take_exactly_their_values_from_the_custom_step() -> None:
+    # tasks/custom_capability.yml sets <name>_values; each role reads <name>_settings from the inputs
+    for role in SHIPPED:
+        data = yaml.safe_load((PLAYBOOKS / "roles" / role / "meta" / "argument_specs.yml").read_text())
+        assert list(data["argument_specs"]["main"]["options"]) == [f"{role}_values"]
+        tasks = (PLAYBOOKS / "roles" / role / "tasks" / "main.yml").read_text()
+        assert f"update_machine_inputs.{role}.{role}_settings" in tasks
 
 
 def test_playbook_runs_the_roles_in_table_order() -> None:

@@ -17,7 +17,6 @@ from typing import Any
 
 import ansible_runner
 import pytest
-
 from hostlab.lab import Host, Lab
 
 from .standins import install_standins, lab_run_on_host

@@ -77,6 +77,18 @@ def test_lock_stamp_release_and_up_to_date_short_circuit(tmp_path: Path) -> None
     assert lock_log(sd) == [("acquired", "a"), ("released", "a"), ("acquired", "b"), ("released", "b")]
 
 
+def test_stamp_with_release_gives_the_lock_back_in_the_same_execution(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    got = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "a", fingerprint="fp1"))
+    args = lock_args(sd, "stamped", "a", fingerprint="fp1", token=got["token"], release=True)
+    stamped = run(HOST_STATE, tmp_path, args)
+    assert (stamped["changed"], stamped["fingerprint"], stamped["released"]) == (True, "fp1", True)
+    assert not (sd / "lock").exists()
+    # the playbook's always: release is skipped then; had it run, it would find nothing of its own
+    assert run(HOST_STATE, tmp_path, lock_args(sd, "unlocked", "a", token=got["token"]))["released"] is False
+    assert lock_log(sd) == [("acquired", "a"), ("released", "a")]
+
+
 def test_a_waiting_run_gets_the_lock_when_it_is_released(tmp_path: Path) -> None:
     sd = tmp_path / "state"
     first = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "a", fingerprint="fp1"))

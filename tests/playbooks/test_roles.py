@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from hostlab.lab import Host, Lab
 
 from .apt_repo import StandinAptRepo
@@ -265,8 +264,7 @@ def test_kubelet_args_fail_when_kubelet_stays_unhealthy(lab: Lab, host: Host, tm
     host_root(lab, host, ["sh", "-c", "kill $(cat /run/inplace-standins-kubelet.pid)"])
     extravars = {
         "kubelet_args_restart_command": ["true"],
-        "kubelet_args_health_retries": 2,
-        "kubelet_args_health_delay_seconds": 1,
+        "kubelet_args_health_timeout_seconds": 2,
     }
     result = run_update(RunSpec(lab, host, tmp_path, inputs("kubelet_args"), extravars=extravars))
     assert result.status == "failed"

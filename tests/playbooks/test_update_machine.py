@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hostlab.lab import Host, Lab
 
 from .inputs import inputs

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extension.runs import runner
+from inplace_extension.runs import runner
 
 FP = "ab" * 32
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from extension.runs.artifacts import (
+from inplace_extension.runs.artifacts import (
     BatchRef,
     Outcome,
     OutcomeKind,

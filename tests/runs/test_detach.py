@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from extension.runs.runner import install_wrapper
+from inplace_extension.runs.runner import install_wrapper
 
 
 def fake_playbook(bin_dir: Path, done: Path) -> None:

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from extension.runs.inventory import InventoryError, load_inventory, parse_inventory, parse_known_hosts
+from inplace_extension.runs.inventory import (
+    InventoryError,
+    load_inventory,
+    parse_inventory,
+    parse_known_hosts,
+)
 
 KEY = "AAAAC3NzaC1lZDI1NTE5AAAAIJAm/+qD5i6Qm8kDm+Qr9ygOJL1jDRtSlh6jlxmhLn0T"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from extension.runs.artifacts import Attempt, Outcome, OutcomeKind
-from extension.runs.policy import Verdict, backoff_seconds, decide, retry_token
+from inplace_extension.runs.artifacts import Attempt, Outcome, OutcomeKind
+from inplace_extension.runs.policy import Verdict, backoff_seconds, decide, retry_token
 
 NOW = 1000.0
 

@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from extension.runs.registry import Job, JobState, RunRegistry
+from inplace_extension.runs.registry import Job, JobState, RunRegistry
 
 
 def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:

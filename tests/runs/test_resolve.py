@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from extension.runs.inventory import parse_inventory
-from extension.runs.resolve import ADDRESS_ANNOTATION, HostTarget, ResolveError, parse_cidrs, resolve_host
+from inplace_extension.runs.inventory import parse_inventory
+from inplace_extension.runs.resolve import (
+    ADDRESS_ANNOTATION,
+    HostTarget,
+    ResolveError,
+    parse_cidrs,
+    resolve_host,
+)
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJAm/+qD5i6Qm8kDm+Qr9ygOJL1jDRtSlh6jlxmhLn0T"
 INV = parse_inventory(

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
+import socket
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from extension.runs import runner
-from extension.runs.resolve import HostTarget
+from inplace_extension.runs import runner
+from inplace_extension.runs.resolve import HostTarget
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJAm/+qD5i6Qm8kDm+Qr9ygOJL1jDRtSlh6jlxmhLn0T"
 PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "update_machine.yml"
@@ -57,7 +60,7 @@ def test_control_path_dir_stays_short(tmp_path: Path) -> None:
     assert runner.control_path_dir(Path("/var/lib/x")) == Path("/var/lib/x/cp")
     long_dir = tmp_path / ("d" * 80)
     short = runner.control_path_dir(long_dir)
-    assert len(str(short)) < 60 and short == runner.control_path_dir(long_dir)
+    assert len(str(short)) <= runner.MAX_CONTROL_DIR_LEN and short == runner.control_path_dir(long_dir)
     short.mkdir()
     runner.close_control_masters(long_dir)  # nothing to close; the empty fallback dir goes away
     assert not short.exists()
@@ -106,3 +109,21 @@ def test_user_defined_steps_become_role_parameters_and_their_roles_path_is_searc
     plain = runner._envvars(runner.BatchSpec("b", tmp_path, (run,), PLAYBOOK, None, tmp_path, tmp_path / "w"))
     assert "ANSIBLE_ROLES_PATH" not in plain  # ansible.cfg's roles_path stays in charge
     runner.close_control_masters(tmp_path)
+
+
+def test_control_path_sockets_fit_at_the_limit_and_beyond() -> None:
+    # ssh binds "<dir>/<40-char %C hash>.XXXXXXXXXXXXXXXX" first: it must fit for a runs dir whose cp
+    # directory is exactly at the limit (kept) and for one a character longer (moved to the fallback)
+    base = Path(tempfile.mkdtemp(prefix="cp", dir="/tmp"))
+    try:
+        for extra in (0, 1):
+            state_dir = base / ("s" * (runner.MAX_CONTROL_DIR_LEN - len(str(base)) - 4 + extra))
+            cp_dir = runner.control_path_dir(state_dir)
+            assert (cp_dir == state_dir / "cp") is (extra == 0)
+            cp_dir.mkdir(parents=True, exist_ok=True)
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.bind(str(cp_dir / ("0" * 40 + ".XXXXXXXXXXXXXXXX")))
+            if extra:
+                shutil.rmtree(cp_dir)  # the fallback lives outside ``base``
+    finally:
+        shutil.rmtree(base)

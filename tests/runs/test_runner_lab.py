@@ -9,12 +9,12 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
-
-from extension.runs.model import Progress, ProgressState, RunRequest
-from extension.runs.service import RunService
-from extension.settings import Settings
 from hostlab.lab import Host, Lab
 from hostlab.pytest_plugin import WriteInventory
+
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.runs.service import RunService
+from inplace_extension.settings import Settings
 
 pytestmark = [pytest.mark.lab, pytest.mark.anyio]
 FP = "9f" * 32

@@ -11,14 +11,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from extension.metrics import Metrics
-from extension.runs import runner as runner_mod
-from extension.runs.inventory import InventoryError
-from extension.runs.model import Progress, ProgressState, RunRequest
-from extension.runs.policy import RETRY_ANNOTATION
-from extension.runs.resolve import ADDRESS_ANNOTATION
-from extension.runs.service import RunConfigError, RunService
-from extension.settings import Settings
+from inplace_extension.metrics import Metrics
+from inplace_extension.runs import runner as runner_mod
+from inplace_extension.runs.inventory import InventoryError
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.runs.policy import RETRY_ANNOTATION
+from inplace_extension.runs.resolve import ADDRESS_ANNOTATION
+from inplace_extension.runs.runner import RunConfigError
+from inplace_extension.runs.service import RunService
+from inplace_extension.settings import Settings
 
 from .fakes import FP, FakeRunner, failed_events, unreachable_events
 

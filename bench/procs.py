@@ -1,0 +1,114 @@
+"""Process measurements for bench/update.py: peak PSS of each play's process tree, CPU and RSS from /proc.
+
+``MemorySampler`` walks /proc every 100 ms and keeps, per play, the peak PSS of the process tree under
+each ``ansible-playbook-detached`` (the service's plays) or raw ``ansible-playbook`` (the bench's own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+SAMPLE_SECONDS = 0.1
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with Path(f"/proc/{entry.name}/stat").open(encoding="ascii") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(entry.name))
+    return kids
+
+
+def _tree(root: int, kids: dict[int, list[int]]) -> list[int]:
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(kids.get(pid, []))
+    return out
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with Path(f"/proc/{pid}/smaps_rollup").open(encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+class MemorySampler:
+    """Peak PSS per run (process tree under each ansible-playbook-detached / ansible-playbook root)."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, int] = {}  # run key (attempt dir or raw tag) -> peak PSS KiB
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_SECONDS):
+            kids = _children()
+            for pid in [p for ps in kids.values() for p in ps]:
+                cmd = _cmdline(pid).split(b"\0")
+                key = None
+                if any(part.endswith(b"ansible-playbook-detached") for part in cmd[:2]):
+                    key = next(
+                        (p.decode() for p in cmd if b"/inputs.json" in p or b"hosts.json" in p), str(pid)
+                    )
+                elif (
+                    b"bench-raw-ansible" in _cmdline(pid)
+                    and cmd[1:2]
+                    and cmd[1].endswith(b"ansible-playbook")
+                ):
+                    key = f"raw-{pid}"
+                if key is None:
+                    continue
+                total = sum(_pss_kb(p) for p in _tree(pid, kids))
+                self.peaks[key] = max(self.peaks.get(key, 0), total)
+
+
+def hosts_in(inventory: str) -> int:
+    try:
+        return max(1, len(json.loads(Path(inventory).read_text())["all"]["hosts"]))
+    except (OSError, ValueError, KeyError):
+        return 1
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of the waited-for descendants of ``pid``: the plays it ran, on this side."""
+    fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+
+
+def peak_rss_mb(pid: int) -> float:
+    with Path(f"/proc/{pid}/status").open(encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0

@@ -1,5 +1,0 @@
-"""Runs: everything that touches hosts: ansible-runner, run registry and queue, artifacts, host resolution.
-
-The only package that imports ``ansible_runner``. It knows nothing of CAPI wire models: the hooks layer
-hands it a :class:`extension.runs.model.RunRequest` and gets a :class:`extension.runs.model.Progress` back.
-"""

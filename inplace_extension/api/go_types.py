@@ -1,0 +1,188 @@
+"""CAPI's Go types of the request fields we read: a JSON value of another type is ``InvalidRequest``.
+
+CAPI encodes its typed objects with Go's ``encoding/json``, so a Machine's ``spec.version`` is always a
+JSON string and a KubeadmConfig file's ``append`` a boolean; Go's own decoder refuses anything else
+("cannot unmarshal number into Go struct field ... of type string"). A body with ``"version": 131`` was
+not made by CAPI, and deciding on it would be a guess, so it is refused naming the field (never the
+value). ``null`` is accepted wherever Go accepts it (it decodes to the zero value).
+
+The table covers the fields the core reads or claims: the Machine spec (typed in CAPI's request, so
+always checked; MachineSet's template spec too) and, when the bootstrap object is a
+``bootstrap.cluster.x-k8s.io/v1beta2`` KubeadmConfig(Template), its claimed fields. Providers' objects
+are free-form here (RawExtension).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+from inplace_extension.errors import InvalidRequest
+
+GoType = Literal["string", "bool", "int32", "object", "array"]
+Path = tuple[str, ...]  # spec-relative JSON names; "*" = every item of an array or value of a map
+
+_REF: Final[Mapping[Path, GoType]] = {
+    (): "object",
+    ("apiGroup",): "string",
+    ("kind",): "string",
+    ("name",): "string",
+}
+
+
+def _under(prefix: Path, table: Mapping[Path, GoType]) -> dict[Path, GoType]:
+    return {prefix + path: go_type for path, go_type in table.items()}
+
+
+MACHINE_SPEC: Final[Mapping[Path, GoType]] = {  # clusterv1.MachineSpec (v1beta2)
+    ("clusterName",): "string",
+    ("version",): "string",
+    ("failureDomain",): "string",
+    ("providerID",): "string",
+    ("minReadySeconds",): "int32",
+    ("bootstrap",): "object",
+    ("bootstrap", "dataSecretName"): "string",
+    **_under(("bootstrap", "configRef"), _REF),
+    **_under(("infrastructureRef",), _REF),
+    ("readinessGates",): "array",
+    ("readinessGates", "*"): "object",
+    ("readinessGates", "*", "conditionType"): "string",
+    ("readinessGates", "*", "polarity"): "string",
+    ("deletion",): "object",
+    ("deletion", "nodeDrainTimeoutSeconds"): "int32",
+    ("deletion", "nodeVolumeDetachTimeoutSeconds"): "int32",
+    ("deletion", "nodeDeletionTimeoutSeconds"): "int32",
+}
+
+_KUBELET_ARGS: Final[Mapping[Path, GoType]] = {
+    (): "object",
+    ("nodeRegistration",): "object",
+    ("nodeRegistration", "kubeletExtraArgs"): "array",
+    ("nodeRegistration", "kubeletExtraArgs", "*"): "object",
+    ("nodeRegistration", "kubeletExtraArgs", "*", "name"): "string",
+    ("nodeRegistration", "kubeletExtraArgs", "*", "value"): "string",
+}
+
+KUBEADM_CONFIG_SPEC: Final[Mapping[Path, GoType]] = {  # bootstrapv1.KubeadmConfigSpec (v1beta2)
+    ("files",): "array",
+    ("files", "*"): "object",
+    **{("files", "*", name): "string" for name in ("path", "owner", "permissions", "encoding", "content")},
+    ("files", "*", "append"): "bool",
+    ("files", "*", "contentFrom"): "object",
+    ("users",): "array",
+    ("users", "*"): "object",
+    **{
+        ("users", "*", name): "string"
+        for name in ("name", "gecos", "groups", "homeDir", "shell", "passwd", "primaryGroup", "sudo")
+    },
+    ("users", "*", "inactive"): "bool",
+    ("users", "*", "lockPassword"): "bool",
+    ("users", "*", "passwdFrom"): "object",
+    ("users", "*", "sshAuthorizedKeys"): "array",
+    ("users", "*", "sshAuthorizedKeys", "*"): "string",
+    ("ntp",): "object",
+    ("ntp", "servers"): "array",
+    ("ntp", "servers", "*"): "string",
+    ("ntp", "enabled"): "bool",
+    **_under(("joinConfiguration",), _KUBELET_ARGS),
+    **_under(("initConfiguration",), _KUBELET_ARGS),
+    ("clusterConfiguration",): "object",
+    ("clusterConfiguration", "etcd"): "object",
+    ("clusterConfiguration", "etcd", "local"): "object",
+    ("clusterConfiguration", "etcd", "local", "imageTag"): "string",
+    ("clusterConfiguration", "featureGates"): "object",
+    ("clusterConfiguration", "featureGates", "*"): "bool",
+    ("clusterConfiguration", "imageRepository"): "string",
+    ("clusterConfiguration", "dns"): "object",
+    ("clusterConfiguration", "dns", "imageTag"): "string",
+}
+
+MACHINE_SET_SPEC: Final[Mapping[Path, GoType]] = {  # clusterv1.MachineSetSpec: the fields around the template
+    ("clusterName",): "string",
+    ("replicas",): "int32",
+    ("template",): "object",
+    ("template", "spec"): "object",
+    **_under(("template", "spec"), MACHINE_SPEC),
+}
+
+KUBEADM_CONFIG_TEMPLATE_SPEC: Final[Mapping[Path, GoType]] = {
+    ("template",): "object",
+    ("template", "spec"): "object",
+    **_under(("template", "spec"), KUBEADM_CONFIG_SPEC),
+}
+
+_KUBEADM_GROUP_VERSION: Final = "bootstrap.cluster.x-k8s.io/v1beta2"
+# request object key -> the spec table that applies whatever the object says (CAPI's typed objects)
+TYPED_OBJECTS: Final[Mapping[str, Mapping[Path, GoType]]] = {
+    "machine": MACHINE_SPEC,
+    "machineSet": MACHINE_SET_SPEC,
+}
+# (apiVersion, kind) -> spec table, for the RawExtension objects whose kind we know
+KNOWN_KINDS: Final[Mapping[tuple[str, str], Mapping[Path, GoType]]] = {
+    (_KUBEADM_GROUP_VERSION, "KubeadmConfig"): KUBEADM_CONFIG_SPEC,
+    (_KUBEADM_GROUP_VERSION, "KubeadmConfigTemplate"): KUBEADM_CONFIG_TEMPLATE_SPEC,
+}
+
+_PROBLEMS: Final[Mapping[GoType, str]] = {
+    "string": "must be a string",
+    "bool": "must be a boolean",
+    "int32": "must be a 32-bit integer",
+    "object": "must be a JSON object",
+    "array": "must be a JSON array",
+}
+
+Trie = dict[str, Any]  # {"": GoType (optional), name: Trie, "*": Trie}
+
+
+def _trie(table: Mapping[Path, GoType]) -> Trie:
+    root: Trie = {}
+    for path, go_type in table.items():
+        node = root
+        for name in path:
+            node = node.setdefault(name, {})
+        node[""] = go_type
+    return root
+
+
+_TRIES: Final = {id(table): _trie(table) for table in (*TYPED_OBJECTS.values(), *KNOWN_KINDS.values())}
+
+
+def _fits(value: Any, go_type: GoType) -> bool:
+    if value is None:  # Go decodes null into any field as its zero value
+        return True
+    if go_type == "string":
+        return isinstance(value, str)
+    if go_type == "bool":
+        return isinstance(value, bool)
+    if go_type == "int32":
+        return type(value) is int and -(2**31) <= value < 2**31
+    if go_type == "object":
+        return isinstance(value, dict)
+    return isinstance(value, list)
+
+
+def _walk(value: Any, node: Trie, where: str) -> None:
+    go_type = node.get("")
+    if go_type is not None and not _fits(value, go_type):
+        raise InvalidRequest(where, f"{_PROBLEMS[go_type]} (CAPI's Go type is {go_type})")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            child = node.get(key) if key not in ("", "*") else None
+            if child is not None:
+                _walk(item, child, f"{where}.{key}")
+        if "*" in node:
+            for key, item in value.items():
+                _walk(item, node["*"], f"{where}.{key}")
+    elif isinstance(value, list) and "*" in node:
+        for index, item in enumerate(value):
+            _walk(item, node["*"], f"{where}[{index}]")
+
+
+def check_objects(objects: Mapping[str, Any], where: str) -> None:
+    """Check the specs of a request's objects (wire key -> object JSON) against CAPI's Go types."""
+    for key, obj in objects.items():
+        if not isinstance(obj, Mapping):
+            continue
+        table = TYPED_OBJECTS.get(key) or KNOWN_KINDS.get((str(obj.get("apiVersion")), str(obj.get("kind"))))
+        if table is not None and "spec" in obj:
+            _walk(obj["spec"], _TRIES[id(table)], f"{where}.{key}.spec")

@@ -1,0 +1,273 @@
+"""The ``--capabilities-file``: user-defined capabilities (design.md §2), its model, loading and errors.
+
+Read once at start-up by ``inplace_extension.cli`` (``serve`` and ``plan``); a bad file stops the service
+with a
+message naming the file, the line and the field. The result is a pure
+:class:`inplace_extension.inplace.custom.CustomTable` that the hooks pass to the decision and plan functions.
+Its JSON Schema (``schemas/capabilities.schema.json``) is generated from :class:`CapabilitiesFile`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from inplace_extension.inplace.capabilities import CAPABILITIES, capability_names
+from inplace_extension.inplace.custom import (
+    CustomCapability,
+    CustomClaim,
+    CustomTable,
+    Disruption,
+    HealthCheck,
+    overlap_problems,
+)
+from inplace_extension.inplace.shipped import (
+    KUBELET_CREDENTIALS,
+    OS_UPDATE,
+    SHIPPED,
+    KubeletCredentialsRule,
+    OsUpdateRule,
+)
+from inplace_extension.yamlfile import locate, parse_model, read_file
+
+# Capability and role names become Ansible variable prefixes (<name>_values) and role names, and the
+# runs layer accepts only this shape for capability names (inplace_extension/runs/service.py).
+NAME_PATTERN: Final = r"^[a-z][a-z0-9_]{0,62}$"
+# RFC 6901: "/" then tokens, "~" only as the escapes ~0 and ~1.
+POINTER_PATTERN: Final = r"^(/([^~/]|~[01])*)+$"
+KIND_PATTERN: Final = r"^[A-Z][A-Za-z0-9]{0,62}$"
+
+
+class CapabilitiesFileError(ValueError):
+    """The capabilities file is missing, not YAML, invalid, or clashes with the built-ins."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClaimEntry(_Strict):
+    """One claimed field: the machine-level kind and a pointer relative to its ``/spec``."""
+
+    kind: str = Field(
+        pattern=KIND_PATTERN,
+        description="machine-level kind (Metal3Machine, KubeadmConfig, Machine); the claim also applies "
+        "to its template shape (Metal3MachineTemplate, KubeadmConfigTemplate, MachineSet)",
+    )
+    pointer: str = Field(
+        pattern=POINTER_PATTERN,
+        description="JSON pointer relative to the object's spec (template: spec.template.spec): /image/url",
+    )
+
+    @field_validator("kind")
+    @classmethod
+    def _machine_level(cls, value: str) -> str:
+        if value.endswith("Template") or value == "MachineSet":
+            raise ValueError(
+                "name the machine-level kind (e.g. Metal3Machine, Machine); its claims apply to the "
+                "template shape (Metal3MachineTemplate, MachineSet) as well"
+            )
+        return value
+
+
+class CapabilityEntry(_Strict):
+    """One user-defined capability: what it claims and the role that carries it out."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="capability name; the role gets <name>_values")
+    role: str = Field(pattern=NAME_PATTERN, description="name of the Ansible role under roles_path")
+    roles_path: Path = Field(description="absolute directory that holds the role")
+    claims: list[ClaimEntry] = Field(min_length=1, description="claimed fields, in any kind")
+    disruption: Literal["none", "restart-kubelet", "reboot"] = Field(
+        "reboot",
+        description="what the role does to the node: none (workloads untouched), restart-kubelet, reboot; "
+        "restart-kubelet and reboot drain the node first and set affectsAvailability; an undeclared "
+        "role is taken to reboot",
+    )
+
+    @field_validator("roles_path")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError("must be an absolute path")
+        return value
+
+
+ABSOLUTE_PATTERN: Final = r"^/[^\x00-\x1f]*$"
+ANNOTATION_PATTERN: Final = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+
+def _regexes(patterns: list[str]) -> list[str]:
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+    return patterns
+
+
+class OsUpdateEntry(_Strict):
+    """The shipped ``os_update`` capability: which field feeds it and how its command runs."""
+
+    claim: ClaimEntry = Field(
+        description="the field whose value is the OS target, e.g. Metal3Machine /image/url"
+    )
+    command: str = Field(
+        pattern=ABSOLUTE_PATTERN, description="absolute path of the update command (no shell)"
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        description='arguments, data; an item exactly "{target}" or "{version}" becomes the field value or '
+        "the version found in it",
+    )
+    version_pattern: str | None = Field(
+        None, description="regex searched in the value; group 'version' (or the match) is the target version"
+    )
+    version_command: list[str] = Field(
+        min_length=1, description="argv printing the booted OS version; the first item an absolute path"
+    )
+    retriable_exit_codes: list[int] = Field(default_factory=list)
+    retriable_patterns: list[str] = Field(default_factory=list, description="regexes on stdout+stderr")
+    terminal_patterns: list[str] = Field(default_factory=list, description="regexes; win over retriable")
+    retries: int = Field(2, ge=0, le=20, description="retries of a retriable failure before it is terminal")
+    retry_delay_seconds: int = Field(10, ge=0, le=3600)
+    reboot_exit_code: int | None = Field(None, ge=1, le=255, description="exit code meaning: done, reboot")
+    reboot_marker_file: str | None = Field(
+        None, pattern=ABSOLUTE_PATTERN, description="a file the command creates to ask for a reboot"
+    )
+    reboot_timeout_seconds: int = Field(600, ge=10, le=7200)
+
+    @field_validator("retriable_patterns", "terminal_patterns")
+    @classmethod
+    def _compile(cls, value: list[str]) -> list[str]:
+        return _regexes(value)
+
+    @field_validator("version_pattern")
+    @classmethod
+    def _compile_one(cls, value: str | None) -> str | None:
+        return None if value is None else _regexes([value])[0]
+
+    @field_validator("version_command")
+    @classmethod
+    def _absolute_program(cls, value: list[str]) -> list[str]:
+        if not value[0].startswith("/"):
+            raise ValueError("the first item must be an absolute path (no shell, no PATH lookup)")
+        return value
+
+    def rule(self) -> OsUpdateRule:
+        return OsUpdateRule(
+            self.command, tuple(self.args), self.version_pattern, tuple(self.version_command),
+            tuple(self.retriable_exit_codes), tuple(self.retriable_patterns), tuple(self.terminal_patterns),
+            self.retries, self.retry_delay_seconds, self.reboot_exit_code, self.reboot_marker_file,
+            self.reboot_timeout_seconds,
+        )  # fmt: skip
+
+
+class KubeletCredentialsEntry(_Strict):
+    """The shipped ``kubelet_credentials`` capability: the Machine annotation that asks for a rotation."""
+
+    annotation: str = Field(
+        pattern=ANNOTATION_PATTERN,
+        description="Machine annotation carrying the rotation timestamp (RFC 3339), e.g. "
+        "example.com/rotate-kubelet-credentials",
+    )
+    kubeconfig: str = Field("/etc/kubernetes/kubelet.conf", pattern=ABSOLUTE_PATTERN)
+    bootstrap_kubeconfig: str = Field("/etc/kubernetes/bootstrap-kubelet.conf", pattern=ABSOLUTE_PATTERN)
+    cert_dir: str = Field("/var/lib/kubelet/pki", pattern=ABSOLUTE_PATTERN)
+
+
+class HealthCheckEntry(_Strict):
+    """One user-defined check of the health gate (Kubernetes-aware mode)."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="check name, shown in the health gate's messages")
+    url: str = Field(
+        pattern=r"^https?://\S+$",
+        description="GET this URL after the update; {address} is the Machine's host address",
+    )
+    status: int = Field(200, ge=100, le=599, description="the HTTP status the check expects")
+    timeout_seconds: float = Field(5.0, gt=0, le=60, description="per request")
+
+
+class CapabilitiesFile(_Strict):
+    """The ``--capabilities-file``: capabilities run after the built-ins, in this order."""
+
+    os_update: OsUpdateEntry | None = Field(None, description="shipped os_update capability (runs first)")
+    kubelet_credentials: KubeletCredentialsEntry | None = Field(
+        None, description="shipped kubelet_credentials capability (runs after os_update)"
+    )
+    capabilities: list[CapabilityEntry] = Field(default_factory=list)
+    health_checks: list[HealthCheckEntry] = Field(
+        default_factory=list, description="the health gate's user-defined checks (Kubernetes-aware mode)"
+    )
+
+
+def _shipped(model: CapabilitiesFile) -> tuple[CustomCapability, ...]:
+    """The shipped capabilities the file configures; roles_path "" = the playbook's own roles/."""
+    shipped = []
+    if model.os_update is not None:
+        claim = CustomClaim(model.os_update.claim.kind, model.os_update.claim.pointer)
+        shipped.append(
+            CustomCapability(OS_UPDATE, OS_UPDATE, "", (claim,), Disruption.REBOOT, model.os_update.rule())
+        )
+    if model.kubelet_credentials is not None:
+        entry = model.kubelet_credentials
+        claim = CustomClaim("Machine", "", annotation=entry.annotation)
+        rule = KubeletCredentialsRule(entry.kubeconfig, entry.bootstrap_kubeconfig, entry.cert_dir)
+        shipped.append(
+            CustomCapability(
+                KUBELET_CREDENTIALS, KUBELET_CREDENTIALS, "", (claim,), Disruption.RESTART_KUBELET, rule
+            )
+        )
+    return tuple(shipped)
+
+
+def _builtin_claims(shipped: tuple[CustomCapability, ...]) -> dict[str, list[str]]:
+    claims: dict[str, list[str]] = {}
+    for capability in CAPABILITIES:
+        for claim in capability.claims:
+            claims.setdefault(claim.kind.value, []).append(claim.pointer)
+    for extra in shipped:
+        for custom_claim in extra.claims:
+            if custom_claim.annotation is None:
+                claims.setdefault(custom_claim.kind, []).append(custom_claim.pointer)
+    return claims
+
+
+def load_capabilities(path: Path) -> CustomTable:
+    """Read, validate and check a capabilities file; errors name the file, the line and the field."""
+    text = read_file(path, f"capabilities file {path}", CapabilitiesFileError)
+    return parse_capabilities(text, str(path))
+
+
+def parse_capabilities(text: str, source: str = "<capabilities>") -> CustomTable:
+    model, node = parse_model(text, CapabilitiesFile, f"capabilities file {source}", CapabilitiesFileError)
+    shipped = _shipped(model)
+    table = CustomTable(
+        shipped
+        + tuple(
+            CustomCapability(
+                name=entry.name,
+                role=entry.role,
+                roles_path=str(entry.roles_path),
+                claims=tuple(CustomClaim(claim.kind, claim.pointer) for claim in entry.claims),
+                disruption=Disruption.parse(entry.disruption),
+            )
+            for entry in model.capabilities
+        ),
+        tuple(HealthCheck(c.name, c.url, c.status, c.timeout_seconds) for c in model.health_checks),
+    )
+    user = table.capabilities[len(shipped) :]
+    problems = [
+        locate(node, loc, message)
+        for loc, message in overlap_problems(user, _builtin_claims(shipped), (*capability_names(), *SHIPPED))
+    ]
+    for index, entry in enumerate(model.capabilities):
+        # checked here, not at the first UpdateMachine: a missing role would fail every run much later
+        tasks = entry.roles_path / entry.role / "tasks"
+        if not (tasks / "main.yml").is_file() and not (tasks / "main.yaml").is_file():
+            problems.append(locate(node, ("capabilities", index, "role"), f"no role at {tasks.parent}"))
+    if problems:
+        raise CapabilitiesFileError(f"capabilities file {source}: " + "; ".join(problems))
+    return table

@@ -1,0 +1,93 @@
+"""HOOKS: the one table of the hooks we serve. The app's routes and the Discovery answer are derived from it.
+
+Paths follow CAPI's ``GVHToPath``: ``/<group>/<version>/<lower(hook)>/<handler name>``; the singleton
+Discovery has no handler segment (capi-hooks.md §1.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from inplace_extension.api.common import API_VERSION, CommonResponse, FailurePolicy, ResponseStatus, WireModel
+from inplace_extension.api.discovery import DiscoveryRequest, DiscoveryResponse
+from inplace_extension.api.inplace import (
+    CanUpdateMachineRequest,
+    CanUpdateMachineResponse,
+    CanUpdateMachineSetRequest,
+    CanUpdateMachineSetResponse,
+    UpdateMachineRequest,
+    UpdateMachineResponse,
+)
+from inplace_extension.hooks.can_update import can_update_machine, can_update_machine_set
+from inplace_extension.hooks.context import HookContext
+from inplace_extension.hooks.discovery import discovery
+from inplace_extension.hooks.update_machine import update_machine
+
+RequestT = TypeVar("RequestT", bound=WireModel)
+ResponseT = TypeVar("ResponseT", bound=CommonResponse)
+
+
+@dataclass(frozen=True)
+class Hook(Generic[RequestT, ResponseT]):
+    hook: str  # Go hook name, case-sensitive in Discovery: "CanUpdateMachine"
+    name: str | None  # handler name (DNS-1123 label); None for the singleton Discovery
+    request_model: type[RequestT]
+    response_model: type[ResponseT]
+    handler: Callable[[RequestT, HookContext], Awaitable[ResponseT]]
+    timeout_seconds: int | None = None  # CAPI: 0..30, absent = 10
+    failure_policy: FailurePolicy | None = None
+
+    @property
+    def path(self) -> str:
+        path = f"/{API_VERSION}/{self.hook.lower()}"
+        return f"{path}/{self.name}" if self.name is not None else path
+
+    def failure(self, message: str) -> ResponseT:
+        """The hook's own response type carrying ``Failure`` (UpdateMachine's keeps retryAfterSeconds 0)."""
+        return self.response_model(status=ResponseStatus.FAILURE, message=message)
+
+
+HOOKS: tuple[Hook[Any, Any], ...] = (
+    Hook("Discovery", None, DiscoveryRequest, DiscoveryResponse, discovery),
+    # CanUpdate* are fast pure decisions; UpdateMachine only polls the executor. Fail for all:
+    # with Ignore a network error reads as "Success, retryAfterSeconds 0" = update done (§1.4)
+    Hook(
+        "CanUpdateMachine",
+        "can-update-machine",
+        CanUpdateMachineRequest,
+        CanUpdateMachineResponse,
+        can_update_machine,
+        timeout_seconds=5,
+        failure_policy=FailurePolicy.FAIL,
+    ),
+    Hook(
+        "CanUpdateMachineSet",
+        "can-update-machineset",
+        CanUpdateMachineSetRequest,
+        CanUpdateMachineSetResponse,
+        can_update_machine_set,
+        timeout_seconds=5,
+        failure_policy=FailurePolicy.FAIL,
+    ),
+    Hook(
+        "UpdateMachine",
+        "update-machine",
+        UpdateMachineRequest,
+        UpdateMachineResponse,
+        update_machine,
+        timeout_seconds=10,
+        failure_policy=FailurePolicy.FAIL,
+    ),
+)
+
+
+def find_hook(word: str, hooks: tuple[Hook[Any, Any], ...] = HOOKS) -> Hook[Any, Any]:
+    """A hook by handler name, Go name or path segment, any case: ``update-machine``, ``UpdateMachine``."""
+    wanted = word.strip().lower()
+    for hook in hooks:
+        if wanted in {hook.hook.lower(), (hook.name or "").lower()}:
+            return hook
+    known = ", ".join(hook.name or hook.hook.lower() for hook in hooks)
+    raise LookupError(f"unknown hook {word!r}; known: {known}")

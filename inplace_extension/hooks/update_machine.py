@@ -1,0 +1,100 @@
+"""UpdateMachine: validate, plan (pure core), hand the run to the executor, map its Progress to the answer.
+
+The executor (``inplace_extension.runs.service.RunService``) is injected and reached only through
+:class:`UpdateExecutor`. Every answer is deterministic for the same desired spec (capi-hooks.md §3.2, §7.5).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from inplace_extension.api.common import ResponseStatus
+from inplace_extension.api.inplace import UpdateMachineRequest, UpdateMachineResponse
+from inplace_extension.errors import InvalidRequest
+from inplace_extension.hooks.context import HookContext, HookOptions
+from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
+from inplace_extension.inplace.plan import Plan, PlanError, plan_update
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+
+logger = logging.getLogger(__name__)
+
+# the exact message of CAPI's reference extension (test/extension/handlers/inplaceupdate, capi-hooks.md §8)
+UNEXPECTED_CALL_MESSAGE = (
+    "Unexpected call to UpdateMachine hook after CanUpdateMachine or CanUpdateMachineSet "
+    "did not return any patches"
+)
+NO_EXECUTOR_MESSAGE = (
+    "UpdateMachine: no executor configured; this extension instance answers CanUpdate* but cannot run updates"
+)
+
+
+class UpdateExecutor(Protocol):
+    """What the hook needs from the runs layer: where this update stands (starting it when new)."""
+
+    async def poll(self, request: RunRequest) -> Progress:
+        """Fast and non-blocking; raises ``errors.ExtensionError`` subclasses for known trouble."""
+        ...
+
+
+def plan_request(request: UpdateMachineRequest, custom: CustomTable = NO_CUSTOM) -> Plan:
+    """The plan for the desired objects; an invalid value becomes ``InvalidRequest`` naming its field path."""
+    try:
+        return plan_update(request.desired.to_json(), custom)
+    except PlanError as exc:
+        path = exc.field_path if exc.field_path.startswith("desired") else f"desired.{exc.field_path}"
+        raise InvalidRequest(path, exc.reason) from None
+
+
+def to_run_request(plan: Plan, request: UpdateMachineRequest) -> RunRequest:
+    metadata = request.desired.machine.metadata
+    return RunRequest(
+        namespace=plan.namespace,
+        name=plan.name,
+        fingerprint=plan.fingerprint,
+        capabilities=tuple(step.capability for step in plan.steps),
+        inputs={step.capability: step.inputs for step in plan.steps},
+        # role names of user-defined steps come from the capabilities file (via the plan), never a request
+        roles={step.capability: step.role for step in plan.steps if step.role is not None},
+        annotations=dict(metadata.annotations or {}),
+        labels=dict(metadata.labels or {}),
+    )
+
+
+def to_response(progress: Progress, default_retry_after: int) -> UpdateMachineResponse:
+    """The one mapping Progress -> answer: running = Success + retry > 0, done = retry 0, failed = Failure."""
+    if progress.state is ProgressState.IN_PROGRESS:
+        # never 0 while running: CAPI would read 0 as "update completed" (§6.4)
+        retry = progress.retry_after_seconds if progress.retry_after_seconds > 0 else default_retry_after
+        return UpdateMachineResponse(
+            status=ResponseStatus.SUCCESS, message=progress.message, retry_after_seconds=max(retry, 1)
+        )
+    if progress.state is ProgressState.DONE:
+        return UpdateMachineResponse(
+            status=ResponseStatus.SUCCESS, message=progress.message, retry_after_seconds=0
+        )
+    return UpdateMachineResponse(
+        status=ResponseStatus.FAILURE, message=progress.message, retry_after_seconds=0
+    )
+
+
+async def update_machine(request: UpdateMachineRequest, context: HookContext) -> UpdateMachineResponse:
+    machine = request.desired.machine.key
+    if HookOptions.from_settings(request.settings).disable_in_place_updates:
+        logger.info("hook=UpdateMachine machine=%s decision=failure reason=disabled", machine)
+        return UpdateMachineResponse(status=ResponseStatus.FAILURE, message=UNEXPECTED_CALL_MESSAGE)
+    run = to_run_request(plan_request(request, context.custom), request)
+    if context.executor is None:
+        logger.warning(
+            "hook=UpdateMachine machine=%s run=%s decision=failure reason=no-executor", machine, run.ident
+        )
+        return UpdateMachineResponse(status=ResponseStatus.FAILURE, message=NO_EXECUTOR_MESSAGE)
+    progress = await context.executor.poll(run)
+    logger.info(
+        "hook=UpdateMachine machine=%s run=%s capabilities=%s decision=%s",
+        machine,
+        run.ident,
+        ",".join(run.capabilities) or "-",
+        progress.state.value,
+    )
+    return to_response(progress, context.settings.retry_after_seconds)

@@ -1,0 +1,184 @@
+"""Cordon, drain and uncordon a workload Node through the eviction API (kubectl drain's rules).
+
+- **Cordon** marks the Node unschedulable and records who did it in the Node annotation
+  ``inplace-extension.io/cordoned-by`` (the Machine, ``namespace/name``). A Node someone else cordoned
+  is drained but never uncordoned by us.
+- **Drain** evicts every Pod bound to the Node through ``pods/eviction`` (PodDisruptionBudgets are
+  honoured: a refused eviction, HTTP 429, is tried again), skipping mirror Pods, DaemonSet Pods and
+  finished Pods; Pods with emptyDir volumes only when allowed (their data is lost). Each eviction
+  carries the configured grace period (else the Pod's own). Progress ``draining: N pods left`` is
+  reported whenever N changes; past the timeout a :class:`DrainError` says how many Pods are left and
+  which evictions a PodDisruptionBudget refused.
+- **Uncordon** is one JSON patch that first *tests* that our annotation is still there, so only a Node
+  we cordoned is uncordoned, and of two callers (the run that drained, a restarted service cleaning up)
+  exactly one succeeds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from lightkube import ALL_NS, ApiError, Client
+from lightkube.models.meta_v1 import DeleteOptions, ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
+
+from inplace_extension.kube.machines import api_failure
+
+CORDONED_BY: Final = "inplace-extension.io/cordoned-by"
+_CORDONED_BY_PATH: Final = "/metadata/annotations/" + CORDONED_BY.replace("~", "~0").replace("/", "~1")
+MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
+
+
+class DrainError(Exception):
+    """The drain did not finish; the message (``drain: ...``) is stable and goes to CAPI as is."""
+
+
+@dataclass(frozen=True)
+class DrainPolicy:
+    timeout_seconds: float = 300.0
+    grace_seconds: int | None = None  # None: each Pod's own terminationGracePeriodSeconds
+    delete_empty_dir_data: bool = False  # as kubectl drain: refuse Pods with emptyDir volumes by default
+    poll_seconds: float = 1.0
+
+
+def cordon(client: Client, node: str, owner: str) -> bool:
+    """Make the Node unschedulable; True when it is cordoned by ``owner`` (now or before a restart).
+
+    False when someone else had already cordoned it: then it stays theirs to uncordon.
+    """
+    for _ in range(5):  # optimistic concurrency: the resourceVersion in the patch is a precondition
+        obj = _get_node(client, node)
+        annotations = obj.metadata.annotations or {} if obj.metadata else {}
+        if obj.spec is not None and obj.spec.unschedulable:
+            return annotations.get(CORDONED_BY) == owner
+        version = obj.metadata.resourceVersion if obj.metadata else None
+        patch = {
+            "metadata": {"resourceVersion": version, "annotations": {CORDONED_BY: owner}},
+            "spec": {"unschedulable": True},
+        }
+        try:
+            client.patch(Node, node, patch, patch_type=PatchType.MERGE)
+            return True
+        except ApiError as exc:
+            if exc.response.status_code != 409:
+                raise api_failure(f"cordon Node {node}", exc) from None
+    raise DrainError(f"drain: Node {node} kept changing while it was being cordoned")
+
+
+def uncordon(client: Client, node: str, owner: str) -> bool:
+    """Uncordon the Node if (and only if) ``owner`` cordoned it; True when this call did it."""
+    patch = [
+        {"op": "test", "path": _CORDONED_BY_PATH, "value": owner},
+        {"op": "remove", "path": _CORDONED_BY_PATH},
+        {"op": "replace", "path": "/spec/unschedulable", "value": False},
+    ]
+    try:
+        client.patch(Node, node, patch, patch_type=PatchType.JSON)
+    except ApiError as exc:
+        if exc.response.status_code in (404, 422):  # gone, or not (any longer) cordoned by us
+            return False
+        raise api_failure(f"uncordon Node {node}", exc) from None
+    return True
+
+
+def cordoned_by(client: Client, node: str) -> str | None:
+    """Who cordoned the Node according to our annotation (None: not us, or no such Node)."""
+    try:
+        obj = client.get(Node, node)
+    except ApiError as exc:
+        if exc.response.status_code == 404:
+            return None
+        raise api_failure(f"get Node {node}", exc) from None
+    return ((obj.metadata.annotations or {}) if obj.metadata else {}).get(CORDONED_BY)
+
+
+def drain(client: Client, node: str, policy: DrainPolicy, report: Callable[[int], None]) -> None:
+    """Evict the Node's Pods until none is left, or raise :class:`DrainError` past the timeout."""
+    deadline = time.monotonic() + policy.timeout_seconds
+    refused: set[str] = set()
+    while True:
+        pods = pods_to_evict(client, node, policy)
+        report(len(pods))
+        if not pods:
+            return
+        if time.monotonic() >= deadline:
+            left = f"{len(pods)} pod{'s' if len(pods) != 1 else ''} left"
+            message = f"drain: timed out after {policy.timeout_seconds:g}s with {left} on Node {node}"
+            blocked = sorted(refused & {_key(pod) for pod in pods})
+            if blocked:
+                message += "; evictions refused by a PodDisruptionBudget: " + ", ".join(blocked)
+            raise DrainError(message)
+        for pod in pods:
+            if pod.metadata is not None and pod.metadata.deletionTimestamp is None:
+                if _evict(client, pod, policy.grace_seconds):
+                    refused.discard(_key(pod))
+                else:
+                    refused.add(_key(pod))
+        time.sleep(max(0.0, min(policy.poll_seconds, deadline - time.monotonic())))
+
+
+def pods_to_evict(client: Client, node: str, policy: DrainPolicy) -> list[Pod]:
+    """The Node's Pods a drain must evict, sorted by namespace/name (deterministic progress)."""
+    try:
+        pods = list(client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": node}))
+    except ApiError as exc:
+        raise api_failure(f"list Pods on Node {node}", exc) from None
+    chosen = [pod for pod in pods if _must_evict(pod)]
+    if not policy.delete_empty_dir_data:
+        with_data = sorted(_key(pod) for pod in chosen if _uses_empty_dir(pod))
+        if with_data:
+            raise DrainError(
+                f"drain: Pods with emptyDir data on Node {node}: {', '.join(with_data)} "
+                "(--drain-delete-emptydir-data allows evicting them)"
+            )
+    return sorted(chosen, key=_key)
+
+
+def _must_evict(pod: Pod) -> bool:
+    metadata, status = pod.metadata, pod.status
+    if metadata is None:
+        return False
+    if MIRROR_ANNOTATION in (metadata.annotations or {}):
+        return False  # static Pods: the kubelet owns them, the API server cannot evict them
+    if any(ref.kind == "DaemonSet" and ref.controller for ref in metadata.ownerReferences or []):
+        return False  # the DaemonSet controller would recreate them on the cordoned Node anyway
+    return not (status is not None and status.phase in ("Succeeded", "Failed"))
+
+
+def _uses_empty_dir(pod: Pod) -> bool:
+    return any(volume.emptyDir is not None for volume in (pod.spec.volumes or [] if pod.spec else []))
+
+
+def _key(pod: Pod) -> str:
+    metadata = pod.metadata or ObjectMeta()
+    return f"{metadata.namespace}/{metadata.name}"
+
+
+def _evict(client: Client, pod: Pod, grace_seconds: int | None) -> bool:
+    """POST the eviction; False when a PodDisruptionBudget refused it (429), True otherwise."""
+    metadata = pod.metadata or ObjectMeta()
+    name, namespace = str(metadata.name), str(metadata.namespace)
+    options = DeleteOptions(gracePeriodSeconds=grace_seconds) if grace_seconds is not None else None
+    eviction = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace), deleteOptions=options)
+    try:
+        client.create(eviction, name=name, namespace=namespace)
+    except ApiError as exc:
+        if exc.response.status_code == 429:
+            return False
+        if exc.response.status_code == 404:
+            return True  # already gone
+        raise api_failure(f"evict Pod {namespace}/{name}", exc) from None
+    return True
+
+
+def _get_node(client: Client, node: str) -> Any:
+    try:
+        return client.get(Node, node)
+    except ApiError as exc:
+        if exc.response.status_code == 404:
+            raise DrainError(f"drain: Node {node} not found in the workload cluster") from None
+        raise api_failure(f"get Node {node}", exc) from None

@@ -1,0 +1,52 @@
+"""Logging setup for the service: one handler on the root logger, ``text`` or ``json`` lines.
+
+Modules log with ``logging.getLogger(__name__)`` and one ``key=value`` line per decision
+(``hook=CanUpdateMachine machine=default/m1 decision=in-place``). Request bodies are never logged:
+KubeadmConfig ``joinConfiguration.discovery`` carries bootstrap tokens (capi-hooks.md §6.4).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import TextIO
+
+LOG_FORMATS = ("text", "json")
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (+ exception text when there is one)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, str] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def configure_logging(log_format: str, level: str, stream: TextIO | None = None) -> None:
+    """Route every logger (ours and uvicorn's) through one handler in the chosen format."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}")
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(_TEXT_FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    # uvicorn installs its own handlers unless told otherwise; make its loggers propagate to ours
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+    # the Kubernetes client's transport logs one INFO line per API request (drains poll every second)
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))

@@ -1,0 +1,224 @@
+"""The MCM agent's loop: watch the target cluster's Nodes, update the ones MCM made ready, answer.
+
+One asyncio task per Node being worked on (a Node's watch events only wake its task). A task: re-read
+the Node; remove the critical-components taint once MCM finished it (flag); if MCM waits for an update
+(``node_state.wants_update``), claim the Node (resourceVersion-guarded annotation: two replicas never
+act on one Node), read the desired state from the control cluster (``desired``), and poll the run
+service - the same executor as the CAPI UpdateMachine hook, so the same plan, fingerprint, host lock
+and stamp, and artifacts on disk: a restarted agent resumes without a second apply. A final answer is a
+merge patch of the result label and reason annotation; retriable failures are answered ``failed`` and
+retried with backoff until they succeed. A periodic resync re-checks every Node (retry annotations,
+claims of dead replicas, backoffs ending).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from inplace_extension.errors import ExtensionError
+from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
+from inplace_extension.kube import node_events as events
+from inplace_extension.kube import node_watch as nodes
+from inplace_extension.kube.client import KubeClient
+from inplace_extension.mcm import node_state as ns
+from inplace_extension.mcm.metrics import AgentMetrics
+from inplace_extension.mcm.source import DesiredStateError, desired_plan
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.runs.policy import RETRY_ANNOTATION
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "inplace-extension-mcm-agent"
+
+
+class Executor(Protocol):
+    async def poll(self, request: RunRequest) -> Progress: ...
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    namespace: str  # MCM's namespace in the control cluster
+    delete_pods: bool = False  # delete the Pods left on a Node after a successful update (GNA does)
+    remove_critical_taint: bool = True
+    poll_seconds: float = 2.0  # how often a running update is polled
+    resync_seconds: float = 30.0
+    claim_seconds: float = 120.0
+    agent_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+class Agent:
+    def __init__(
+        self,
+        options: AgentOptions,
+        target: KubeClient,
+        control: KubeClient,
+        executor: Executor,
+        metrics: AgentMetrics,
+        custom: CustomTable = NO_CUSTOM,
+    ) -> None:
+        self.options = options
+        self._target = target
+        self._control = control
+        self._executor = executor
+        self._metrics = metrics
+        self._custom = custom
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._wake: dict[str, asyncio.Event] = {}
+        self._known: set[str] = set()
+        # Node -> ("<fingerprint>|<retry token>", successful, reason) of the last final answer
+        self._answered: dict[str, tuple[str, bool, str]] = {}
+        self.connected = asyncio.Event()
+
+    async def run(self) -> None:
+        """Watch and resync until cancelled."""
+        resync = asyncio.create_task(self._resync())
+        try:
+            async for node in nodes.watch_nodes(self._target, self.connected):
+                self._known.add(ns.name(node))
+                if ns.wants_update(node) or ns.has_critical_taint(node):
+                    self.kick(ns.name(node))
+        finally:
+            resync.cancel()
+            for task in list(self._tasks.values()):
+                task.cancel()
+
+    def kick(self, name: str) -> None:
+        """Wake the Node's task, or start one."""
+        if name in self._tasks and not self._tasks[name].done():
+            self._wake[name].set()
+            return
+        self._wake[name] = asyncio.Event()
+        self._tasks[name] = asyncio.create_task(self._work(name), name=f"node {name}")
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.resync_seconds)
+            for name in list(self._known):
+                self.kick(name)
+
+    async def _work(self, name: str) -> None:
+        try:
+            while await self._step(name):
+                wake = self._wake[name]
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), self.options.poll_seconds)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("node %s: step failed; the next event or resync tries again", name)
+        finally:
+            self._metrics.set_updating(name, False)
+
+    async def _step(self, name: str) -> bool:
+        """One look at the Node; True while there is more to do for it."""
+        try:
+            node = await nodes.get_node(self._target, name)
+            if node is None:
+                self._known.discard(name)
+                self._answered.pop(name, None)
+                return False
+            if self.options.remove_critical_taint and ns.wants_taint_removal(node):
+                if await nodes.remove_taint(self._target, node, *ns.CRITICAL_TAINT):
+                    log.info("node %s: removed taint %s", name, ns.CRITICAL_TAINT[0])
+                    self._metrics.taint_removed()
+                return True
+            if not ns.wants_update(node):
+                return False
+            if not ns.claimable(node, self.options.agent_id):
+                return False  # another replica works on it; the resync looks again
+            return await self._update(node)
+        except nodes.Conflict:
+            return True  # the Node changed under us: read it again
+
+    async def _claim(self, node: Mapping[str, Any]) -> dict[str, Any]:
+        claim = ns.claim_of(node)
+        remaining = claim.expires - time.time() if claim and claim.holder == self.options.agent_id else 0.0
+        if remaining > self.options.claim_seconds / 2:
+            return dict(node)
+        value = ns.claim_value(self.options.agent_id, self.options.claim_seconds)
+        return await nodes.patch_metadata(
+            self._target,
+            ns.name(node),
+            ns.resource_version(node),
+            annotations={ns.CLAIM_ANNOTATION: value},
+        )
+
+    async def _update(self, node: dict[str, Any]) -> bool:
+        """Resolve the desired state (reads only), then claim and poll unless this exact state (and retry
+        token) was answered finally already: re-answering would patch the Node, and every patch is a
+        watch event that would wake this task again."""
+        name = ns.name(node)
+        token = ns.node_annotations(node).get(RETRY_ANNOTATION, "")
+        try:
+            plan = await desired_plan(self._control, self.options.namespace, node, self._custom)
+        except (DesiredStateError, ExtensionError) as exc:
+            key = f"{exc}|{token}"
+            if not self._already_answered(node, key):
+                await self._answer(node, successful=False, reason=str(exc))
+                self._answered[name] = (key, False, str(exc))
+            return False
+        key = f"{plan.fingerprint}|{token}"
+        if self._already_answered(node, key):
+            return False
+        node = await self._claim(node)
+        request = RunRequest(
+            namespace=self.options.namespace,
+            name=name,
+            fingerprint=plan.fingerprint,
+            capabilities=plan.capabilities,
+            inputs=plan.inputs,
+            roles={s.capability: s.role for s in plan.steps if s.role is not None},
+            annotations=ns.node_annotations(node),
+            labels=ns.node_labels(node),
+        )
+        progress = await self._executor.poll(request)
+        if progress.state is ProgressState.IN_PROGRESS:
+            if not self._metrics.is_updating(name):
+                self._metrics.set_updating(name, True)
+                await events.node_event(
+                    self._target, node, "InPlaceUpdateStarted", f"run {request.ident}", COMPONENT
+                )
+            if progress.retrying:
+                await self._answer(node, successful=False, reason=progress.message, final=False)
+            return True
+        successful = progress.state is ProgressState.DONE
+        await self._answer(node, successful, progress.message)
+        self._answered[name] = (key, successful, "" if successful else progress.message)
+        return False
+
+    def _already_answered(self, node: Mapping[str, Any], key: str) -> bool:
+        """This state was answered finally and the Node still says so (MCM removes the label when it
+        is done, and the next rollout with the same desired state must be answered again)."""
+        answered = self._answered.get(ns.name(node))
+        if answered is None or answered[0] != key:
+            return False
+        return ns.result_written(node, answered[1], answered[2], release=False)
+
+    async def _answer(
+        self, node: dict[str, Any], successful: bool, reason: str = "", final: bool = True
+    ) -> None:
+        name = ns.name(node)
+        reason = "" if successful else reason
+        if successful and self.options.delete_pods:
+            deleted = await nodes.delete_pods_on_node(self._target, name, frozenset({"DaemonSet", "Node"}))
+            log.info("node %s: deleted %d pods left on it", name, deleted)
+        if not ns.result_written(node, successful, reason, release=final):
+            labels, annotations = ns.result_metadata(successful, reason, release=final)
+            await nodes.patch_metadata(
+                self._target, name, ns.resource_version(node), labels=labels, annotations=annotations
+            )
+            log.info("node %s: update-result=%s %s", name, labels[ns.RESULT_LABEL], reason)
+            self._metrics.result(ns.SUCCESSFUL if successful else ns.FAILED)
+            event = "InPlaceUpdateSucceeded" if successful else "InPlaceUpdateFailed"
+            message = reason or "update applied"
+            await events.node_event(self._target, node, event, message, COMPONENT, warning=not successful)
+        if final:
+            self._metrics.set_updating(name, False)

@@ -1,0 +1,196 @@
+"""The desired state of an MCM in-place update: where it lives, its schema, and how it becomes a plan.
+
+MCM passes no payload to the node-side updater. The one place we read is the **MachineClass of the
+new MachineSet**, key ``providerSpec.inPlaceUpdate`` (:class:`InPlaceUpdateSpec`). Why there: in MCM
+v0.62.1 a new MachineSet (and so an in-place rollout) is started only by a change of the
+MachineDeployment's ``spec.template`` that ``EqualIgnoreHash`` sees - template labels/annotations and
+``class.name`` - while ``nodeTemplate`` and the MachineConfiguration fields start nothing
+(mcm-contract.md §3). Pointing the template at a new MachineClass is how pools are changed anyway
+(Gardener names classes by a hash of their content), so a new desired state = a new MachineClass.
+The Machine itself is not read for it: during the update it still belongs to the old MachineSet, and
+MCM never updates its ``class.name`` (mcm-contract.md §6.4).
+
+Path: Node label ``node.gardener.cloud/machine-name`` -> Machine -> its MachineSet (controller owner)
+-> that MachineSet's MachineDeployment -> the MachineDeployment's current MachineSet (the one whose
+template equals the deployment's, ignoring ``machine-template-hash``) -> its MachineClass.
+
+The spec is turned into the same desired objects a CAPI UpdateMachine request carries (a Machine with
+``spec.version``, a v1beta2 KubeadmConfig, one infrastructure object for user-defined capabilities),
+so the same plan, fingerprint, role inputs and injection rules apply unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
+from inplace_extension.inplace.entries import INIT_ARGS, JOIN_ARGS, TEMPLATE_PROBLEM, holds_template
+from inplace_extension.inplace.plan import Plan, PlanError, plan_update
+from inplace_extension.inplace.pointers import get_in
+
+MACHINE_NAME_LABEL: Final = "node.gardener.cloud/machine-name"
+TEMPLATE_HASH_LABEL: Final = "machine-template-hash"
+SPEC_KEY: Final = "inPlaceUpdate"
+SPEC_PATH: Final = f"providerSpec.{SPEC_KEY}"
+_PATHS: Final = (
+    ("desired.machine.spec.version", f"{SPEC_PATH}.kubernetesVersion"),
+    ("desired.bootstrapConfig.spec", f"{SPEC_PATH}.kubeadmConfigSpec"),
+    ("desired.infrastructureMachine.spec", f"{SPEC_PATH}.infrastructure.spec"),
+)
+
+
+class DesiredStateError(Exception):
+    """No usable desired state; ``reason`` is stable CamelCase, the message names objects, never values."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class InfrastructureSpec(BaseModel):
+    """The machine-level object user-defined capabilities claim fields of (e.g. ``Metal3Machine``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    api_version: str = Field("infrastructure.example/v1", alias="apiVersion")
+    kind: str = Field(min_length=1)
+    spec: dict[str, Any]
+
+
+class InPlaceUpdateSpec(BaseModel):
+    """``providerSpec.inPlaceUpdate`` of a MachineClass. Every part is optional; what is present is
+    converged on the host (the same capabilities as the CAPI side):
+
+    - ``kubernetesVersion``: like ``Machine.spec.version`` (``v1.31.0``);
+    - ``kubeadmConfigSpec``: a KubeadmConfig v1beta2 ``spec``; read are ``files``, ``users``, ``ntp`` and
+      ``joinConfiguration.nodeRegistration.kubeletExtraArgs`` (a list of ``{name, value}``);
+    - ``infrastructure``: ``{kind, spec}`` for user-defined capabilities (``--capabilities-file``).
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    kubernetes_version: str | None = Field(None, alias="kubernetesVersion")
+    kubeadm_config_spec: dict[str, Any] | None = Field(None, alias="kubeadmConfigSpec")
+    infrastructure: InfrastructureSpec | None = None
+
+
+def parse_spec(machine_class: Mapping[str, Any]) -> InPlaceUpdateSpec:
+    name = machine_class.get("metadata", {}).get("name", "?")
+    provider_spec = machine_class.get("providerSpec")
+    raw = provider_spec.get(SPEC_KEY) if isinstance(provider_spec, Mapping) else None
+    if raw is None:
+        raise DesiredStateError("NoDesiredState", f"MachineClass {name} has no {SPEC_PATH}")
+    try:
+        return InPlaceUpdateSpec.model_validate(raw)
+    except ValidationError as exc:
+        where = ", ".join(".".join(str(p) for p in err["loc"]) + ": " + err["msg"] for err in exc.errors())
+        raise DesiredStateError("InvalidDesiredState", f"MachineClass {name} {SPEC_PATH}: {where}") from None
+
+
+def _refuse_templates(spec: InPlaceUpdateSpec) -> None:
+    """A cloud-init template (``{{ }}``/``{% %}``) is rendered only at bootstrap. The CAPI side declines
+    such a change to a rollout; MCM has no such question, so the desired state is refused instead of
+    the entry being left out silently (the Node would be answered ``successful`` without it)."""
+    kubeadm = spec.kubeadm_config_spec or {}
+    for key in ("files", "users", "ntp"):
+        value = kubeadm.get(key)
+        entries = value if isinstance(value, list) else [value]
+        for index, entry in enumerate(entries):
+            if holds_template(entry):
+                where = f"{key}[{index}]" if isinstance(value, list) else key
+                raise DesiredStateError(
+                    "InvalidDesiredState", f"{SPEC_PATH}.kubeadmConfigSpec.{where} {TEMPLATE_PROBLEM}"
+                )
+    for tokens in (JOIN_ARGS, INIT_ARGS):
+        if holds_template(get_in(kubeadm, tokens)):
+            path = ".".join(tokens)
+            raise DesiredStateError(
+                "InvalidDesiredState", f"{SPEC_PATH}.kubeadmConfigSpec.{path} {TEMPLATE_PROBLEM}"
+            )
+
+
+def desired_objects(spec: InPlaceUpdateSpec, namespace: str, node: str) -> dict[str, Any]:
+    """The CAPI-shaped desired objects the plan reads (named after the Node: one run per Node)."""
+    machine_spec: dict[str, Any] = {}
+    if spec.kubernetes_version is not None:
+        machine_spec["version"] = spec.kubernetes_version
+    desired: dict[str, Any] = {
+        "machine": {
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Machine",
+            "metadata": {"namespace": namespace, "name": node},
+            "spec": machine_spec,
+        }
+    }
+    if spec.kubeadm_config_spec is not None:
+        desired["bootstrapConfig"] = {
+            "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2",
+            "kind": "KubeadmConfig",
+            "spec": spec.kubeadm_config_spec,
+        }
+    if spec.infrastructure is not None:
+        desired["infrastructureMachine"] = {
+            "apiVersion": spec.infrastructure.api_version,
+            "kind": spec.infrastructure.kind,
+            "spec": spec.infrastructure.spec,
+        }
+    return desired
+
+
+def plan_for(spec: InPlaceUpdateSpec, namespace: str, node: str, custom: CustomTable = NO_CUSTOM) -> Plan:
+    """The same plan as UpdateMachine would make; errors name ``providerSpec.inPlaceUpdate`` paths."""
+    _refuse_templates(spec)
+    try:
+        return plan_update(desired_objects(spec, namespace, node), custom)
+    except PlanError as exc:
+        path = exc.field_path
+        for capi, ours in _PATHS:
+            if path.startswith(capi):
+                path = ours + path[len(capi) :]
+                break
+        raise DesiredStateError("InvalidDesiredState", f"{path}: {exc.reason}") from None
+
+
+# -- the path from a Machine to its MachineClass --------------------------------------------------
+
+
+def controller_owner(obj: Mapping[str, Any], kind: str) -> str | None:
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == kind and ref.get("controller"):
+            return str(ref.get("name"))
+    return None
+
+
+def _without_hash(template: Mapping[str, Any]) -> dict[str, Any]:
+    metadata = dict(template.get("metadata") or {})
+    labels = {k: v for k, v in (metadata.get("labels") or {}).items() if k != TEMPLATE_HASH_LABEL}
+    metadata["labels"] = labels
+    metadata.pop("creationTimestamp", None)
+    return {**template, "metadata": metadata}
+
+
+def current_machine_set(
+    deployment: Mapping[str, Any], machine_sets: Sequence[Mapping[str, Any]]
+) -> Mapping[str, Any] | None:
+    """The deployment's MachineSet whose template equals the deployment's template ignoring the hash
+    label (MCM's ``EqualIgnoreHash``): the "new" MachineSet of a rollout, the only one otherwise."""
+    name = deployment.get("metadata", {}).get("name")
+    wanted = _without_hash(deployment.get("spec", {}).get("template") or {})
+    for machine_set in machine_sets:
+        if controller_owner(machine_set, "MachineDeployment") != name:
+            continue
+        if _without_hash(machine_set.get("spec", {}).get("template") or {}) == wanted:
+            return machine_set
+    return None
+
+
+def class_name(machine_set: Mapping[str, Any]) -> str:
+    klass = machine_set.get("spec", {}).get("template", {}).get("spec", {}).get("class") or {}
+    name = klass.get("name")
+    if not isinstance(name, str) or not name:
+        raise DesiredStateError(
+            "NoDesiredState", f"MachineSet {machine_set['metadata']['name']} names no MachineClass"
+        )
+    return name

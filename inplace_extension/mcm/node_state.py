@@ -1,0 +1,125 @@
+"""What a Node says to the MCM agent, and the metadata the agent writes back (pure; no I/O).
+
+MCM's keys (mcm-contract.md §2): MCM sets the ``InPlaceUpdate`` condition, the candidate/selected
+labels, cordon, drain and its taints; the node-side updater writes only the ``update-result`` label
+and the ``update-failed-reason`` annotation. Ours: the claim annotation (single-acting replicas) and
+the retry annotation a user sets to retry a failed task (shared with the CAPI side).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+CONDITION: Final = "InPlaceUpdate"
+READY_FOR_UPDATE: Final = "ReadyForUpdate"
+UPDATE_FAILED: Final = "UpdateFailed"
+CANDIDATE_LABEL: Final = "node.machine.sapcloud.io/candidate-for-update"
+RESULT_LABEL: Final = "node.machine.sapcloud.io/update-result"
+SUCCESSFUL: Final = "successful"
+FAILED: Final = "failed"
+FAILED_REASON_ANNOTATION: Final = "node.machine.sapcloud.io/update-failed-reason"
+CRITICAL_TAINT: Final = ("node.gardener.cloud/critical-components-not-ready", "NoSchedule")
+CLAIM_ANNOTATION: Final = "inplace-extension.io/mcm-agent-claim"
+MAX_REASON_LEN: Final = 1024  # MCM copies the reason into a condition message and the Machine status
+
+
+def name(node: Mapping[str, Any]) -> str:
+    return str(node.get("metadata", {}).get("name", ""))
+
+
+def node_labels(node: Mapping[str, Any]) -> dict[str, str]:
+    return dict(node.get("metadata", {}).get("labels") or {})
+
+
+def node_annotations(node: Mapping[str, Any]) -> dict[str, str]:
+    return dict(node.get("metadata", {}).get("annotations") or {})
+
+
+def resource_version(node: Mapping[str, Any]) -> str:
+    return str(node.get("metadata", {}).get("resourceVersion", ""))
+
+
+def condition(node: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in node.get("status", {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def in_place_reason(node: Mapping[str, Any]) -> str | None:
+    cond = condition(node, CONDITION)
+    return str(cond.get("reason")) if cond and cond.get("status") == "True" else None
+
+
+def wants_update(node: Mapping[str, Any]) -> bool:
+    """MCM drained the Node and waits for us (ReadyForUpdate), or our last answer was ``failed``
+    (UpdateFailed: retriable failures retry, a retry annotation restarts a failed task)."""
+    return CANDIDATE_LABEL in node_labels(node) and in_place_reason(node) in (READY_FOR_UPDATE, UPDATE_FAILED)
+
+
+def is_ready(node: Mapping[str, Any]) -> bool:
+    cond = condition(node, "Ready")
+    return cond is not None and cond.get("status") == "True"
+
+
+def has_critical_taint(node: Mapping[str, Any]) -> bool:
+    key, effect = CRITICAL_TAINT
+    taints = node.get("spec", {}).get("taints") or []
+    return any(t.get("key") == key and t.get("effect") == effect for t in taints)
+
+
+def wants_taint_removal(node: Mapping[str, Any]) -> bool:
+    """MCM finished the Node (its candidate label is gone) and added the critical-components taint;
+    outside Gardener nothing else removes it, and a leftover one breaks MCM's next rollout."""
+    return has_critical_taint(node) and CANDIDATE_LABEL not in node_labels(node) and is_ready(node)
+
+
+# -- our writes ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    holder: str
+    expires: float
+
+
+def claim_of(node: Mapping[str, Any]) -> Claim | None:
+    value = node_annotations(node).get(CLAIM_ANNOTATION, "")
+    holder, _, expires = value.partition(" ")
+    try:
+        return Claim(holder, float(expires)) if holder else None
+    except ValueError:
+        return None
+
+
+def claimable(node: Mapping[str, Any], agent_id: str, now: float | None = None) -> bool:
+    """Free, ours, or expired (its holder died): another live replica's claim is respected."""
+    claim = claim_of(node)
+    return claim is None or claim.holder == agent_id or claim.expires <= (now or time.time())
+
+
+def claim_value(agent_id: str, seconds: float, now: float | None = None) -> str:
+    return f"{agent_id} {int((now or time.time()) + seconds)}"
+
+
+def result_metadata(
+    successful: bool, reason: str = "", release: bool = True
+) -> tuple[dict[str, str], dict[str, str | None]]:
+    """(labels, annotations) of a result; ``None`` removes a key. ``release``: also drop our claim
+    (a final answer; a retriable failure keeps it while we retry)."""
+    notes: dict[str, str | None] = {CLAIM_ANNOTATION: None} if release else {}
+    if successful:
+        return {RESULT_LABEL: SUCCESSFUL}, {FAILED_REASON_ANNOTATION: None, **notes}
+    return {RESULT_LABEL: FAILED}, {FAILED_REASON_ANNOTATION: reason[:MAX_REASON_LEN], **notes}
+
+
+def result_written(node: Mapping[str, Any], successful: bool, reason: str = "", release: bool = True) -> bool:
+    """The Node already says this result (no patch needed)."""
+    want_labels, want_annotations = result_metadata(successful, reason, release)
+    have_labels, have_annotations = node_labels(node), node_annotations(node)
+    return all(have_labels.get(k) == v for k, v in want_labels.items()) and all(
+        have_annotations.get(k) == v for k, v in want_annotations.items()
+    )

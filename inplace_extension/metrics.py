@@ -1,0 +1,143 @@
+"""Prometheus metrics of the service: one :class:`Metrics` per app, each with its own CollectorRegistry.
+
+The app creates one ``Metrics``, calls :meth:`Metrics.observe_hook` once per hook answer, gives the run
+service :meth:`Metrics.run_finished` and the two gauges, and mounts :meth:`Metrics.endpoint` at
+``/metrics``. Nothing here is global: two apps in one process (tests) never see each other's numbers.
+Label values come from our own tables (hook names, run outcomes), never from request data, so the
+number of time series stays bounded.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Final, Literal, get_args
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+from starlette.requests import Request
+from starlette.responses import Response
+
+NAMESPACE: Final = "inplace_extension"
+
+HookStatus = Literal["Success", "Failure"]
+"""The ``status`` of a hook answer as CAPI reads it (capi-hooks.md §3.2)."""
+
+RunOutcome = Literal["successful", "task_failed", "unreachable", "host_busy", "interrupted"]
+"""How a run ended: the values of ``inplace_extension.runs.artifacts.OutcomeKind`` (successful; a task failed;
+SSH never connected; the host lock was held by another run; killed or no proof of completion)."""
+
+HOOK_STATUSES: Final[frozenset[str]] = frozenset(get_args(HookStatus))
+RUN_OUTCOMES: Final[frozenset[str]] = frozenset(get_args(RunOutcome))
+
+# A hook answers within its timeoutSeconds, at most 30 s (capi-hooks.md §1.4); we aim for < 1 s.
+HOOK_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# A run is a playbook over SSH: seconds for a no-op (stamp already applied) up to an hour for an upgrade.
+RUN_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
+
+# Hook label values are names from the HOOKS table ("Discovery", "CanUpdateMachine", ...).
+_HOOK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,63}$")
+
+
+class Metrics:
+    """The service's metrics, registered in a private :class:`CollectorRegistry`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._hook_calls = Counter(
+            "hook_calls",
+            "Hook answers by hook and status (Success or Failure as sent to CAPI).",
+            ("hook", "status"),
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self._hook_seconds = Histogram(
+            "hook_duration_seconds",
+            "Time from receiving a hook request to having its answer, by hook.",
+            ("hook",),
+            namespace=NAMESPACE,
+            registry=self.registry,
+            buckets=HOOK_BUCKETS,
+        )
+        self._runs = Counter(
+            "runs",
+            "Finished update runs by outcome.",
+            ("outcome",),
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self._run_seconds = Histogram(
+            "run_duration_seconds",
+            "Wall-clock duration of finished update runs (all outcomes).",
+            namespace=NAMESPACE,
+            registry=self.registry,
+            buckets=RUN_BUCKETS,
+        )
+        self._in_flight = Gauge(
+            "runs_in_flight",
+            "Update runs executing now.",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self._queue_length = Gauge(
+            "run_queue_length",
+            "Update runs waiting in the FIFO queue for a free slot.",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        # Pre-create the outcome series so a dashboard shows 0 rather than "no data" before the first run.
+        for outcome in sorted(RUN_OUTCOMES):
+            self._runs.labels(outcome=outcome)
+
+    def observe_hook(self, hook: str, status: HookStatus, seconds: float) -> None:
+        """Count one hook answer and record how long it took."""
+        if not _HOOK_NAME.match(hook):
+            raise ValueError(f"hook label must be a hook name from the HOOKS table, got {hook!r}")
+        if status not in HOOK_STATUSES:
+            raise ValueError(f"hook status must be one of {sorted(HOOK_STATUSES)}, got {status!r}")
+        duration = _duration(seconds)  # validated before anything is recorded
+        self._hook_calls.labels(hook=hook, status=status).inc()
+        self._hook_seconds.labels(hook=hook).observe(duration)
+
+    def run_finished(self, outcome: str, seconds: float) -> None:
+        """Count one finished run and record its duration. ``outcome`` is a :data:`RunOutcome` value;
+        it is typed ``str`` so ``OutcomeKind.value`` passes as is, and checked here instead."""
+        if outcome not in RUN_OUTCOMES:
+            raise ValueError(f"run outcome must be one of {sorted(RUN_OUTCOMES)}, got {outcome!r}")
+        duration = _duration(seconds)
+        self._runs.labels(outcome=outcome).inc()
+        self._run_seconds.observe(duration)
+
+    def set_runs_in_flight(self, count: int) -> None:
+        self._in_flight.set(_count(count, "runs in flight"))
+
+    def set_queue_length(self, count: int) -> None:
+        self._queue_length.set(_count(count, "queue length"))
+
+    def bind_run_gauges(self, runs_in_flight: Callable[[], int], queue_length: Callable[[], int]) -> None:
+        """Read both gauges from the run service at scrape time instead of being told every change."""
+        self._in_flight.set_function(lambda: _count(runs_in_flight(), "runs in flight"))
+        self._queue_length.set_function(lambda: _count(queue_length(), "queue length"))
+
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition text for an ``Accept`` header: (body, content type). OpenMetrics when asked for."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
+
+    async def endpoint(self, request: Request) -> Response:
+        """Starlette endpoint for ``GET /metrics``."""
+        body, content_type = self.render(request.headers.get("accept", ""))
+        return Response(body, media_type=content_type)
+
+
+def _duration(seconds: float) -> float:
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"a duration must be a finite number of seconds >= 0, got {seconds!r}")
+    return seconds
+
+
+def _count(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be an integer >= 0, got {value!r}")
+    return value

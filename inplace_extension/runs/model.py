@@ -1,0 +1,125 @@
+"""Values exchanged between the hooks layer and the runs layer: what to run, how far it got, and the
+cluster-side hooks a run calls around its play (:class:`MachineHooks`)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One UpdateMachine call, reduced to what a run needs. Built by ``hooks.update_machine``.
+
+    ``inputs`` maps capability name (= role name) to that role's inputs; it never holds
+    ``joinConfiguration.discovery`` or any other field no capability claims. ``roles`` names the role of
+    each user-defined capability (from the capabilities file; built-ins are their own role).
+    """
+
+    namespace: str
+    name: str
+    fingerprint: str  # sha256 hex of the canonical JSON of ``inputs``
+    capabilities: tuple[str, ...]  # roles to run, in the fixed documented order
+    inputs: Mapping[str, Mapping[str, Any]]
+    annotations: Mapping[str, str] = field(default_factory=dict)  # Machine annotations (address, retry token)
+    labels: Mapping[str, str] = field(default_factory=dict)  # Machine labels (inventory label selectors)
+    roles: Mapping[str, str] = field(default_factory=dict)  # user-defined capability -> its role
+
+    @property
+    def ident(self) -> str:
+        """Run ident: ``<namespace>.<name>.<fingerprint[:12]>`` (names a directory under the runs dir)."""
+        return f"{self.namespace}.{self.name}.{self.fingerprint[:12]}"
+
+    @property
+    def machine(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class ProgressState(enum.Enum):
+    IN_PROGRESS = "in_progress"  # Success + retryAfterSeconds > 0
+    DONE = "done"  # Success + retryAfterSeconds = 0
+    FAILED = "failed"  # Failure, same message on every call
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where an update stands. Messages are deterministic and secret-free (CAPI shows them, §3.2)."""
+
+    state: ProgressState
+    message: str
+    retry_after_seconds: int = 0
+    retrying: bool = False  # IN_PROGRESS only: waiting out a backoff after a retriable failure
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """Why the play may not start (the drain did not finish): a stable message; ``retriable`` when it
+    is worth trying again by itself (the API server unreachable), else remembered like a task failure."""
+
+    message: str
+    retriable: bool = False
+
+
+class MachineHooks(Protocol):
+    """What a run does in the cluster around the play (the Kubernetes-aware mode, ``inplace_extension.
+    kubeaware``); :data:`NO_MACHINE_HOOKS` when the service has no cluster access. Every method may block
+    on the API server: the service calls them from worker threads, never from the event loop.
+    """
+
+    def addresses(self, request: RunRequest) -> Sequence[tuple[str, str]]:
+        """The live Machine's ``status.addresses`` as (type, address); empty when unknown."""
+        ...
+
+    def before_play(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
+        """Drain if the steps need it (progress through ``report``); None when the play may start."""
+        ...
+
+    def step_started(self, request: RunRequest, capability: str) -> None:
+        """The play entered ``capability``'s role (skip-remediation while a disruptive step runs)."""
+        ...
+
+    def after_play(self, request: RunRequest) -> None:
+        """The play ended (any outcome): undo what before_play and step_started did, exactly once."""
+        ...
+
+    def settle(self, request: RunRequest, applied_at: float, address: str | None) -> Progress:
+        """The update is applied on the host (``address``): clean up, then the health gate decides."""
+        ...
+
+    def failed(self, request: RunRequest, message: str) -> None:
+        """The update failed for good: clean up (a restarted service may find a cordoned Node)."""
+        ...
+
+    def state(self, request: RunRequest, reason: str, message: str, warning: bool = False) -> None:
+        """A state change the cluster should see (an Event on the Machine); never blocks."""
+        ...
+
+
+class NoMachineHooks:
+    """No cluster access: the run is the play alone, done when the host carries the stamp."""
+
+    def addresses(self, request: RunRequest) -> Sequence[tuple[str, str]]:
+        return ()
+
+    def before_play(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
+        return None
+
+    def step_started(self, request: RunRequest, capability: str) -> None:
+        return None
+
+    def after_play(self, request: RunRequest) -> None:
+        return None
+
+    def settle(self, request: RunRequest, applied_at: float, address: str | None) -> Progress:
+        return Progress(ProgressState.DONE, "update applied")
+
+    def failed(self, request: RunRequest, message: str) -> None:
+        return None
+
+    def state(self, request: RunRequest, reason: str, message: str, warning: bool = False) -> None:
+        return None
+
+
+NO_MACHINE_HOOKS: Final[MachineHooks] = NoMachineHooks()

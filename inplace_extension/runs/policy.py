@@ -1,0 +1,90 @@
+"""The UpdateMachine state machine of design.md §3, as a pure function of the attempts found on disk.
+
+Given the attempts of one run ident (oldest first), the retry token of this call and the clock, say
+whether the update is done, failed (remembered), waiting out a retry backoff, or must start now.
+No I/O here; :mod:`inplace_extension.runs.service` feeds it and acts on the verdict.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from inplace_extension.runs.artifacts import RETRIABLE, Attempt, OutcomeKind
+
+RETRY_ANNOTATION = "inplace-extension.io/retry"
+BACKOFF_CAP_SECONDS = 300
+
+
+class Verdict(enum.Enum):
+    DONE = "done"
+    FAILED = "failed"
+    WAIT = "wait"  # a retriable attempt ended recently: answer in progress until the backoff is over
+    START = "start"
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    message: str = ""  # FAILED and WAIT: what CAPI shows
+    wait_seconds: int = 0  # WAIT: retryAfterSeconds
+    next_attempt: int = 1
+
+
+def retry_token(value: str | None) -> str:
+    """What is remembered of the retry annotation: a short hash (the value itself is user data)."""
+    if value is None:
+        return ""
+    return hashlib.sha256(value.encode("utf-8")).hexdigest()[:16]
+
+
+def backoff_seconds(failures: int, base: int, cap: int = BACKOFF_CAP_SECONDS) -> int:
+    """Delay after ``failures`` retriable attempts in a row: base, 2*base, 4*base, ... up to ``cap``."""
+    return int(min(cap, base * 2 ** max(0, failures - 1)))
+
+
+def failure_message(capability: str | None, task: str | None) -> str:
+    return f'{capability or "update_machine"}: task "{task or "unnamed task"}" failed on host'
+
+
+def decide(attempts: Sequence[Attempt], token: str, now: float, base_backoff: int) -> Decision:
+    """The verdict for one poll; a run in flight in this process answers before this is asked."""
+    if any(a.outcome is not None and a.outcome.kind is OutcomeKind.SUCCESSFUL for a in attempts):
+        return Decision(Verdict.DONE)
+    if not attempts:
+        return Decision(Verdict.START)
+    last = attempts[-1]
+    next_attempt = last.number + 1
+    outcome = last.outcome
+    if outcome is None:
+        # no summary and no final status: the process running it died; restart it (the host lock and
+        # stamp make a second run safe even if the old ansible-playbook still lives)
+        return Decision(Verdict.START, next_attempt=next_attempt)
+    if outcome.kind is OutcomeKind.TASK_FAILED:
+        if last.retry_token == token:
+            message = outcome.message or failure_message(outcome.capability, outcome.task)
+            return Decision(Verdict.FAILED, message)
+        return Decision(Verdict.START, next_attempt=next_attempt)
+    if last.retry_token != token:
+        return Decision(Verdict.START, next_attempt=next_attempt)  # the user asked to retry now
+    failures = 0
+    for attempt in reversed(attempts):
+        if attempt.outcome is None or attempt.outcome.kind not in RETRIABLE:
+            break
+        failures += 1
+    remaining = outcome.finished + backoff_seconds(failures, base_backoff) - now
+    if remaining <= 0:
+        return Decision(Verdict.START, next_attempt=next_attempt)
+    what = {
+        OutcomeKind.UNREACHABLE: "host unreachable",
+        OutcomeKind.HOST_BUSY: "host locked by another run",
+    }.get(outcome.kind, "run interrupted")
+    return Decision(
+        Verdict.WAIT,
+        f"{what}, retrying (attempt {next_attempt})",
+        wait_seconds=max(1, math.ceil(remaining)),
+        next_attempt=next_attempt,
+    )

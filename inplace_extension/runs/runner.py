@@ -1,0 +1,282 @@
+"""The ansible-runner adapter: the one module that imports ``ansible_runner``.
+
+It prepares a fresh private data dir for one batch of Machine attempts (per Machine: inputs file,
+pinned known_hosts, host variables), starts ``update_machine.yml`` once for all of them with
+``run_async`` and reports live task starts per host. It never decides what an
+outcome means (that is :mod:`inplace_extension.runs.artifacts`); ansible-runner exceptions become
+:class:`RunStartError` here. Used by :mod:`inplace_extension.runs.service` from worker threads only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+
+import inplace_extension
+from inplace_extension.runs.artifacts import write_json
+from inplace_extension.runs.resolve import HostTarget
+
+log = logging.getLogger(__name__)
+
+HOST_KEY_ALIAS = "inplace-extension-target"  # known_hosts lines are written for this alias, see _ssh_args
+# ssh's ControlPath socket must fit in sun_path (107 bytes and a NUL): the directory, '/', the 40-char %C
+# hash and the 17-char suffix ('.' and 16 random characters) of the temporary name ssh binds first
+MAX_CONTROL_DIR_LEN = 49
+
+
+class RunStartError(Exception):
+    """ansible-runner refused to start the run (bad private data dir, missing playbook, ...)."""
+
+
+@dataclass(frozen=True)
+class HostRun:
+    """One Machine's attempt inside a batch, fully decided: nothing here comes from a request unvalidated."""
+
+    ident: str
+    host_name: str  # inventory host name (the Machine name, DNS-1123 checked by the service)
+    fingerprint: str
+    capabilities: tuple[str, ...]
+    inputs: Mapping[str, Mapping[str, Any]]
+    target: HostTarget
+    attempt_dir: Path  # this Machine's attempt: inputs.json, known_hosts, meta.json, outcome.json
+    roles: Mapping[str, str] = field(default_factory=dict)  # user-defined capability -> role (ours, checked)
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """One ansible-playbook run for one or more Machines (design.md §7: one Ansible start-up, forks)."""
+
+    ident: str  # names artifacts/<ident>/ in batch_dir
+    batch_dir: Path  # ansible-runner's private data dir, fresh for every batch
+    hosts: tuple[HostRun, ...]
+    playbook: Path
+    ansible_cfg: Path | None
+    state_dir: Path  # the runs dir: ANSIBLE_HOME and the ssh control sockets live below it
+    wrapper: Path  # from install_wrapper()
+    roles_paths: tuple[Path, ...] = ()  # user roles directories (--capabilities-file), searched after ours
+
+
+TaskListener = Callable[[str, str | None, str], None]  # (host name, role or None, task) per task start
+
+
+class RunHandle:
+    """A started run. ``wait()`` blocks until ansible-playbook is gone and returns runner's status."""
+
+    def __init__(self, thread: threading.Thread, runner: Any) -> None:
+        self._thread = thread
+        self._runner = runner
+
+    def wait(self) -> str:
+        self._thread.join()
+        return str(self._runner.status)
+
+
+def _never_cancel() -> bool:
+    return False
+
+
+def install_wrapper(state_dir: Path) -> Path:
+    """Write ``detach.py`` as an executable under the runs dir, pinned to this interpreter.
+
+    Written at start-up rather than executed from the package because installed packages do not keep
+    the executable bit; the shebang names ``sys.executable`` so no other Python is picked up.
+    """
+    source = Path(__file__).with_name("detach.py").read_text(encoding="utf-8")
+    bin_dir = state_dir / ".bin"
+    bin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    wrapper = bin_dir / "ansible-playbook-detached"
+    tmp = bin_dir / ".ansible-playbook-detached.tmp"
+    tmp.write_text(f"#!{sys.executable}\n{source}", encoding="utf-8")
+    tmp.chmod(0o700)
+    tmp.replace(wrapper)
+    return wrapper
+
+
+def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
+    """Write every host's files and start ansible-playbook for the batch in ansible-runner's thread."""
+    hosts: dict[str, dict[str, Any]] = {}
+    for run in spec.hosts:
+        inputs_file = run.attempt_dir / "inputs.json"
+        # request data reaches the play only through this file (lookup(file)|from_json, never templated)
+        write_json(inputs_file, {cap: dict(run.inputs.get(cap, {})) for cap in run.capabilities})
+        # the playbook's run parameters (architecture.md), as host variables so that one play can
+        # carry several Machines, each with its own ident, fingerprint and inputs
+        hosts[run.host_name] = {**_host_vars(run.target, run.attempt_dir), **run_parameters(run, inputs_file)}
+
+    def event_handler(event: dict[str, Any]) -> bool:
+        # an exception here would kill runner's thread and leave status "running" (hostlab pitfall 6)
+        try:
+            if event.get("event") == "runner_on_start":
+                data = event.get("event_data") or {}
+                on_task(str(data.get("host") or ""), data.get("role") or None, str(data.get("task") or ""))
+        except Exception:
+            log.exception("run=%s: task listener failed", spec.ident)
+        return True
+
+    try:
+        thread, runner = ansible_runner.run_async(
+            private_data_dir=str(spec.batch_dir),
+            ident=spec.ident,
+            playbook=str(spec.playbook),
+            # ansible-playbook via detach.py, which survives the service's death; with a custom binary
+            # ansible-runner leaves out the playbook argument, so it goes in through cmdline
+            binary=str(spec.wrapper),
+            cmdline=shlex.quote(str(spec.playbook)),
+            inventory={"all": {"hosts": hosts}},
+            forks=len(hosts),
+            envvars=_envvars(spec),
+            quiet=True,
+            suppress_env_files=True,
+            event_handler=event_handler,
+            # Always given: without it runner installs its own SIGINT/SIGTERM handlers (hostlab pitfall 7).
+            # Never true: killing a play mid-way leaves the host lock held until it counts as stale,
+            # while a play left alone finishes (detach.py) and a later attempt finds its stamp.
+            cancel_callback=_never_cancel,
+        )
+    except Exception as exc:  # ConfigurationError, ValueError, OSError...: all mean "did not start"
+        raise RunStartError(f"ansible-runner could not start: {type(exc).__name__}: {exc}") from exc
+    return RunHandle(thread, runner)
+
+
+def run_parameters(run: HostRun, inputs_file: Path) -> dict[str, Any]:
+    """The play's ``update_machine_*`` variables for one Machine: all ours, no request string among them."""
+    return {
+        "update_machine_ident": run.ident,
+        "update_machine_fingerprint": run.fingerprint,
+        "update_machine_capabilities": list(run.capabilities),
+        "update_machine_inputs_file": str(inputs_file),
+        # user-defined steps in run order: the play includes each role by this name (from the
+        # capabilities file); their inputs still come only from the inputs file
+        "update_machine_custom": [
+            {"capability": cap, "role": run.roles[cap]} for cap in run.capabilities if cap in run.roles
+        ],
+    }
+
+
+def _host_vars(target: HostTarget, attempt_dir: Path) -> dict[str, Any]:
+    host: dict[str, Any] = {
+        "ansible_host": target.address,
+        "ansible_port": target.port,
+        "ansible_become": target.become,
+        "ansible_host_key_checking": not target.insecure_skip_host_key_check,
+        "ansible_ssh_common_args": _ssh_args(target, attempt_dir),
+    }
+    if target.user:
+        host["ansible_user"] = target.user
+    if target.private_key_file:
+        host["ansible_ssh_private_key_file"] = str(target.private_key_file)
+    if target.python_interpreter:
+        host["ansible_python_interpreter"] = target.python_interpreter
+    return host
+
+
+def _ssh_args(target: HostTarget, attempt_dir: Path) -> str:
+    if target.insecure_skip_host_key_check:
+        return "-o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no"
+    known_hosts = attempt_dir / "known_hosts"
+    # the alias pins the key to this target whatever address/port it has; the system files are ignored
+    known_hosts.write_text("".join(f"{HOST_KEY_ALIAS} {key}\n" for key in target.host_keys), encoding="utf-8")
+    return " ".join(
+        [
+            "-o",
+            shlex.quote(f"UserKnownHostsFile={known_hosts}"),
+            "-o GlobalKnownHostsFile=/dev/null",
+            "-o StrictHostKeyChecking=yes",
+            f"-o HostKeyAlias={HOST_KEY_ALIAS}",
+        ]
+    )
+
+
+def control_path_dir(state_dir: Path) -> Path:
+    """Where ssh ControlPersist sockets go: under the runs dir unless that path is too long for a socket."""
+    wanted = state_dir / "cp"
+    if len(str(wanted)) <= MAX_CONTROL_DIR_LEN:
+        return wanted
+    digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:10]
+    return Path(tempfile.gettempdir()) / f"inplace-cp-{os.getuid()}-{digest}"
+
+
+def close_control_masters(state_dir: Path) -> None:
+    """End the ssh ControlPersist masters our runs left (they would linger up to ControlPersist)."""
+    cp_dir = control_path_dir(state_dir)
+    if not cp_dir.is_dir():
+        return
+    for sock in cp_dir.iterdir():
+        if sock.is_socket():
+            subprocess.run(
+                ["ssh", "-O", "exit", "-o", f"ControlPath={sock}", "control-master"],
+                capture_output=True, timeout=10, check=False,
+            )  # fmt: skip
+    if cp_dir.parent != state_dir:
+        # the fallback under the temp dir: leave nothing behind. A master removes its socket just after
+        # "ssh -O exit" returns, so give the directory a moment to become empty.
+        deadline = time.monotonic() + 2.0
+        while True:
+            try:
+                cp_dir.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() > deadline or any(not p.is_socket() for p in cp_dir.iterdir()):
+                    return
+                time.sleep(0.05)
+
+
+def _envvars(spec: BatchSpec) -> dict[str, str]:
+    cp_dir = control_path_dir(spec.state_dir)
+    cp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    home = spec.state_dir / ".ansible"
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # ansible-runner spawns ansible-playbook through PATH: ours must win (hostlab pitfall 1)
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
+    env = {
+        "PATH": path,
+        "ANSIBLE_HOME": str(home),
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp_dir),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        # Each host of a batch goes through the play on its own. With the default linear strategy every
+        # host waits for all the others at each task, and two plays that each hold the lock of a host
+        # the other one waits for would deadlock until the lock wait times out.
+        "ANSIBLE_STRATEGY": "free",
+    }
+    if spec.ansible_cfg is not None:
+        env["ANSIBLE_CONFIG"] = str(spec.ansible_cfg)
+    if spec.roles_paths:
+        # replaces ansible.cfg's roles_path, so ours comes first; the playbook's roles/ is searched anyway
+        ours = spec.playbook.parent / "roles"
+        env["ANSIBLE_ROLES_PATH"] = os.pathsep.join(str(path) for path in (ours, *spec.roles_paths))
+    return env
+
+
+class RunConfigError(ValueError):
+    """The service cannot run updates as configured (no playbook). Raised at start-up only."""
+
+
+def default_playbooks_dir() -> Path:
+    """The repository's ``playbooks/`` beside the ``inplace_extension`` package."""
+    return Path(inplace_extension.__file__).resolve().parent.parent / "playbooks"
+
+
+def locate_playbook(playbooks_dir: Path | None) -> tuple[Path, Path | None]:
+    """``update_machine.yml`` and its ``ansible.cfg`` (if any) in ``playbooks_dir`` (default: ours)."""
+    playbooks = (playbooks_dir or default_playbooks_dir()).resolve()
+    playbook = playbooks / "update_machine.yml"
+    if not playbook.is_file():
+        raise RunConfigError(f"playbook {playbook} not found (set --playbooks-dir)")
+    cfg = playbooks / "ansible.cfg"
+    return playbook, cfg if cfg.is_file() else None

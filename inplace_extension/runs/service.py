@@ -1,0 +1,299 @@
+"""RunService: the UpdateMachine executor. ``await poll(request)`` answers at once and never blocks.
+
+Each poll: a run in flight here -> queued/running; else the attempts on disk decide (policy.py): done,
+remembered failure, backoff wait, or resolve the host and queue a new attempt. Attempts run in worker
+threads (registry.py) through the ansible-runner adapter (runner.py); their outcome is summarised into
+the attempt directory, so a restarted service answers from disk. Request checks: validate.py; held
+polls: waiters.py; phases: steps.py. Built by ``inplace_extension.cli serve``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import anyio.to_thread
+
+from inplace_extension.metrics import Metrics
+from inplace_extension.runs import runner, validate
+from inplace_extension.runs.artifacts import (
+    Attempt,
+    BatchRef,
+    Outcome,
+    OutcomeKind,
+    classify,
+    load_attempts,
+    new_attempt_dir,
+    prune_batches,
+    write_json,
+)
+from inplace_extension.runs.inventory import InventorySource
+from inplace_extension.runs.model import NO_MACHINE_HOOKS, MachineHooks, Progress, ProgressState, RunRequest
+from inplace_extension.runs.policy import RETRY_ANNOTATION, Verdict, decide, retry_token
+from inplace_extension.runs.registry import Job, RunRegistry
+from inplace_extension.runs.resolve import HostTarget, ResolveError, parse_cidrs, resolve_host
+from inplace_extension.runs.steps import StepTracker, blocked_outcome
+from inplace_extension.runs.waiters import EndWaiters
+from inplace_extension.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CLOSE_WAIT_SECONDS = 15.0
+# How long a poll for a run in flight may wait for it to end before answering "running". Well inside
+# UpdateMachine's timeoutSeconds (10 in the hook table); it turns "done" around without waiting for
+# CAPI's next retryAfterSeconds (at least 1 s) to pass.
+LONG_POLL_SECONDS = 2.0
+# Runs queued within this window share one ansible-playbook (one start-up, forks; design.md §7): CAPI
+# polls the Machines of a rollout in quick succession.
+BATCH_WINDOW_SECONDS = 0.15
+# Finished plays' ansible-runner artifacts (events, stdout) are kept this long for operators to read.
+BATCH_RETENTION_SECONDS = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """What a queued job needs to run: the request, where it goes, the retry token it started with."""
+
+    request: RunRequest
+    target: HostTarget
+    token: str
+
+
+class RunService:
+    """Implements ``UpdateExecutor`` (inplace_extension/hooks/update_machine.py): fast, durable, bounded."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        roles_paths: Sequence[Path | str] = (),
+        hooks: MachineHooks = NO_MACHINE_HOOKS,
+    ) -> None:
+        """``roles_paths``: directories of user-defined capabilities' roles (loaded by the CLI);
+        ``hooks``: what a run does in the cluster around its play (Kubernetes-aware mode)."""
+        self._runs_dir = settings.runs_dir.expanduser().resolve()
+        self._runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._allowed = parse_cidrs(settings.allowed_cidrs)
+        self._address_types = tuple(settings.address_types)
+        self._hooks = hooks
+        self._settled: set[str] = set()  # idents whose settle() answered done (health gate passed)
+        self._reported: set[tuple[str, str]] = set()  # (ident, failure) already handed to hooks.failed
+        self._inventory = InventorySource(settings.inventory)
+        self._playbook, self._ansible_cfg = runner.locate_playbook(settings.playbooks_dir)
+        self._wrapper = runner.install_wrapper(self._runs_dir)
+        self._roles_paths = tuple(Path(path) for path in roles_paths)
+        self._prune()
+        self._retry_after = settings.retry_after_seconds
+        self._registry: RunRegistry[_Pending] = RunRegistry(
+            settings.max_parallel_runs, self._run_batch, window=BATCH_WINDOW_SECONDS
+        )
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.bind_run_gauges(self._registry.running_count, self._registry.queued_count)
+        self._cache_lock = threading.Lock()
+        self._attempts: dict[str, list[Attempt]] = {}  # ident -> attempts on disk (cache)
+        self._ends = EndWaiters()
+
+    async def poll(self, request: RunRequest) -> Progress:
+        problem = validate.problem(request)
+        if problem is not None:
+            return Progress(ProgressState.FAILED, f"InvalidRequest: {problem}")
+        view = self._registry.view(request.ident)
+        if view is not None:
+            # hold the call briefly: a run ending meanwhile is answered now, not a retryAfterSeconds later
+            await self._ends.hold(request.ident, LONG_POLL_SECONDS, self._registry.view)
+            view = self._registry.view(request.ident)
+            if view is not None:
+                return self._in_progress(view.message())
+        attempts = self._cached(request.ident)
+        if attempts is None:
+            attempts = await anyio.to_thread.run_sync(self._load, request)
+        token = retry_token(request.annotations.get(RETRY_ANNOTATION))
+        decision = decide(attempts, token, time.time(), self._retry_after)
+        if decision.verdict is Verdict.DONE:
+            return await self._settle(request, attempts)
+        if decision.verdict is Verdict.FAILED:
+            if (
+                request.ident,
+                decision.message,
+            ) not in self._reported and self._hooks is not NO_MACHINE_HOOKS:
+                await anyio.to_thread.run_sync(self._hooks.failed, request, decision.message)
+                self._reported.add((request.ident, decision.message))
+            return Progress(ProgressState.FAILED, decision.message)
+        if decision.verdict is Verdict.WAIT:
+            return Progress(ProgressState.IN_PROGRESS, decision.message, decision.wait_seconds, retrying=True)
+        return await self._start(request, token)
+
+    async def _settle(self, request: RunRequest, attempts: list[Attempt]) -> Progress:
+        """Applied on the host; with cluster hooks the health gate decides (once passed, remembered)."""
+        if self._hooks is NO_MACHINE_HOOKS or request.ident in self._settled:
+            return Progress(ProgressState.DONE, "update applied")
+        applied = max(
+            (a for a in attempts if a.outcome and a.outcome.kind is OutcomeKind.SUCCESSFUL),
+            key=lambda a: a.outcome.finished if a.outcome else 0.0,
+        )
+        applied_at = applied.outcome.finished if applied.outcome else 0.0
+        progress = await anyio.to_thread.run_sync(self._hooks.settle, request, applied_at, applied.address)
+        if progress.state is ProgressState.DONE:
+            self._settled.add(request.ident)
+        elif progress.state is ProgressState.IN_PROGRESS:
+            return self._in_progress(progress.message)
+        return progress
+
+    def close(self, timeout: float = CLOSE_WAIT_SECONDS) -> None:
+        """Admit no more runs and give the running ones ``timeout`` seconds to end.
+
+        Runs are never killed: one still going when the process exits finishes on its own (detach.py),
+        and the next service's attempt waits for its host lock and finds the stamp.
+        """
+        deadline = time.monotonic() + timeout
+        threads = self._registry.close()
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if not any(thread.is_alive() for thread in threads):
+            runner.close_control_masters(self._runs_dir)  # a run still going needs its master
+
+    def _in_progress(self, message: str) -> Progress:
+        return Progress(ProgressState.IN_PROGRESS, message, self._retry_after)
+
+    def _cached(self, ident: str) -> list[Attempt] | None:
+        with self._cache_lock:
+            return self._attempts.get(ident)
+
+    def _load(self, request: RunRequest) -> list[Attempt]:
+        attempts = load_attempts(self._runs_dir / request.ident, request.fingerprint)
+        with self._cache_lock:
+            self._attempts[request.ident] = attempts
+        return attempts
+
+    async def _start(self, request: RunRequest, token: str) -> Progress:
+        inventory = self._inventory.current()
+
+        def resolve() -> HostTarget:
+            return resolve_host(
+                request.namespace,
+                request.name,
+                request.labels,
+                request.annotations,
+                inventory,
+                self._allowed,
+                None if self._hooks is NO_MACHINE_HOOKS else lambda: self._hooks.addresses(request),
+                self._address_types,
+            )
+
+        try:
+            # the live Machine is read (blocking) only in the Kubernetes-aware mode, and only when needed
+            target = resolve() if self._hooks is NO_MACHINE_HOOKS else await anyio.to_thread.run_sync(resolve)
+        except ResolveError as exc:
+            log.warning("machine=%s run=%s: %s", request.machine, request.ident, exc)
+            return Progress(ProgressState.FAILED, str(exc))
+        pending = _Pending(request, target, token)
+        self._registry.submit(
+            Job(request.ident, request.machine, pending, on_done=partial(self._ends.ended, request.ident))
+        )
+        self._hooks.state(request, "Queued", "queued")
+        view = self._registry.view(request.ident)
+        if view is None:  # it already ended (or the service is closing): the next poll reads the result
+            return self._in_progress("running: starting")
+        return self._in_progress(view.message())
+
+    def _run_batch(self, jobs: list[Job[_Pending]]) -> None:
+        """Worker thread: one play for the admitted jobs, from attempt directories to outcomes."""
+        batch_ident = f"batch-{uuid.uuid4().hex[:12]}"
+        batch_dir = self._runs_dir / ".batches" / batch_ident
+        batch_dir.mkdir(mode=0o700, parents=True)
+        hosts: list[runner.HostRun] = []
+        for job in jobs:
+            request, target = job.payload.request, job.payload.target
+            number, attempt_dir = new_attempt_dir(self._runs_dir / request.ident)
+            job.attempt = number
+            ref = BatchRef(batch_dir, batch_ident, request.ident)  # the ident is the inventory host name
+            meta = {
+                "attempt": number,
+                "retry_token": job.payload.token,
+                "machine": request.machine,
+                "address": target.address,
+            }
+            write_json(attempt_dir / "meta.json", {**meta, "pid": os.getpid(), **ref.to_meta()})
+            log.info(
+                "machine=%s run=%s state=started attempt=%d host=%s source=%s batch=%s",
+                request.machine, request.ident, number, target.address, target.source, batch_ident,
+            )  # fmt: skip
+            self._hooks.state(request, "Started", f"started on host {target.address} ({target.source})")
+            # the cluster hooks report progress (``draining: 3 pods left``) as the job's phase
+            failure = self._hooks.before_play(request, partial(self._registry.set_phase, request.ident))
+            if failure is not None:  # not drained: this Machine stays out of the play
+                self._finish(job, attempt_dir, blocked_outcome(failure, time.time()), "not started")
+                continue
+            hosts.append(
+                runner.HostRun(
+                    ident=request.ident,
+                    host_name=request.ident,
+                    fingerprint=request.fingerprint,
+                    capabilities=request.capabilities,
+                    inputs=request.inputs,
+                    target=target,
+                    attempt_dir=attempt_dir,
+                    roles=request.roles,
+                )
+            )
+        played = [job for job in jobs if job.payload.request.ident in {run.ident for run in hosts}]
+        if not hosts:
+            return
+        spec = runner.BatchSpec(
+            ident=batch_ident,
+            batch_dir=batch_dir,
+            hosts=tuple(hosts),
+            playbook=self._playbook,
+            ansible_cfg=self._ansible_cfg,
+            state_dir=self._runs_dir,
+            wrapper=self._wrapper,
+            roles_paths=self._roles_paths,
+        )
+        steps = StepTracker([job.payload.request for job in played], self._registry.set_phase, self._hooks)
+
+        started = time.monotonic()
+        try:
+            status = runner.start(spec, steps.on_task).wait()
+            ended = time.time()
+            outcomes = {
+                run.ident: classify(BatchRef(batch_dir, batch_ident, run.host_name), run.fingerprint, ended)
+                for run in hosts
+            }
+        except runner.RunStartError as exc:
+            status, ended = "not started", time.time()
+            outcomes = {
+                run.ident: Outcome(OutcomeKind.INTERRUPTED, detail=str(exc), finished=ended) for run in hosts
+            }
+        seconds = time.monotonic() - started
+        for job, run in zip(played, hosts, strict=True):
+            self._finish(job, run.attempt_dir, outcomes[run.ident], status)
+            if self._metrics is not None:
+                self._metrics.run_finished(outcomes[run.ident].kind.value, seconds)
+        self._prune()
+
+    def _prune(self) -> None:
+        for removed in prune_batches(self._runs_dir / ".batches", BATCH_RETENTION_SECONDS, time.time()):
+            log.info("removed the artifacts of %s (older than the retention)", removed.name)
+
+    def _finish(self, job: Job[_Pending], attempt_dir: Path, outcome: Outcome, status: str) -> None:
+        request = job.payload.request
+        self._hooks.after_play(request)  # before the outcome: a restart in between cleans up on its poll
+        write_json(attempt_dir / "outcome.json", outcome.to_json())
+        log.info(
+            "machine=%s run=%s state=%s attempt=%d runner_status=%s %s",
+            request.machine, request.ident, outcome.kind.value, job.attempt, status, outcome.detail,
+        )  # fmt: skip
+        if outcome.kind is OutcomeKind.TASK_FAILED:
+            log.warning(
+                "machine=%s run=%s failed: capability=%s task=%r (artifacts: %s)",
+                request.machine, request.ident, outcome.capability, outcome.task, attempt_dir,
+            )  # fmt: skip
+        self._load(request)

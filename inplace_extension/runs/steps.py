@@ -1,0 +1,49 @@
+"""What a batch play reports per Machine besides its outcome: the step running now, and a refused start.
+
+Task events name the role; a user-defined step's role maps back to its capability. The registry's phase
+("starting", a capability, "finishing") is what a poll answers while the play runs, and the cluster hooks
+hear of each capability as it starts (an Event on the Machine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from inplace_extension.runs.artifacts import Outcome, OutcomeKind
+from inplace_extension.runs.model import Blocked, MachineHooks, RunRequest
+
+
+def blocked_outcome(failure: Blocked, now: float) -> Outcome:
+    """The outcome of a Machine the cluster hooks kept out of the play (not drained)."""
+    if failure.retriable:  # retried with backoff, like an unreachable host
+        return Outcome(OutcomeKind.INTERRUPTED, detail=failure.message, finished=now)
+    # remembered until the retry annotation changes, like a failed task
+    return Outcome(OutcomeKind.TASK_FAILED, capability="drain", message=failure.message, finished=now)
+
+
+class StepTracker:
+    """Turns the play's task events into each Machine's phase and step-started notices."""
+
+    def __init__(
+        self, requests: Sequence[RunRequest], set_phase: Callable[[str, str], None], hooks: MachineHooks
+    ) -> None:
+        self._requests = {request.ident: request for request in requests}
+        self._step_of_role = {r.ident: {role: cap for cap, role in r.roles.items()} for r in requests}
+        self._set_phase = set_phase
+        self._hooks = hooks
+        self._current: dict[str, str] = {}
+        self._seen_capability: set[str] = set()
+
+    def on_task(self, host: str, role: str | None, task: str) -> None:
+        request = self._requests.get(host)
+        if request is None:
+            return
+        step = self._step_of_role[host].get(role or "", role)
+        if step in request.capabilities:
+            self._seen_capability.add(host)
+            self._set_phase(host, step)
+            if self._current.get(host) != step:
+                self._current[host] = step
+                self._hooks.step_started(request, step)
+        else:
+            self._set_phase(host, "finishing" if host in self._seen_capability else "starting")

@@ -1,0 +1,117 @@
+"""Service settings: one pydantic-settings model, read from ``INPLACE_*`` environment variables and CLI flags.
+
+Every other module receives a :class:`Settings` instance; nothing reads the environment by itself.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+MAX_BODY_BYTES = 20 * 1024 * 1024  # CAPI's own SDK server caps request bodies at 20 MiB (capi-hooks.md §9.1)
+
+
+def _default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "inplace-extension"
+
+
+class Settings(BaseSettings):
+    """All knobs of the service. Flag ``--foo-bar`` = field ``foo_bar`` = env ``INPLACE_FOO_BAR``."""
+
+    model_config = SettingsConfigDict(env_prefix="INPLACE_", extra="ignore")
+
+    # edge
+    listen: str = Field("0.0.0.0:9443", description="HOST:PORT to listen on")
+    path_prefix: str = Field(
+        "", description="optional URL path prefix before /hooks.runtime.cluster.x-k8s.io"
+    )
+    tls_cert: Path | None = Field(None, description="PEM certificate (chain) to serve")
+    tls_key: Path | None = Field(None, description="PEM private key of --tls-cert")
+    self_signed: bool = Field(False, description="generate a self-signed development certificate")
+    plain_http: bool = Field(False, description="serve plain HTTP (local testing only)")
+    client_ca: Path | None = Field(None, description="require client certificates signed by this CA (mTLS)")
+    bearer_token_file: Path | None = Field(
+        None, description="also accept callers presenting this bearer token"
+    )
+    max_body_bytes: int = Field(MAX_BODY_BYTES, description="request body cap; larger bodies get HTTP 413")
+    log_format: str = Field("text", pattern="^(text|json)$", description="log line format")
+    access_log: bool = Field(False, description="also log one line per HTTP request (uvicorn's access log)")
+    log_level: str = Field(
+        "INFO", pattern="^(?i:debug|info|warning|error|critical)$", description="log level"
+    )
+    tls_dir: Path = Field(
+        default_factory=lambda: _default_state_dir() / "tls",
+        description="where --self-signed keeps its generated CA (ca.crt), certificate and key",
+    )
+    tls_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="extra DNS names/IPs for the --self-signed certificate (comma-separated)",
+    )
+
+    # runs
+    inventory: Path | None = Field(None, description="inventory YAML mapping Machines to SSH targets")
+    allowed_cidrs: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="host addresses that may be contacted"
+    )
+    runs_dir: Path = Field(default_factory=lambda: _default_state_dir() / "runs", description="run artifacts")
+    max_parallel_runs: int = Field(8, ge=1, le=256, description="runs at once; the rest wait in a FIFO queue")
+    retry_after_seconds: int = Field(10, ge=1, le=3600, description="retryAfterSeconds while a run goes on")
+    playbooks_dir: Path | None = Field(None, description="playbooks directory (default: the packaged one)")
+    capabilities_file: Path | None = Field(None, description="user-defined capabilities YAML")
+    affects_availability: bool = Field(
+        True,
+        description="send affectsAvailability in CanUpdate* answers that claim changes (CAPI v1.15; "
+        "v1.14 ignores unknown response fields)",
+    )
+
+    # Kubernetes-aware mode (README "Kubernetes-aware mode"): on with --kube or --kubeconfig
+    kube: bool = Field(False, description="read Machines, drain Nodes, post Events (in-cluster account)")
+    kubeconfig: Path | None = Field(None, description="management cluster kubeconfig (implies --kube)")
+    workload_kubeconfig: str = Field(
+        "secret",
+        description="where a cluster's workload kubeconfig comes from: secret (CAPI's <cluster>-kubeconfig "
+        "Secret), management (the Nodes are in the management cluster) or an absolute kubeconfig path",
+    )
+    address_types: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["InternalIP", "ExternalIP"],
+        description="Machine status.addresses types to take the host address from, in this order",
+    )
+    drain: Literal["auto", "always", "never"] = Field(
+        "auto", description="auto: before the first restart-kubelet-or-above step; always; never"
+    )
+    drain_timeout_seconds: int = Field(300, ge=1, le=86400, description="give up draining after this long")
+    drain_grace_seconds: int | None = Field(
+        None, ge=0, description="grace period of each eviction (default: the Pod's own)"
+    )
+    drain_delete_emptydir_data: bool = Field(False, description="also evict Pods with emptyDir volumes")
+    health_gate_timeout_seconds: int = Field(
+        300, ge=1, le=86400, description="after the play: Node Ready at the target version within this long"
+    )
+
+    @property
+    def kube_aware(self) -> bool:
+        return self.kube or self.kubeconfig is not None
+
+    @field_validator("allowed_cidrs", "tls_hosts", "address_types", mode="before")
+    @classmethod
+    def _split_list(cls, value: object) -> object:
+        # env vars and flags give "10.0.0.0/8,192.168.1.0/24" (or a JSON list); a list is taken as is
+        if isinstance(value, str):
+            if value.strip().startswith("["):
+                return json.loads(value)
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("allowed_cidrs")
+    @classmethod
+    def _check_cidrs(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            ipaddress.ip_network(cidr, strict=False)
+        return value

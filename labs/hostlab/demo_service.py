@@ -1,0 +1,68 @@
+"""The service the demo drives: ``inplace-extension serve`` on loopback with the lab's inventory.
+
+Started as a subprocess on a free port (read from its ``serving URL`` line), stopped with SIGTERM at
+the end, and its ControlPersist ssh masters closed so no ssh process outlives the demo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from hostlab.errors import DemoError
+from hostlab.lab import Lab
+
+SERVING_RE = re.compile(r"serving (http://127\.0\.0\.1:\d+)")
+
+
+@dataclass
+class Service:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+
+@contextlib.contextmanager
+def running_service(inventory: Path, lab: Lab, workdir: Path, retry_after: int) -> Iterator[Service]:
+    log_path = workdir / "service.log"
+    argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http",
+            "--inventory", str(inventory), "--allowed-cidrs", str(lab.network),
+            "--runs-dir", str(workdir / "runs"), "--retry-after-seconds", str(retry_after)]  # fmt: skip
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (match := SERVING_RE.search(log_path.read_text(errors="replace"))):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+                raise DemoError(f"the service did not start (see {log_path}):\n{tail}")
+            time.sleep(0.05)
+        yield Service(proc, match.group(1), log_path)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        _close_run_ssh_masters(workdir / "runs")
+
+
+def _close_run_ssh_masters(runs_dir: Path) -> None:
+    """End the service's ControlPersist ssh masters (they would linger for a minute after the runs)."""
+    try:
+        from inplace_extension.runs.runner import control_path_dir
+    except ImportError:
+        return
+    cp_dir = control_path_dir(runs_dir)
+    for sock in cp_dir.glob("*") if cp_dir.is_dir() else ():
+        subprocess.run(["ssh", "-O", "exit", "-o", f"ControlPath={sock}", "lab"], capture_output=True,
+                       timeout=10, check=False)  # fmt: skip

@@ -1,0 +1,264 @@
+"""The binaries kubelab runs, the one table saying how each is built, and the cached, locked builds.
+
+Each binary is built from a wrapper module of ours under ``labs/kubelab/go/<module>/`` (``go.mod`` +
+``go.sum``: every upstream version is pinned by a checksum). Binaries land in
+``<cache>/bin/<module>-<hash>/`` where the hash covers the module's files (``go.mod``, ``go.sum`` and
+any Go code of ours in it), the build recipe of its binaries and the Go version: a version bump or a
+new recipe gets a new directory, an unchanged one is never rebuilt. Builds run under one file lock,
+so two test runs on a machine wait for one build. ``GOTOOLCHAIN=local`` so a newer toolchain is never
+downloaded silently; ``-mod=readonly`` so a build never rewrites the pinned ``go.sum``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hostlab.errors import LabError
+from hostlab.proc import file_lock
+
+from kubelab.config import GO_MODULES_DIR, Config
+
+KUBERNETES_VERSION = "v1.36.3"
+ETCD_VERSION = "v3.6.14"
+KWOK_VERSION = "v0.8.0"
+CAPI_VERSION = "v1.14.2"
+MCM_VERSION = "v0.62.1"
+BUILD_FORMAT = 1  # bump when the way binaries are built changes (flags, env)
+BUILD_TIMEOUT = 3600.0  # a cold kube-apiserver build took ~10 min on 2 busy cores
+
+
+def _version_vars(packages: Iterable[str], version: str) -> tuple[str, ...]:
+    """``-X`` flags for Kubernetes-style version packages: without them ``/version`` says v0.0.0-master
+    and CAPI core refuses the management cluster, MCM's machine controller dies parsing it."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    values = {
+        "gitVersion": version,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+        "gitCommit": "0" * 40,
+        "buildDate": "1970-01-01T00:00:00Z",
+    }
+    return tuple(f"-X {pkg}.{key}={value}" for pkg in packages for key, value in values.items())
+
+
+K8S_VERSION_FLAGS = _version_vars(
+    ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"), KUBERNETES_VERSION
+)
+CAPI_VERSION_FLAGS = _version_vars(("sigs.k8s.io/cluster-api/version",), CAPI_VERSION)
+MCM_COMMIT = "07f7e729412792a109afcf2f4f914db2a60a36b2"  # tag v0.62.1 (the module's .info Origin)
+MCM_VERSION_FLAGS = (
+    f"-X github.com/gardener/machine-controller-manager/pkg/version.Version={MCM_VERSION}",
+    f"-X github.com/gardener/machine-controller-manager/pkg/version.GitSHA={MCM_COMMIT}",
+)
+
+
+@dataclass(frozen=True)
+class Binary:
+    """One binary: built from ``package`` inside the wrapper module ``module`` with extra ``ldflags``."""
+
+    name: str
+    module: str
+    package: str
+    ldflags: tuple[str, ...] = ()
+
+
+# The one table of everything kubelab builds. Flavours list the names they need (``binaries``).
+BINARIES: dict[str, Binary] = {
+    b.name: b
+    for b in (
+        Binary(
+            "etcd",
+            "etcd",
+            "go.etcd.io/etcd/server/v3",
+            (f"-X go.etcd.io/etcd/api/v3/version.GitSHA={ETCD_VERSION}",),
+        ),
+        Binary("kube-apiserver", "k8s", "k8s.io/kubernetes/cmd/kube-apiserver", K8S_VERSION_FLAGS),
+        Binary(
+            "kube-controller-manager",
+            "k8s",
+            "k8s.io/kubernetes/cmd/kube-controller-manager",
+            K8S_VERSION_FLAGS,
+        ),
+        Binary("kubectl", "k8s", "k8s.io/kubernetes/cmd/kubectl", K8S_VERSION_FLAGS),
+        Binary("kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
+        Binary("capi-core", "capi", "sigs.k8s.io/cluster-api/core", CAPI_VERSION_FLAGS),
+        Binary("capi-kcp", "capi", "sigs.k8s.io/cluster-api/controlplane/kubeadm", CAPI_VERSION_FLAGS),
+        Binary("capi-cabpk", "capi", "sigs.k8s.io/cluster-api/bootstrap/kubeadm", CAPI_VERSION_FLAGS),
+        Binary("capd", "capi", "sigs.k8s.io/cluster-api/test/infrastructure/docker", CAPI_VERSION_FLAGS),
+        Binary(
+            "machine-controller-manager",
+            "mcm",
+            "github.com/gardener/machine-controller-manager/cmd/machine-controller-manager",
+            MCM_VERSION_FLAGS,
+        ),
+        Binary(
+            "static-hosts-machine-controller",
+            "mcm",
+            "inplace-extension.invalid/kubelab/mcm/cmd/static-hosts-machine-controller",
+            MCM_VERSION_FLAGS,
+        ),
+    )
+}
+CORE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kwok")
+
+Progress = Callable[[str], None]
+
+
+def go_env(cfg: Config) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GOTOOLCHAIN="local", CGO_ENABLED="0", GOFLAGS="-trimpath -buildvcs=false -mod=readonly")
+    return env
+
+
+def _go_version(cfg: Config) -> str:
+    try:
+        return _go(cfg, ["env", "GOVERSION"], Path("/"), go_env(cfg), timeout=60).strip()
+    except LabError as exc:
+        raise LabError(f"kubelab needs Go (KUBELAB_GO={cfg.go}) to build its binaries: {exc}") from exc
+
+
+def module_dir(module: str) -> Path:
+    return GO_MODULES_DIR / module
+
+
+def module_hash(module: str, go_version: str) -> str:
+    """Content hash of a wrapper module: its files, the recipes of its binaries, the Go version."""
+    digest = hashlib.sha256(f"format={BUILD_FORMAT} go={go_version}\n".encode())
+    root = module_dir(module)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(root)}\n".encode())
+        digest.update(path.read_bytes())
+    for binary in sorted((b for b in BINARIES.values() if b.module == module), key=lambda b: b.name):
+        digest.update(f"{binary.name} {binary.package} {' '.join(binary.ldflags)}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def binary_path(cfg: Config, name: str, go_version: str) -> Path:
+    binary = BINARIES[name]
+    return cfg.bin_root / f"{binary.module}-{module_hash(binary.module, go_version)}" / name
+
+
+def _build_one(cfg: Config, binary: Binary, target: Path, progress: Progress) -> None:
+    log = cfg.cache_dir / "logs" / f"{binary.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial")
+    argv = [
+        cfg.go,
+        "build",
+        "-ldflags",
+        " ".join(("-s", "-w", *binary.ldflags)),
+        "-o",
+        str(partial),
+        binary.package,
+    ]
+    progress(f"kubelab build: {binary.name} ({binary.package}) ...")
+    started = time.monotonic()
+    with log.open("w") as out:
+        out.write(f"# in {module_dir(binary.module)}: {' '.join(argv)}\n")
+        out.flush()
+        try:
+            proc = subprocess.run(
+                argv,
+                cwd=module_dir(binary.module),
+                env=go_env(cfg),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=BUILD_TIMEOUT,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise LabError(
+                f"kubelab build: {binary.name} timed out after {BUILD_TIMEOUT:g}s, log: {log}"
+            ) from exc
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise LabError(
+            f"kubelab build: go build of {binary.name} failed (exit {proc.returncode}), log: {log}\n{tail}"
+        )
+    partial.rename(target)
+    progress(f"kubelab build: {binary.name} done in {time.monotonic() - started:.0f}s -> {target}")
+
+
+def ensure_built(names: Iterable[str], cfg: Config, progress: Progress = print) -> dict[str, Path]:
+    """Build every binary of ``names`` that is not in the cache yet; return name -> path for all of them."""
+    wanted = list(dict.fromkeys(names))
+    unknown = [n for n in wanted if n not in BINARIES]
+    if unknown:
+        raise LabError(f"kubelab build: unknown binaries {unknown}; known: {sorted(BINARIES)}")
+    go_version = _go_version(cfg)
+    paths = {name: binary_path(cfg, name, go_version) for name in wanted}
+    if all(p.is_file() for p in paths.values()):
+        return paths
+    lock = cfg.cache_dir / "build.lock"
+
+    def waiting() -> None:
+        progress(f"kubelab build: waiting for another build holding {lock}")
+
+    with file_lock(lock, timeout=BUILD_TIMEOUT * 2, what="kubelab build lock", on_wait=waiting):
+        for name, path in paths.items():
+            if not path.is_file():
+                _build_one(cfg, BINARIES[name], path, progress)
+    return paths
+
+
+def cached(names: Iterable[str], cfg: Config) -> dict[str, Path]:
+    """The built binaries of ``names`` without building (``scripts/serve`` and ``kubelab up --no-build``)."""
+    go_version = _go_version(cfg)
+    paths = {name: binary_path(cfg, name, go_version) for name in names}
+    missing = sorted(n for n, p in paths.items() if not p.is_file())
+    if missing:
+        raise LabError(f"kubelab: not built yet: {', '.join(missing)} (run `kubelab build`)")
+    return paths
+
+
+# Upstream files read as data at run time (never copied into the repository), pinned by their checksum.
+DATA_MODULES: dict[str, tuple[str, str, str]] = {
+    "cert-manager": (
+        "github.com/cert-manager/cert-manager",
+        "v1.19.1",
+        "h1:Txh8L/nLWTDcb7ZnXuXbTe15BxQnLbLirXmbNk0fGgY=",
+    ),
+}
+
+
+def _go(cfg: Config, args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
+    """Run a quick ``go`` command (not a build) and return stdout; failures name the command and stderr."""
+    try:
+        proc = subprocess.run(
+            [cfg.go, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LabError(f"kubelab: go {' '.join(args)} (in {cwd}) failed: {exc}") from exc
+    if proc.returncode != 0:
+        raise LabError(f"kubelab: go {' '.join(args)} (in {cwd}) failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def module_source(cfg: Config, module: str, path: str) -> Path:
+    """The source directory of ``path`` as the wrapper module ``module`` pins it (downloaded if needed)."""
+    cwd = module_dir(module)
+    _go(cfg, ["mod", "download", path], cwd, go_env(cfg))
+    out = _go(cfg, ["list", "-m", "-f", "{{.Dir}}", path], cwd, go_env(cfg)).strip()
+    if not out or not Path(out).is_dir():
+        raise LabError(f"kubelab: the Go module cache has no source of {path} (module {cwd})")
+    return Path(out)
+
+
+def data_module(cfg: Config, key: str) -> Path:
+    """Download a DATA_MODULES entry (outside any module), check its checksum, return its directory."""
+    path, version, expected = DATA_MODULES[key]
+    cfg.cache_dir.mkdir(parents=True, exist_ok=True)
+    env = go_env(cfg) | {"GOFLAGS": "-mod=mod", "GO111MODULE": "on"}
+    info = json.loads(_go(cfg, ["mod", "download", "-json", f"{path}@{version}"], cfg.cache_dir, env))
+    if info.get("Sum") != expected:
+        raise LabError(f"kubelab: {path}@{version} has checksum {info.get('Sum')}, expected {expected}")
+    return Path(info["Dir"])

@@ -1,0 +1,65 @@
+"""Manifests in a lab: CRDs read from Go module zips (never copied into the repository), waits for
+them to be served, and server-side dry runs of kustomize directories (the real API server's verdict
+on ``deploy/``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kubelab import build
+
+if TYPE_CHECKING:
+    from kubelab.lab import Lab
+
+CRD_TIMEOUT = 60
+
+
+def cert_manager_crds(lab: Lab) -> list[Path]:
+    """cert-manager's CRDs (plain YAML in its module zip, ``deploy/crds/``)."""
+    return sorted((build.data_module(lab.cfg, "cert-manager") / "deploy" / "crds").glob("*.yaml"))
+
+
+def capi_crd(lab: Lab, file_name: str) -> Path:
+    """One CRD file of CAPI core as the pinned CAPI module ships it (``core/config/crd/bases/``)."""
+    root = build.module_source(lab.cfg, "capi", "sigs.k8s.io/cluster-api")
+    return root / "core" / "config" / "crd" / "bases" / file_name
+
+
+def install_crds(lab: Lab, files: Iterable[Path], only_missing: bool = False) -> list[str]:
+    """Apply CRD files (server-side) and wait until each is established; return the CRD names.
+
+    ``only_missing``: leave a CRD that already exists alone (a flavour may have patched it, e.g. with
+    its conversion webhook, and a plain re-apply would undo that).
+    """
+    names = []
+    for path in files:
+        name = lab.kubectl("create", "--dry-run=client", "-o", "name", "-f", str(path)).stdout.strip()
+        names.append(name)
+        if only_missing and lab.kubectl("get", name, check=False).returncode == 0:
+            continue
+        lab.kubectl("apply", "--server-side", "--field-manager=kubelab", "-f", str(path))
+    if names:
+        lab.kubectl("wait", "--for=condition=Established", f"--timeout={CRD_TIMEOUT}s", *names)
+    return [n.removeprefix("customresourcedefinition.apiextensions.k8s.io/") for n in names]
+
+
+def dry_run_kustomize(lab: Lab, directory: Path) -> subprocess.CompletedProcess[str]:
+    """``kubectl apply --server-side --dry-run=server -k DIR``: the server validates, nothing is stored.
+
+    ``--force-conflicts``: a lab shared with the capi flavour's tests may hold an object of the same name
+    (our ExtensionConfig) applied by another field manager; a dry run takes nothing from it.
+    """
+    return lab.kubectl(
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--force-conflicts",
+        "--field-manager=inplace-extension-test",
+        "-k",
+        str(directory),
+        check=False,
+    )

@@ -1,0 +1,165 @@
+"""Fixtures for the real-CAPI tests: our service registered with the real CAPI through an ExtensionConfig.
+
+``capi_extension`` (session): ``inplace-extension serve`` over TLS with a serving certificate from the
+kubelab's PKI (SAN 127.0.0.1, the host in ``clientConfig.url``), on a port outside CAPD's ranges, with
+an inventory file, the hostlab network as ``--allowed-cidrs`` and the e2e playbooks (Kubernetes
+binaries from the lab release server); an ExtensionConfig with that ``url``, the lab CA as
+``caBundle`` and a ``namespaceSelector``, so only namespaces made by :meth:`Extension.namespace` use it.
+The fixture returns once CAPI's Discovery call succeeded and ``status.handlers`` lists our three
+handlers, and fails with CAPI's own ``Discovered`` condition message otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+from e2e import conftest as e2e_fixtures
+from e2e.conftest import START_VERSION
+from e2e.service import Service
+from hostlab.inventory import service_inventory
+from hostlab.lab import Host
+from hostlab.lab import Lab as HostLab
+from kubelab import objects
+from kubelab.flavours import capi_objects as co
+from kubelab.lab import Lab
+from playbooks.standins import install_standins, lab_run_on_host
+
+if TYPE_CHECKING:
+    from .rollout import Cluster
+
+EXTENSION = "inplace-extension"
+SELECTOR = {"inplace-extension.io/capi-lab": "yes"}
+HANDLERS = {f"{h}.{EXTENSION}" for h in ("can-update-machine", "can-update-machineset", "update-machine")}
+DISCOVERY_TIMEOUT = 60.0
+# the e2e fixtures this directory shares: the lab release server and the playbooks that download from it
+release_server = e2e_fixtures.release_server
+e2e_playbooks = e2e_fixtures.e2e_playbooks
+
+
+@dataclass
+class Extension:
+    """The running service and its ExtensionConfig; what the rollout tests drive and inspect."""
+
+    kube: Lab
+    hosts: HostLab
+    argv: list[str]
+    ca: Path
+    inventory: Path
+    runs_dir: Path
+    log_dir: Path
+    service: Service
+    starts: int = 1
+    namespaces: list[str] = field(default_factory=list)
+
+    def namespace(self, prefix: str) -> str:
+        """A fresh namespace whose clusters call our extension (it carries the ExtensionConfig's label)."""
+        name = f"{prefix}-{time.monotonic_ns() % 10**8:08d}"
+        objects.apply(
+            self.kube,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": SELECTOR}},
+        )
+        self.namespaces.append(name)
+        return name
+
+    def map_machines(self, names: Sequence[str]) -> None:
+        """Machine name -> lab host, in order, through the inventory (the service re-reads it on change)."""
+        self.inventory.write_text(yaml.safe_dump(service_inventory(self.hosts, list(names)), sort_keys=False))
+
+    def log(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("service-*.log")))
+
+    def kill(self) -> None:
+        self.service.kill()
+
+    def restart(self) -> None:
+        """Start the service again with the same flags (same port, runs dir and inventory)."""
+        self.starts += 1
+        self.service = Service(self.argv, self.log_dir / f"service-{self.starts}.log", self.runs_dir, self.ca)
+
+    def metrics(self) -> str:
+        return self.service.client.get("/metrics").text
+
+
+def extension_config(lab: Lab) -> dict[str, Any] | None:
+    return objects.get(lab, "extensionconfigs.runtime.cluster.x-k8s.io", EXTENSION)
+
+
+def wait_discovered(lab: Lab, timeout: float = DISCOVERY_TIMEOUT) -> dict[str, Any]:
+    """Until CAPI discovered our handlers; else fail with the ExtensionConfig's Discovered condition."""
+    deadline = time.monotonic() + timeout
+    while True:
+        config = extension_config(lab) or {}
+        handlers = {h["name"] for h in config.get("status", {}).get("handlers", [])}
+        discovered = objects.condition(config, "Discovered") or {}
+        if discovered.get("status") == "True" and handlers >= HANDLERS:
+            return config
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"CAPI did not discover the extension within {timeout:g}s: Discovered="
+                f"{discovered.get('status')} {discovered.get('reason')}: {discovered.get('message')}; "
+                f"handlers {sorted(handlers)}",
+                pytrace=False,
+            )
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="session")
+def capi_extension(
+    kubelab_capi: Lab, lab: HostLab, e2e_playbooks: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Extension]:
+    work = tmp_path_factory.mktemp("capi-extension")
+    cert = kubelab_capi.pki.issue_server("inplace-extension")
+    inventory = work / "inventory.yaml"
+    inventory.write_text("hosts: []\n")
+    runs_dir = work / "runs"
+    port = kubelab_capi.free_port()  # outside CAPD's 19000 and 20000-30000
+    argv = [
+        sys.executable, "-m", "inplace_extension", "serve",
+        "--listen", f"127.0.0.1:{port}",
+        "--tls-cert", str(cert.cert), "--tls-key", str(cert.key),
+        "--inventory", str(inventory),
+        "--allowed-cidrs", str(lab.network),
+        "--runs-dir", str(runs_dir),
+        "--playbooks-dir", str(e2e_playbooks),
+        "--retry-after-seconds", "1",
+    ]  # fmt: skip
+    service = Service(argv, work / "service-1.log", runs_dir, kubelab_capi.ca)
+    ext = Extension(kubelab_capi, lab, argv, kubelab_capi.ca, inventory, runs_dir, work, service)
+    try:
+        objects.apply(
+            kubelab_capi, co.extension_config(EXTENSION, service.url, kubelab_capi.ca.read_bytes(), SELECTOR)
+        )
+        wait_discovered(kubelab_capi)
+        yield ext
+    finally:
+        kubelab_capi.kubectl(
+            "delete",
+            "extensionconfigs.runtime.cluster.x-k8s.io",
+            EXTENSION,
+            "--ignore-not-found",
+            check=False,
+        )
+        ext.service.stop()
+
+
+@pytest.fixture
+def hosts(lab: HostLab, lab_hosts: list[Host]) -> list[Host]:
+    """Fresh lab hosts with the Kubernetes stand-ins at the clusters' starting version."""
+    for host in lab_hosts:
+        install_standins(lab_run_on_host(lab, host), version=START_VERSION)
+    return lab_hosts
+
+
+@pytest.fixture(scope="module")
+def md_cluster(capi_extension: Extension) -> Cluster:
+    """One cluster per test module: a control plane Machine and a MachineDeployment of 3."""
+    from .rollout import create_cluster
+
+    return create_cluster(capi_extension, "md", START_VERSION, md_replicas=3)

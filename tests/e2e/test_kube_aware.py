@@ -1,0 +1,168 @@
+"""The Kubernetes-aware mode end to end: the real service (``serve --kubeconfig``) and playbooks on a
+lab host, the kubelab's real API server holding the Machine (CAPI's CRD) and its Node. CAPI itself is
+played by tests/e2e/capi.py; the Node and its Pods are kwok's (no kubelet behind them), and the host's
+kubelet is the stand-in of tests/playbooks/standins.py.
+
+The host address comes from the Machine's status.addresses (the inventory has no entry for it), a
+kubelet_args change drains the Node, and the service SIGKILLed while the Node is cordoned uncordons it
+exactly once after the restart and completes the update.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hostlab.inventory import service_inventory
+from hostlab.lab import Host, Lab
+from hostlab.proc import wait_until
+from kubelab import manifests, objects
+from kubelab.lab import Lab as KubeLab
+
+from .capi import NodeSpec, poll_update_machine
+from .conftest import START_VERSION, StartService
+from .hostcheck import stamp_writes
+
+pytestmark = [pytest.mark.lab, pytest.mark.kube]
+
+CORDONED_BY = "inplace-extension.io/cordoned-by"
+SKIP_REMEDIATION = "cluster.x-k8s.io/skip-remediation"
+NAMESPACE = "e2e"
+
+
+def kubelet_args(*pairs: tuple[str, str]) -> dict[str, object]:
+    return {"nodeRegistration": {"kubeletExtraArgs": [{"name": k, "value": v} for k, v in pairs]}}
+
+
+@pytest.fixture(scope="module")
+def cluster(kubelab: KubeLab) -> KubeLab:
+    crd = manifests.capi_crd(kubelab, "cluster.x-k8s.io_machines.yaml")
+    manifests.install_crds(kubelab, [crd], only_missing=True)
+    objects.ensure_namespace(kubelab, NAMESPACE)
+    return kubelab
+
+
+def machine_for(kube: KubeLab, host: Host) -> tuple[str, str]:
+    """A Machine whose status names ``host`` and a kwok Node reporting the stand-in kubelet's version."""
+    name, node = f"md-0-{uuid.uuid4().hex[:5]}", f"kn-{uuid.uuid4().hex[:6]}"
+    objects.create_kwok_node(kube, node)
+    # kwok simulates this Node's kubelet: it reports what the stand-in kubelet on the host runs
+    status = {"status": {"nodeInfo": {"kubeletVersion": START_VERSION}}}
+    kube.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+    objects.apply(
+        kube,
+        {
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Machine",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {
+                "clusterName": "c1",
+                "bootstrap": {"dataSecretName": f"{name}-bootstrap"},
+                "infrastructureRef": {
+                    "apiGroup": "infrastructure.cluster.x-k8s.io",
+                    "kind": "DockerMachine",
+                    "name": name,
+                },
+            },
+        },
+    )
+    machine_status = {
+        "status": {
+            "addresses": [
+                {"type": "Hostname", "address": name},
+                {"type": "InternalIP", "address": host.address},
+            ],
+            "nodeRef": {"name": node},
+        }
+    }
+    kube.kubectl(
+        "patch", "machine.cluster.x-k8s.io", name, "-n", NAMESPACE, "--subresource=status",
+        "--type=merge", "-p", json.dumps(machine_status),
+    )  # fmt: skip
+    return name, node
+
+
+def defaults_only_inventory(lab: Lab, host: Host, path: Path) -> Path:
+    """No entry for any Machine: the address must come from the Machine; SSH settings from defaults."""
+    entry: dict[str, Any] = service_inventory(lab, [host.name])["hosts"][0]
+    defaults = {k: v for k, v in entry.items() if k not in ("match", "address")}
+    path.write_text(yaml.safe_dump({"hosts": [], "defaults": defaults}))
+    return path
+
+
+def node(kube: KubeLab, name: str) -> dict[str, Any]:
+    obj = objects.get(kube, "node", name)
+    assert obj is not None
+    return obj
+
+
+def machine_events(kube: KubeLab, machine: str) -> list[dict[str, Any]]:
+    listed = json.loads(kube.kubectl("get", "events", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+    return [e for e in listed if e["involvedObject"]["name"] == machine]
+
+
+def test_a_service_killed_while_the_node_is_cordoned_uncordons_it_once_after_restart(
+    lab: Lab, nodes: list[Host], cluster: KubeLab, start_service: StartService, tmp_path: Path
+) -> None:
+    host = nodes[0]
+    name, node_name = machine_for(cluster, host)
+    pods_ns = f"w-{uuid.uuid4().hex[:6]}"
+    objects.create_pod(cluster, pods_ns, "web", node_name, labels={"app": "web"})
+    objects.create_pod(cluster, pods_ns, "guarded", node_name, labels={"app": "guarded"})
+    objects.apply(
+        cluster,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "guarded", "namespace": pods_ns},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
+        },
+    )
+    observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
+    objects.wait_for(cluster, "pdb", "guarded", pods_ns, observed, "observed")
+    inventory = defaults_only_inventory(lab, host, tmp_path / "inventory.yaml")
+    kube_args = [
+        "--kubeconfig", str(cluster.kubeconfig), "--workload-kubeconfig", "management",
+        "--drain-timeout-seconds", "300",
+    ]  # fmt: skip
+    spec = NodeSpec(START_VERSION, {"joinConfiguration": kubelet_args(("max-pods", "120"))})
+
+    first = start_service(inventory, extra_args=kube_args, name="first")
+    held = poll_update_machine(
+        first.client, name, spec, within=120, until=lambda m: m == "draining: 1 pod left"
+    )
+    assert held.message == "draining: 1 pod left", held.messages
+    assert node(cluster, node_name)["spec"].get("unschedulable") is True
+    assert node(cluster, node_name)["metadata"]["annotations"][CORDONED_BY] == f"{NAMESPACE}/{name}"
+    first.kill()  # between cordon and uncordon
+    cluster.kubectl("delete", "pdb", "guarded", "-n", pods_ns)
+
+    second = start_service(inventory, runs_dir=first.runs_dir, extra_args=kube_args, name="second")
+    done = poll_update_machine(second.client, name, spec, within=300)
+    assert (done.status, done.message) == ("Success", "update applied"), done.messages
+    after = node(cluster, node_name)
+    assert not after["spec"].get("unschedulable") and CORDONED_BY not in after["metadata"].get(
+        "annotations", {}
+    )
+    uncordons = [line for line in (first.log() + second.log()).splitlines() if " uncordoned" in line]
+    assert len(uncordons) == 1, uncordons
+    assert len(stamp_writes(lab, host)) == 1
+    machine = objects.get(cluster, "machine.cluster.x-k8s.io", name, NAMESPACE)
+    assert machine is not None and SKIP_REMEDIATION not in machine["metadata"].get("annotations", {})
+
+    def seen() -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for event in machine_events(cluster, name):
+            found.setdefault(event["reason"], []).append(event["message"])
+        return found
+
+    assert wait_until(lambda: "Done" in seen(), 10, 0.2), seen()
+    events = seen()
+    assert events["Started"] == [f"started on host {host.address} (machine status)"]
+    assert events["Uncordoned"] == [f"uncordoned Node {node_name}"]
+    assert sorted(events["Running"]) == ["running: kubelet_args", "running: kubernetes_version"]
+    assert events["Done"] == ["update applied"]

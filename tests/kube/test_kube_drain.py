@@ -1,0 +1,207 @@
+"""inplace_extension.kube.drain against the kubelab's real API server (kwok Nodes and Pods, the real
+disruption controller judging PodDisruptionBudgets): cordon, drain, uncordon, and the rules around them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from hostlab.proc import wait_until
+from kubelab import objects
+from kubelab.lab import Lab
+
+from inplace_extension.kube import drain
+from inplace_extension.kube.nodes import node_health
+
+pytestmark = pytest.mark.kube
+
+OWNER = "default/md-0-abc"
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def _unschedulable(lab: Lab, node: str) -> bool:
+    return bool((objects.get(lab, "node", node) or {}).get("spec", {}).get("unschedulable"))
+
+
+def _annotations(lab: Lab, node: str) -> dict[str, str]:
+    return dict((objects.get(lab, "node", node) or {}).get("metadata", {}).get("annotations", {}))
+
+
+def _pdb(lab: Lab, namespace: str, app: str) -> None:
+    objects.apply(
+        lab,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": app, "namespace": namespace},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": app}}},
+        },
+    )
+    observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
+    objects.wait_for(lab, "pdb", app, namespace, observed, "observed")
+
+
+def test_drain_evicts_workloads_skips_daemonset_and_mirror_pods_and_uncordons_once(
+    kubelab: Lab, client: Any
+) -> None:
+    node, ns = _name("node"), _name("drain")
+    objects.create_kwok_node(kubelab, node)
+    for pod in ("web-1", "web-2", "web-3"):
+        objects.create_pod(kubelab, ns, pod, node, labels={"app": "web"})
+    # a DaemonSet's Pod (the lab runs no DaemonSet controller: the Pod is created here, owned by the real
+    # DaemonSet so the garbage collector keeps it) and a mirror Pod (as a kubelet posts a static Pod)
+    objects.apply(
+        kubelab,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "agent", "namespace": ns},
+            "spec": {
+                "selector": {"matchLabels": {"app": "agent"}},
+                "template": {
+                    "metadata": {"labels": {"app": "agent"}},
+                    "spec": {"containers": [{"name": "a", "image": "registry.invalid/kwok-stand-in:1"}]},
+                },
+            },
+        },
+    )
+    daemonset = objects.get(kubelab, "daemonset", "agent", ns)
+    assert daemonset is not None
+    owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "controller": True}
+    objects.create_pod(kubelab, ns, "agent-x", node, owner={**owner, "uid": daemonset["metadata"]["uid"]})
+    objects.apply(
+        kubelab,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "static-x",
+                "namespace": ns,
+                "annotations": {"kubernetes.io/config.mirror": "x", "kubernetes.io/config.source": "file"},
+            },
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "s", "image": "registry.invalid/kwok-stand-in:1"}],
+            },
+        },
+    )
+
+    assert drain.cordon(client, node, OWNER) is True
+    assert _unschedulable(kubelab, node) and _annotations(kubelab, node)[drain.CORDONED_BY] == OWNER
+    reports: list[int] = []
+    drain.drain(client, node, drain.DrainPolicy(timeout_seconds=60, poll_seconds=0.2), reports.append)
+    assert reports[0] == 3 and reports[-1] == 0 and reports == sorted(reports, reverse=True)
+    left = {p["metadata"]["name"] for p in _pods(kubelab, ns)}
+    assert left == {"agent-x", "static-x"}
+
+    assert drain.uncordon(client, node, OWNER) is True
+    assert drain.uncordon(client, node, OWNER) is False  # already done: never twice
+    assert not _unschedulable(kubelab, node) and drain.CORDONED_BY not in _annotations(kubelab, node)
+    assert node_health(client, node).ready
+
+
+def _pods(lab: Lab, namespace: str) -> list[dict[str, Any]]:
+    import json
+
+    out = lab.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
+
+
+def test_a_node_cordoned_by_someone_else_is_drained_but_never_uncordoned(kubelab: Lab, client: Any) -> None:
+    node = _name("node")
+    objects.create_kwok_node(kubelab, node)
+    kubelab.kubectl("cordon", node)
+    assert drain.cordon(client, node, OWNER) is False
+    assert drain.uncordon(client, node, OWNER) is False
+    assert _unschedulable(kubelab, node)
+
+
+def test_a_pdb_with_max_unavailable_0_blocks_the_drain_until_the_timeout(kubelab: Lab, client: Any) -> None:
+    node, ns = _name("node"), _name("pdb")
+    objects.create_kwok_node(kubelab, node)
+    objects.create_pod(kubelab, ns, "guarded", node, labels={"app": "guarded"})
+    objects.create_pod(kubelab, ns, "free", node, labels={"app": "free"})
+    _pdb(kubelab, ns, "guarded")
+    assert drain.cordon(client, node, OWNER)
+    reports: list[int] = []
+    with pytest.raises(drain.DrainError) as failure:
+        drain.drain(client, node, drain.DrainPolicy(timeout_seconds=3, poll_seconds=0.2), reports.append)
+    assert str(failure.value) == (
+        f"drain: timed out after 3s with 1 pod left on Node {node}; "
+        f"evictions refused by a PodDisruptionBudget: {ns}/guarded"
+    )
+    assert reports[0] == 2 and reports[-1] == 1
+    assert drain.uncordon(client, node, OWNER) is True
+    assert not _unschedulable(kubelab, node)
+
+
+def test_pods_with_emptydir_data_are_refused_unless_allowed(kubelab: Lab, client: Any) -> None:
+    node, ns = _name("node"), _name("scratch")
+    objects.create_kwok_node(kubelab, node)
+    objects.create_pod(kubelab, ns, "cache", node, volumes=[{"name": "tmp", "emptyDir": {}}])
+    with pytest.raises(drain.DrainError, match=rf"emptyDir data on Node {node}: {ns}/cache"):
+        drain.drain(client, node, drain.DrainPolicy(timeout_seconds=5), lambda n: None)
+    policy = drain.DrainPolicy(
+        timeout_seconds=30, delete_empty_dir_data=True, poll_seconds=0.2, grace_seconds=0
+    )
+    drain.drain(client, node, policy, lambda n: None)
+    assert _pods(kubelab, ns) == []
+
+
+KILLED_CORDON = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from inplace_extension.kube import drain
+    from inplace_extension.kube.client import connect
+    client = connect(Path(sys.argv[1]))
+    assert drain.cordon(client, sys.argv[2], sys.argv[3])
+    print("cordoned", flush=True)
+    time.sleep(600)  # killed here, between cordon and uncordon
+    """
+)
+
+
+def test_a_process_killed_between_cordon_and_uncordon_is_cleaned_up_exactly_once(
+    kubelab: Lab, client: Any
+) -> None:
+    node = _name("node")
+    objects.create_kwok_node(kubelab, node)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CORDON, str(kubelab.kubeconfig), node, OWNER],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "cordoned"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # by PID: the process this test started
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert _unschedulable(kubelab, node)
+    # what a restarted service finds on the Node, and two cleanups racing (a poll and a run): one wins
+    assert drain.cordoned_by(client, node) == OWNER
+    results: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(drain.uncordon(client, node, OWNER))) for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [False, True]
+    assert wait_until(lambda: not _unschedulable(kubelab, node), 10, 0.2)
+    assert drain.cordoned_by(client, node) is None

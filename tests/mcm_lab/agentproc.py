@@ -1,0 +1,169 @@
+"""``inplace-extension mcm-agent`` as a subprocess beside the real MCM, and the MCM pool a test rolls
+out: a MachineDeployment of lab hosts (static-hosts machine controller) and two MachineClasses."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from hostlab.inventory import service_inventory
+from hostlab.lab import Host
+from hostlab.lab import Lab as HostLab
+from hostlab.proc import wait_until
+from kubelab import objects
+from kubelab.flavours import mcm, mcm_objects
+from kubelab.lab import Lab
+
+from inplace_extension.mcm import node_state as ns
+
+REPO = Path(__file__).resolve().parents[2]
+HOST_LABEL = "static-hosts.inplace-extension.io/host"
+WAIT = 180.0
+
+
+def write_inventory(hostlab: HostLab, path: Path) -> Path:
+    """The lab inventory with each entry matched by the Node label naming its host (the address comes
+    from the static-hosts driver's annotation; the entry pins the host key)."""
+    inventory = service_inventory(hostlab)
+    for entry, host in zip(inventory["hosts"], hostlab.hosts(), strict=True):
+        entry["match"] = {"labels": {HOST_LABEL: host.name}}
+    path.write_text(yaml.safe_dump(inventory, sort_keys=False, width=1000))
+    return path
+
+
+class AgentProcess:
+    def __init__(self, argv: Sequence[str], log_path: Path, port: int, runs_dir: Path) -> None:
+        self.log_path, self.port, self.runs_dir = log_path, port, runs_dir
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            list(argv), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO
+        )
+        if not wait_until(lambda: self.healthy() or self.proc.poll() is not None, 60, 0.1):
+            raise AssertionError(f"mcm-agent not healthy: {self.log()}")
+        assert self.proc.poll() is None, f"mcm-agent exited: {self.log()}"
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(f"http://127.0.0.1:{self.port}{path}", timeout=5)
+
+    def healthy(self) -> bool:
+        try:
+            return self.get("/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+
+def agent_argv(
+    lab: Lab, hostlab: HostLab, inventory: Path, runs: Path, playbooks: Path, port: int
+) -> list[str]:
+    return [
+        sys.executable, "-m", "inplace_extension", "mcm-agent",
+        "--target-kubeconfig", str(lab.kubeconfig), "--namespace", mcm.NAMESPACE,
+        "--inventory", str(inventory), "--allowed-cidrs", str(hostlab.network),
+        "--runs-dir", str(runs), "--playbooks-dir", str(playbooks),
+        "--retry-after-seconds", "1", "--listen", f"127.0.0.1:{port}",
+        "--poll-seconds", "0.5", "--resync-seconds", "2", "--claim-seconds", "30",
+    ]  # fmt: skip
+
+
+class Pool:
+    """A MachineDeployment of ``len(hosts)`` Machines on the lab hosts, on class ``<name>-v1``."""
+
+    def __init__(
+        self, lab: Lab, name: str, hosts: Sequence[Host], specs: Mapping[str, Mapping[str, Any]], **md: Any
+    ) -> None:
+        self.lab, self.name, self.hosts = lab, name, list(hosts)
+        mcm.set_hosts(lab, {h.name: h.address for h in hosts})
+        self.classes = {v: f"{name}-{v}" for v in specs}
+        classes = [
+            mcm_objects.machine_class(self.classes[v], {"inPlaceUpdate": dict(s)}) for v, s in specs.items()
+        ]
+        self.md = mcm_objects.machine_deployment(name, self.classes["v1"], len(hosts), **md)
+        mcm_objects.apply_pool(lab, self.md, *classes)
+        if not wait_until(lambda: self._running(len(hosts)), WAIT, 0.5):
+            raise AssertionError(f"pool {name}: {[mcm_objects.phase(m) for m in self.machines()]}")
+        self.initial = sorted(m["metadata"]["name"] for m in self.machines())
+
+    def machines(self) -> list[dict[str, Any]]:
+        return mcm_objects.machines(self.lab, self.name)
+
+    def _running(self, count: int) -> bool:
+        found = self.machines()
+        if len(found) != count or any(mcm_objects.phase(m) != "Running" for m in found):
+            return False
+        return all(ns.is_ready(self.node(m["metadata"]["name"])) for m in found)
+
+    def node(self, name: str) -> dict[str, Any]:
+        return objects.get(self.lab, "node", name) or {}
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [self.node(name) for name in self.initial]
+
+    def host_of(self, node: Mapping[str, Any]) -> Host:
+        host_name = ns.node_labels(node)[HOST_LABEL]
+        return next(h for h in self.hosts if h.name == host_name)
+
+    def switch(self, version: str) -> None:
+        patch = {"spec": {"template": {"spec": {"class": {"name": self.classes[version]}}}}}
+        self.lab.kubectl(
+            "patch",
+            mcm_objects.MACHINE_DEPLOYMENTS,
+            self.name,
+            "-n",
+            mcm.NAMESPACE,
+            "--type=merge",
+            "-p",
+            yaml.safe_dump(patch),
+        )
+
+    def deployment(self) -> dict[str, Any]:
+        return objects.get(self.lab, mcm_objects.MACHINE_DEPLOYMENTS, self.name, mcm.NAMESPACE) or {}
+
+    def finished(self) -> bool:
+        """MCM is done: 3/3 updated and available, every Node cleaned up and back to Running Machines."""
+        status = self.deployment().get("status", {})
+        count = len(self.hosts)
+        if status.get("updatedReplicas") != count or status.get("availableReplicas") != count:
+            return False
+        if any(mcm_objects.phase(m) != "Running" for m in self.machines()):
+            return False
+        return all(
+            ns.CANDIDATE_LABEL not in ns.node_labels(n) and not ns.has_critical_taint(n) for n in self.nodes()
+        )
+
+    def delete(self) -> None:
+        """Delete the MachineDeployment: MCM terminates its MachineSets and Machines (scaling to 0 does
+        not proceed during an unfinished in-place rollout), the driver deletes the Nodes, the hosts are
+        free for the next pool."""
+        self.lab.kubectl(
+            "delete", mcm_objects.MACHINE_DEPLOYMENTS, self.name, "-n", mcm.NAMESPACE, "--wait=false"
+        )
+        if not wait_until(lambda: not self.machines(), WAIT, 0.5):
+            raise AssertionError(
+                f"pool {self.name}: Machines left {[m['metadata']['name'] for m in self.machines()]}"
+            )
+        for name in self.initial:
+            objects.wait_gone(self.lab, "node", name, timeout=WAIT)

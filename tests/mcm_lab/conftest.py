@@ -1,0 +1,43 @@
+"""Fixtures for the runs beside the real MCM: the lab hosts with Kubernetes stand-ins and the test
+playbooks of the end-to-end tests (tests/e2e/conftest.py, reused as they are), and a factory for
+``inplace-extension mcm-agent`` subprocesses that are stopped (and their plays waited for) at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from e2e.conftest import _wait_for_orphans, e2e_playbooks, nodes, release_server
+from hostlab.lab import Lab as HostLab
+from kubelab.lab import Lab
+
+from inplace_extension.runs.runner import close_control_masters
+
+from .agentproc import AgentProcess, agent_argv, write_inventory
+
+__all__ = ["e2e_playbooks", "nodes", "release_server"]
+
+StartAgent = Callable[..., AgentProcess]
+
+
+@pytest.fixture
+def start_agent(kubelab_mcm: Lab, lab: HostLab, e2e_playbooks: Path, tmp_path: Path) -> Iterator[StartAgent]:
+    started: list[AgentProcess] = []
+    inventory = write_inventory(lab, tmp_path / "inventory.yaml")
+
+    def start(runs_dir: Path | None = None, name: str = "agent") -> AgentProcess:
+        runs = runs_dir or tmp_path / f"runs-{name}"
+        port = kubelab_mcm.free_port()
+        argv = agent_argv(kubelab_mcm, lab, inventory, runs, e2e_playbooks, port)
+        agent = AgentProcess(argv, tmp_path / f"{name}.log", port, runs)
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        agent.stop()
+    for runs in {a.runs_dir for a in started}:
+        _wait_for_orphans(runs)
+        close_control_masters(runs)

@@ -1,0 +1,204 @@
+"""In-place rollouts of the real machine-controller-manager v0.62.1 with our agent as the node-side
+updater: 3 Machines on 3 lab hosts (static-hosts machine controller), kwok Nodes and Pods, Ansible over
+SSH through the same run service as the CAPI hooks.
+
+Real: MCM and its machine-controller library, the apiserver, the agent, Ansible and SSH to the lab
+hosts. Simulated: kubelets (kwok), the machines' creation (the driver only picks a host), Kubernetes
+binaries on the hosts (stand-ins, see tests/e2e/conftest.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e.conftest import NEXT_VERSION, START_VERSION
+from e2e.hostcheck import run_on, stamp_writes
+from hostlab import faults
+from hostlab.lab import Host
+from hostlab.lab import Lab as HostLab
+from hostlab.proc import wait_until
+from kubelab import objects
+from kubelab.flavours import mcm, mcm_objects
+from kubelab.lab import Lab
+
+from inplace_extension.mcm import node_state as ns
+from inplace_extension.mcm.desired import InPlaceUpdateSpec, plan_for
+
+from .agentproc import Pool
+from .conftest import StartAgent
+
+pytestmark = [pytest.mark.kube, pytest.mark.mcm, pytest.mark.lab]
+
+ROLLOUT = 900.0  # 3 drains + 3 plays on 2 shared cores; measured times go to the README
+# shell and Ansible syntax that must stay text (Jinja is refused up front: cloud-init templates, README)
+PAYLOAD = "hello `touch /tmp/mcm-pwned` $(touch /tmp/mcm-pwned2); touch /tmp/mcm-pwned3 ${HOME} %{x}\n"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci1lMmUtdGVzdHMtb25seQ mcm@test"
+V1: dict[str, Any] = {"kubernetesVersion": START_VERSION}
+V2: dict[str, Any] = {
+    "kubernetesVersion": NEXT_VERSION,
+    "kubeadmConfigSpec": {
+        "files": [
+            {"path": "/etc/mcm/hello.conf", "content": PAYLOAD, "owner": "root:root", "permissions": "0640"}
+        ],
+        "users": [{"name": "mcmuser", "shell": "/bin/bash", "sshAuthorizedKeys": [KEY]}],
+        "ntp": {"enabled": True, "servers": ["ntp1.example.org"]},
+        "joinConfiguration": {
+            "nodeRegistration": {"kubeletExtraArgs": [{"name": "max-pods", "value": "120"}]}
+        },
+    },
+}
+V2_FINGERPRINT = plan_for(InPlaceUpdateSpec.model_validate(V2), mcm.NAMESPACE, "any").fingerprint
+
+
+@pytest.fixture
+def pool_factory(kubelab_mcm: Lab, nodes: list[Host]) -> Any:
+    pools: list[Pool] = []
+
+    def make(name: str, **md: Any) -> Pool:
+        pool = Pool(kubelab_mcm, name, nodes, {"v1": V1, "v2": V2}, **md)
+        pools.append(pool)
+        for node in pool.initial:  # workload for MCM to drain
+            objects.create_pod(kubelab_mcm, "mcm-workload", f"{node}-app", node)
+        return pool
+
+    yield make
+    for pool in pools:
+        pool.delete()
+
+
+def watch_rollout(pool: Pool, done: Any, within: float = ROLLOUT) -> int:
+    """Poll until ``done()``; return the most Nodes ever seen cordoned at once (MCM cordons a Node for
+    its drain and uncordons it when the Machine moves to the new MachineSet)."""
+    most = 0
+
+    def check() -> bool:
+        nonlocal most
+        most = max(most, sum(1 for n in pool.nodes() if n.get("spec", {}).get("unschedulable")))
+        return bool(done())
+
+    assert wait_until(check, within, 0.25), f"rollout not done: {pool.deployment().get('status')}"
+    return most
+
+
+def assert_host_updated(hostlab: HostLab, host: Host) -> None:
+    assert stamp_writes(hostlab, host) == [V2_FINGERPRINT], "exactly one apply of the new desired state"
+    assert NEXT_VERSION in run_on(hostlab, host, ["kubelet", "--version"])
+    assert run_on(hostlab, host, ["cat", "/etc/mcm/hello.conf"]) == PAYLOAD, "the payload lands literally"
+    assert run_on(hostlab, host, ["sh", "-c", "ls /tmp/mcm-pwned* 2>/dev/null || true"]) == ""
+    assert "--max-pods=120" in run_on(hostlab, host, ["cat", "/etc/default/kubelet"])
+    assert KEY in run_on(hostlab, host, ["cat", "/home/mcmuser/.ssh/authorized_keys"])
+
+
+def test_auto_rollout_updates_every_host_in_turn(
+    kubelab_mcm: Lab, lab: HostLab, pool_factory: Any, start_agent: StartAgent
+) -> None:
+    pool = pool_factory("auto")
+    agent = start_agent()
+    pool.switch("v2")
+    most = watch_rollout(pool, pool.finished)
+    assert most == 1, "maxUnavailable 1: one Node at a time is drained and updated"
+    assert sorted(m["metadata"]["name"] for m in pool.machines()) == pool.initial, "none replaced"
+    new_sets = {m["metadata"]["ownerReferences"][0]["name"] for m in pool.machines()}
+    classes = {
+        ms["spec"]["template"]["spec"]["class"]["name"]
+        for ms in mcm_objects.listed(kubelab_mcm, "machinesets.machine.sapcloud.io", "name=auto")
+        if ms["metadata"]["name"] in new_sets
+    }
+    assert classes == {pool.classes["v2"]}, "all moved to the new MachineSet"
+    for node in pool.nodes():
+        assert_host_updated(lab, pool.host_of(node))
+        assert not ns.has_critical_taint(node) and not node["spec"].get("unschedulable")
+    assert not any(Path(f"/tmp/mcm-pwned{n}").exists() for n in ("", "2", "3"))
+    assert all(objects.get(kubelab_mcm, "pod", f"{n}-app", "mcm-workload") is None for n in pool.initial), (
+        "drained"
+    )
+    scrape = agent.get("/metrics").text
+    assert 'inplace_extension_mcm_update_results_total{result="successful"} 3.0' in scrape
+    assert "inplace_extension_mcm_nodes_updating 0.0" in scrape
+
+
+def test_manual_rollout_updates_only_the_selected_node(
+    kubelab_mcm: Lab, lab: HostLab, pool_factory: Any, start_agent: StartAgent
+) -> None:
+    pool = pool_factory("manual", orchestration="Manual")
+    start_agent()
+    pool.switch("v2")
+    chosen, *others = pool.initial
+    candidates = lambda: all(ns.CANDIDATE_LABEL in ns.node_labels(n) for n in pool.nodes())  # noqa: E731
+    assert wait_until(candidates, ROLLOUT, 0.5), "MCM marks every Node a candidate"
+    kubelab_mcm.kubectl("label", "node", chosen, "node.machine.sapcloud.io/selected-for-update=true")
+
+    def chosen_done() -> bool:
+        node = pool.node(chosen)
+        return ns.CANDIDATE_LABEL not in ns.node_labels(node) and not ns.has_critical_taint(node)
+
+    watch_rollout(pool, chosen_done)
+    assert_host_updated(lab, pool.host_of(pool.node(chosen)))
+    for name in others:
+        node = pool.node(name)
+        assert ns.in_place_reason(node) == "CandidateForUpdate"
+        assert stamp_writes(lab, pool.host_of(node)) == [], "an unselected host is never touched"
+
+
+def test_task_failure_stalls_until_the_retry_annotation(
+    kubelab_mcm: Lab, lab: HostLab, pool_factory: Any, start_agent: StartAgent
+) -> None:
+    pool = pool_factory("failing")
+    start_agent()
+    first = pool.nodes()[0]
+    host = pool.host_of(first)
+    name = first["metadata"]["name"]
+    faults.fail_next(lab, host, "systemctl")  # the kubelet restart after the new flags fails once
+    pool.switch("v2")
+    assert wait_until(lambda: ns.node_labels(pool.node(name)).get(ns.RESULT_LABEL) == ns.FAILED, ROLLOUT, 0.5)
+    reason = ns.node_annotations(pool.node(name))[ns.FAILED_REASON_ANNOTATION]
+    assert reason.endswith("failed on host") and '"' in reason, reason
+
+    def machine_shows_it() -> bool:
+        machine = next(m for m in pool.machines() if m["metadata"]["name"] == name)
+        return reason in machine.get("status", {}).get("lastOperation", {}).get("description", "")
+
+    assert wait_until(machine_shows_it, 60, 0.5), "MCM shows our message on the Machine"
+    assert pool.deployment().get("status", {}).get("updatedReplicas", 0) < 3, "the rollout stalls"
+    assert stamp_writes(lab, host) == []
+    kubelab_mcm.kubectl("annotate", "node", name, "inplace-extension.io/retry=1")
+    watch_rollout(pool, pool.finished)
+    for node in pool.nodes():
+        assert_host_updated(lab, pool.host_of(node))
+
+
+def test_agent_killed_mid_update_resumes_without_a_second_apply(
+    kubelab_mcm: Lab, lab: HostLab, pool_factory: Any, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    pool = pool_factory("killed")
+    runs = tmp_path / "runs-shared"
+    first = start_agent(runs, name="first")
+    pool.switch("v2")
+    assert wait_until(lambda: any(runs.glob("*/attempt-*")), ROLLOUT, 0.1), "a run started"
+    first.kill()
+    start_agent(runs, name="second")
+    watch_rollout(pool, pool.finished)
+    for node in pool.nodes():
+        assert_host_updated(lab, pool.host_of(node))
+        assert ns.node_labels(node).get(ns.RESULT_LABEL) is None, "MCM cleaned up after our result"
+
+
+def test_api_outage_mid_rollout(
+    kubelab_mcm: Lab, lab: HostLab, pool_factory: Any, start_agent: StartAgent
+) -> None:
+    pool = pool_factory("outage")
+    agent = start_agent()
+    pool.switch("v2")
+    updated = lambda: any(ns.RESULT_LABEL in ns.node_labels(n) for n in pool.nodes())  # noqa: E731
+    assert wait_until(updated, ROLLOUT, 0.25), "the first Node got its result"
+    kubelab_mcm.stop_apiserver()
+    try:
+        assert wait_until(lambda: not agent.healthy(), 60, 0.2), "/healthz says the watch is down"
+    finally:
+        kubelab_mcm.start_apiserver()
+    assert wait_until(agent.healthy, 120, 0.5), "the watch reconnects"
+    watch_rollout(pool, pool.finished)
+    for node in pool.nodes():
+        assert_host_updated(lab, pool.host_of(node))

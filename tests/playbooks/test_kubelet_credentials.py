@@ -1,0 +1,64 @@
+"""The shipped kubelet_credentials capability on a lab host: rotation once per annotation timestamp.
+
+``kubelet`` and ``systemctl`` are STAND-INS (standins.py): the restart is logged in their call log and
+the stand-in kubelet's health endpoint is what the role waits for. The kubeconfig and client
+certificates are files written by the test, as kubeadm leaves them after join.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hostlab.lab import Host, Lab
+
+from .shipped import ANNOTATION, desired, plan_for, run_plan
+from .standins import install_standins, lab_run_on_host
+from .support import calls, host_exists, host_root
+
+pytestmark = pytest.mark.lab
+
+KUBECONFIG = (
+    "apiVersion: v1\nkind: Config\nusers: [{name: default-auth, user: "
+    "{client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem}}]\n"
+)
+
+
+def test_rotation_uses_the_kubeconfig_as_bootstrap_removes_the_certs_and_restarts_once(
+    lab: Lab, lab_hosts: list[Host], tmp_path: Path
+) -> None:
+    host = lab_hosts[0]
+    install_standins(lab_run_on_host(lab, host), version="v1.30.2")
+    host_root(
+        lab,
+        host,
+        ["sh", "-c", "mkdir -p /etc/kubernetes && cat >/etc/kubernetes/kubelet.conf"],
+        stdin=KUBECONFIG,
+    )
+    host_root(
+        lab,
+        host,
+        [
+            "sh",
+            "-c",
+            "mkdir -p /var/lib/kubelet/pki && echo cert >/var/lib/kubelet/pki/kubelet-client-current.pem",
+        ],
+    )
+    restarts = calls(lab, host).count("systemctl restart kubelet")
+    plan = plan_for(desired(annotations={ANNOTATION: "2026-11-25T07:00:00Z"}))
+    assert plan.capabilities == ("kubelet_credentials",)
+    result = run_plan(lab, host, tmp_path, plan)
+    assert result.status == "successful", result.failure_messages
+    assert lab.read_file(host, "/etc/kubernetes/bootstrap-kubelet.conf") == KUBECONFIG
+    assert not host_exists(lab, host, "/var/lib/kubelet/pki")
+    assert calls(lab, host).count("systemctl restart kubelet") == restarts + 1
+    # the same timestamp in a new run (another fingerprint) does not rotate again
+    again = run_plan(
+        lab, host, tmp_path, plan_for(desired(annotations={ANNOTATION: "2026-11-25T07:00:00Z"}), retries=5)
+    )
+    assert again.status == "successful", again.failure_messages
+    assert calls(lab, host).count("systemctl restart kubelet") == restarts + 1
+    # a new timestamp rotates again
+    newer = run_plan(lab, host, tmp_path, plan_for(desired(annotations={ANNOTATION: "2026-11-26T07:00:00Z"})))
+    assert newer.status == "successful", newer.failure_messages
+    assert calls(lab, host).count("systemctl restart kubelet") == restarts + 2

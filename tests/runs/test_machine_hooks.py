@@ -1,0 +1,172 @@
+"""RunService with cluster hooks (the Kubernetes-aware mode's seam), a fake runner and fake hooks: the
+host from the live Machine, a drain failure as a remembered Failure, the health gate, the call order."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from inplace_extension.runs import runner as runner_mod
+from inplace_extension.runs.model import Blocked, Progress, ProgressState, RunRequest
+from inplace_extension.runs.resolve import pick_address
+from inplace_extension.runs.service import RunService
+from inplace_extension.settings import Settings
+
+from .fakes import FakeRunner
+from .test_service import KEY, PLAYBOOKS, req, settle
+
+pytestmark = pytest.mark.anyio
+
+
+class FakeHooks:
+    def __init__(self) -> None:
+        self.addrs: list[tuple[str, str]] = []
+        self.drain_failure: Blocked | None = None
+        self.gate: list[Progress] = []  # answers of settle(), in turn; then done
+        self.calls: list[str] = []
+        self.lock = threading.Lock()
+
+    def _log(self, call: str) -> None:
+        with self.lock:
+            self.calls.append(call)
+
+    def addresses(self, request: RunRequest) -> Sequence[tuple[str, str]]:
+        self._log("addresses")
+        return self.addrs
+
+    def before_play(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
+        self._log("before_play")
+        report("draining: 1 pod left")
+        return self.drain_failure
+
+    def step_started(self, request: RunRequest, capability: str) -> None:
+        self._log(f"step {capability}")
+
+    def after_play(self, request: RunRequest) -> None:
+        self._log("after_play")
+
+    def settle(self, request: RunRequest, applied_at: float, address: str | None) -> Progress:
+        self._log(f"settle {address}")
+        return self.gate.pop(0) if self.gate else Progress(ProgressState.DONE, "update applied")
+
+    def failed(self, request: RunRequest, message: str) -> None:
+        self._log(f"failed {message}")
+
+    def state(self, request: RunRequest, reason: str, message: str, warning: bool = False) -> None:
+        self._log(f"state {reason}: {message}")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
+    fake = FakeRunner()
+    monkeypatch.setattr(runner_mod, "start", fake.start)
+    return fake
+
+
+@pytest.fixture
+def hooks() -> FakeHooks:
+    return FakeHooks()
+
+
+@pytest.fixture
+def svc(tmp_path: Path, fake: FakeRunner, hooks: FakeHooks) -> Iterator[RunService]:
+    inventory = tmp_path / "inventory.yaml"
+    # no entry matches: the address must come from the Machine; the defaults give the SSH settings
+    inventory.write_text(f'hosts: []\ndefaults: {{user: ansible, known_hosts: "{KEY}"}}\n')
+    settings = Settings(
+        inventory=inventory,
+        allowed_cidrs=["10.79.9.0/24"],
+        runs_dir=tmp_path / "runs",
+        playbooks_dir=PLAYBOOKS,
+        retry_after_seconds=1,
+    )
+    service = RunService(settings, hooks=hooks)
+    yield service
+    service.close()
+
+
+def test_the_first_ip_of_the_first_preferred_type_wins() -> None:
+    addresses = [
+        ("Hostname", "node-1"),
+        ("ExternalIP", "203.0.113.9"),
+        ("InternalIP", "nope"),
+        ("InternalIP", "10.0.0.9"),
+    ]
+    assert pick_address(addresses, ("InternalIP", "ExternalIP")) == "10.0.0.9"
+    assert pick_address(addresses, ("ExternalIP", "InternalIP")) == "203.0.113.9"
+    assert pick_address(addresses, ("Hostname",)) is None  # host names are never resolved
+
+
+async def test_the_host_comes_from_the_machine_status_and_the_run_is_wrapped(
+    svc: RunService, fake: FakeRunner, hooks: FakeHooks
+) -> None:
+    hooks.addrs = [("ExternalIP", "10.79.9.77"), ("InternalIP", "10.79.9.66")]
+    hooks.gate = [Progress(ProgressState.IN_PROGRESS, "health gate: waiting for Node n1 to be Ready")]
+    request = req("x1")
+    progress = await settle(svc, request)
+    assert progress.message == "health gate: waiting for Node n1 to be Ready"
+    assert (progress.state, progress.retry_after_seconds) == (ProgressState.IN_PROGRESS, 1)
+    assert fake.started[0].target.address == "10.79.9.66"
+    assert (await svc.poll(request)).state is ProgressState.DONE
+    assert (await svc.poll(request)).state is ProgressState.DONE
+    assert hooks.calls == [
+        "addresses",
+        "state Queued: queued",
+        "state Started: started on host 10.79.9.66 (machine status)",
+        "before_play",
+        "step ntp",
+        "step kubeadm_files",
+        "after_play",
+        "settle 10.79.9.66",
+        "settle 10.79.9.66",  # once the gate passed, the answer is remembered: no third call
+    ]
+
+
+async def test_no_address_anywhere_is_host_not_found(svc: RunService, hooks: FakeHooks) -> None:
+    progress = await svc.poll(req("x2"))
+    assert progress.state is ProgressState.FAILED
+    assert progress.message == (
+        "HostNotFound: no inventory entry matches this Machine and it has no inplace-extension.io/address "
+        "annotation, nor an InternalIP/ExternalIP address in its status"
+    )
+    hooks.addrs = [("InternalIP", "192.0.2.1")]
+    refused = await svc.poll(req("x2"))
+    assert refused.message == "HostNotAllowed: the address from the machine status is outside --allowed-cidrs"
+
+
+async def test_a_drain_failure_is_a_remembered_failure_and_the_play_never_starts(
+    svc: RunService, fake: FakeRunner, hooks: FakeHooks
+) -> None:
+    hooks.addrs = [("InternalIP", "10.79.9.66")]
+    message = "drain: timed out after 3s with 1 pod left on Node n1"
+    hooks.drain_failure = Blocked(message)
+    request = req("x3")
+    first = await settle(svc, request)
+    assert (first.state, first.message) == (ProgressState.FAILED, message)
+    assert (await svc.poll(request)).message == message
+    assert fake.count("x3") == 0
+    assert hooks.calls.count(f"failed {message}") == 1  # clean-up and Event once, not per poll
+    assert hooks.calls.index("after_play") < hooks.calls.index(f"failed {message}")
+
+
+async def test_an_unreachable_api_server_is_retried_with_backoff(
+    svc: RunService, fake: FakeRunner, hooks: FakeHooks
+) -> None:
+    hooks.addrs = [("InternalIP", "10.79.9.66")]
+    hooks.drain_failure = Blocked("drain: the API server is unreachable (ConnectError)", retriable=True)
+    request = req("x4")
+    waiting = await settle(svc, request)
+    assert (waiting.state, waiting.message) == (
+        ProgressState.IN_PROGRESS,
+        "run interrupted, retrying (attempt 2)",
+    )
+    assert not any(call.startswith("failed") for call in hooks.calls)
+    assert fake.count("x4") == 0
