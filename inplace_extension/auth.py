@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from inplace_extension.transport import CoalescingH11Protocol
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def server_tls(certfile: Path, keyfile: Path | None, client_ca: Path | None) -> 
     return ServerTls(str(certfile), _opt_str(keyfile), str(client_ca), ssl.CERT_OPTIONAL)
 
 
-class PeerCertH11Protocol(H11Protocol):
+class PeerCertH11Protocol(CoalescingH11Protocol):
     """uvicorn's h11 protocol, plus the connection's verified client certificate in ``scope["state"]``.
 
     uvicorn gives each connection its own protocol object and copies ``app_state`` into every request's
@@ -86,7 +87,7 @@ class PeerCertH11Protocol(H11Protocol):
     """
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)  # type: ignore[arg-type]
+        super().connection_made(transport)
         ssl_object = transport.get_extra_info("ssl_object")
         peer = ssl_object.getpeercert() if ssl_object is not None else None
         # An empty dict means "presented nothing"; with CERT_OPTIONAL a bad certificate never gets here.

@@ -39,6 +39,7 @@ from inplace_extension.runs.model import NO_MACHINE_HOOKS
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 from inplace_extension.tls import default_hosts, ensure_dev_certificate
+from inplace_extension.transport import CoalescingH11Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         access_log=settings.access_log,
         timeout_graceful_shutdown=5,
         server_header=False,
-        **tls_options,
+        **({"http": CoalescingH11Protocol} | tls_options),
     )
     # everything built so far lives as long as the process: move it out of the collector's sight, so a
     # full collection (tens of ms over ~60k start-up objects) never lands in a hook's latency
