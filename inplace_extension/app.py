@@ -15,10 +15,10 @@ from typing import Any
 import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inplace_extension.api.body import parse_request
 from inplace_extension.api.common import CommonResponse, ResponseStatus
@@ -107,6 +107,59 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     )
 
 
+class HookRoutes:
+    """The hook routes without Starlette's layers: a POST to a hook path goes straight to its endpoint.
+
+    CAPI calls these on every reconcile, so they skip the router, the route and the exception wrappers
+    (bench/hooks.py). The endpoints never raise (every failure is an answer); should one all the same,
+    the caller gets the same 500 as from Starlette's ServerErrorMiddleware and uvicorn logs the error.
+    """
+
+    def __init__(self, endpoints: dict[str, Endpoint]) -> None:
+        self.endpoints = endpoints
+
+    def serves(self, scope: Scope) -> bool:
+        # the same match as the Starlette routes: exact path (no root_path in front), POST only
+        return (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and scope["path"] in self.endpoints
+            and not scope.get("root_path")
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = self.endpoints[scope["path"]]
+        try:
+            response = await endpoint(Request(scope, receive))
+        except Exception:
+            await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
+            raise
+        await response(scope, receive, send)
+
+
+class ExtensionApp(Starlette):
+    """Starlette for everything, except that the hook routes take :class:`HookRoutes`' short path.
+
+    Authentication (when enabled) comes first for both: no body is read before the caller is known.
+    """
+
+    def __init__(self, hook_routes: HookRoutes, policy: AuthPolicy, **starlette: Any) -> None:
+        super().__init__(**starlette)
+        self.hook_routes = hook_routes
+        self.entry: ASGIApp = (
+            AuthMiddleware(self._dispatch, policy=policy) if policy.enabled else self._dispatch
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.entry(scope, receive, send)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.hook_routes.serves(scope):
+            await self.hook_routes(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
 def create_app(
     settings: Settings,
     executor: UpdateExecutor | None = None,
@@ -120,9 +173,9 @@ def create_app(
     context = HookContext(settings=settings, hooks=HOOKS, executor=executor, custom=custom)
     metrics = metrics or Metrics()
     prefix = normalize_prefix(settings.path_prefix)
-    routes = [
-        Route(prefix + hook.path, hook_endpoint(hook, context, metrics), methods=["POST"]) for hook in HOOKS
-    ]
+    endpoints = {prefix + hook.path: hook_endpoint(hook, context, metrics) for hook in HOOKS}
+    # the hook routes stay in Starlette's table too: a GET gets its 405, the route list stays complete
+    routes = [Route(path, endpoint, methods=["POST"]) for path, endpoint in endpoints.items()]
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -144,5 +197,6 @@ def create_app(
     ]
     # auth outermost, so no body is read before the caller is known (inplace_extension/auth.py)
     policy = AuthPolicy.build(settings.client_ca, settings.bearer_token_file, settings.plain_http)
-    middleware = [Middleware(AuthMiddleware, policy=policy)] if policy.enabled else []
-    return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error})
+    return ExtensionApp(
+        HookRoutes(endpoints), policy, routes=routes, exception_handlers={HTTPException: _http_error}
+    )

@@ -97,20 +97,43 @@ class MachineSet(Machine):
     pass
 
 
-class CanUpdateMachineRequestObjects(WireModel):
+class RequestObjects(WireModel):
+    """The objects of a request (the Machine or MachineSet, its infrastructure and bootstrap objects)."""
+
+    # (field name, wire key) of each object, in the order the core and the Go-type check take them
+    OBJECTS: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON objects keyed by their wire names, as the pure core takes them (absent ones out)."""
+        values = self.__dict__
+        return {wire: values[name].to_json() for name, wire in self.OBJECTS if values[name] is not None}
+
+    def typed_parts(self) -> dict[str, dict[str, Any]]:
+        """What ``check_objects`` reads of each object (apiVersion, kind, spec if sent), keyed as ``to_json``.
+
+        The same answer as from ``to_json()``, without rebuilding each object's JSON first.
+        """
+        parts = {}
+        for name, wire in self.OBJECTS:
+            obj: KubeObject | None = self.__dict__[name]
+            if obj is not None:
+                part: dict[str, Any] = {"apiVersion": obj.api_version, "kind": obj.kind}
+                if "spec" in obj.model_fields_set:
+                    part["spec"] = obj.spec
+                parts[wire] = part
+        return parts
+
+
+class CanUpdateMachineRequestObjects(RequestObjects):
+    OBJECTS = (
+        ("machine", "machine"),
+        ("infrastructure_machine", "infrastructureMachine"),
+        ("bootstrap_config", "bootstrapConfig"),
+    )
+
     machine: Machine
     infrastructure_machine: KubeObject
     bootstrap_config: KubeObject | None = None  # optional: absent when the Machine has no bootstrap config
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON objects keyed by their wire names, as the pure core takes them."""
-        objects = {
-            "machine": self.machine.to_json(),
-            "infrastructureMachine": self.infrastructure_machine.to_json(),
-        }
-        if self.bootstrap_config is not None:
-            objects["bootstrapConfig"] = self.bootstrap_config.to_json()
-        return objects
 
 
 class CanUpdateMachineRequest(CommonRequest):
@@ -121,8 +144,8 @@ class CanUpdateMachineRequest(CommonRequest):
 
     @model_validator(mode="after")
     def _check_go_types(self) -> Self:
-        check_objects(self.current.to_json(), "current")
-        check_objects(self.desired.to_json(), "desired")
+        check_objects(self.current.typed_parts(), "current")
+        check_objects(self.desired.typed_parts(), "desired")
         return self
 
 
@@ -142,21 +165,18 @@ class CanUpdateMachineResponse(CommonResponse):
     affects_availability: bool | None = Field(None, description=AFFECTS_AVAILABILITY_DOC)
 
 
-class CanUpdateMachineSetRequestObjects(WireModel):
+class CanUpdateMachineSetRequestObjects(RequestObjects):
+    OBJECTS = (
+        ("machine_set", "machineSet"),
+        ("infrastructure_machine_template", "infrastructureMachineTemplate"),
+        ("bootstrap_config_template", "bootstrapConfigTemplate"),
+    )
+
     machine_set: MachineSet
     infrastructure_machine_template: KubeObject
     bootstrap_config_template: KubeObject | None = (
         None  # omitted when the MachineSets have no bootstrap.configRef
     )
-
-    def to_json(self) -> dict[str, Any]:
-        objects = {
-            "machineSet": self.machine_set.to_json(),
-            "infrastructureMachineTemplate": self.infrastructure_machine_template.to_json(),
-        }
-        if self.bootstrap_config_template is not None:
-            objects["bootstrapConfigTemplate"] = self.bootstrap_config_template.to_json()
-        return objects
 
 
 class CanUpdateMachineSetRequest(CommonRequest):
@@ -167,8 +187,8 @@ class CanUpdateMachineSetRequest(CommonRequest):
 
     @model_validator(mode="after")
     def _check_go_types(self) -> Self:
-        check_objects(self.current.to_json(), "current")
-        check_objects(self.desired.to_json(), "desired")
+        check_objects(self.current.typed_parts(), "current")
+        check_objects(self.desired.typed_parts(), "desired")
         return self
 
 
@@ -191,7 +211,7 @@ class UpdateMachineRequest(CommonRequest):
 
     @model_validator(mode="after")
     def _check_go_types(self) -> Self:
-        check_objects(self.desired.to_json(), "desired")
+        check_objects(self.desired.typed_parts(), "desired")
         return self
 
 
