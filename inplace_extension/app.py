@@ -15,7 +15,7 @@ from typing import Any
 import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -37,7 +37,7 @@ JSON_TYPE = "application/json"
 # bodies above this are parsed in a worker thread so one big request cannot stall every other caller
 THREAD_PARSE_BYTES = 256 * 1024
 
-Endpoint = Callable[[Request], Awaitable[Response]]
+Endpoint = Callable[[Scope, Receive], Awaitable[Response]]  # a hook's: the request's scope and messages
 
 
 def normalize_prefix(prefix: str) -> str:
@@ -46,19 +46,31 @@ def normalize_prefix(prefix: str) -> str:
     return f"/{stripped}" if stripped else ""
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused as soon as it is known to pass ``limit`` (header first, then as read)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestTooLarge(limit)
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The request body, refused as soon as it is known to pass ``limit`` (header first, then as read).
+
+    Reads the ASGI messages as Starlette's ``Request.stream()`` does (a disconnect is ``ClientDisconnect``).
+    """
+    for name, value in scope["headers"]:
+        if name == b"content-length":  # the first one counts, as with Starlette's Headers.get
+            declared = value.decode("latin-1")
+            if declared.isdigit() and int(declared) > limit:
+                raise RequestTooLarge(limit)
+            break
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:  # chunked or lying Content-Length: stop reading here
-            raise RequestTooLarge(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:  # chunked or lying Content-Length: stop reading here
+                raise RequestTooLarge(limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect()
 
 
 def _json(body: bytes, status_code: int = 200) -> Response:
@@ -68,10 +80,10 @@ def _json(body: bytes, status_code: int = 200) -> Response:
 def hook_endpoint(hook: Hook[Any, Any], context: HookContext, metrics: Metrics) -> Endpoint:
     limit = context.settings.max_body_bytes
 
-    async def endpoint(request: Request) -> Response:
+    async def endpoint(scope: Scope, receive: Receive) -> Response:
         started = time.perf_counter()
         try:
-            body = await read_body(request, limit)
+            body = await read_body(scope, receive, limit)
             if len(body) > THREAD_PARSE_BYTES:
                 model = await anyio.to_thread.run_sync(parse_request, hook.request_model, body)
             else:
@@ -93,6 +105,15 @@ def hook_endpoint(hook: Hook[Any, Any], context: HookContext, metrics: Metrics) 
         return _json(response.to_wire())
 
     return endpoint
+
+
+def _request_endpoint(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+    """A hook endpoint as a Starlette route endpoint (for a request under a root_path)."""
+
+    async def route_endpoint(request: Request) -> Response:
+        return await endpoint(request.scope, request.receive)
+
+    return route_endpoint
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -130,7 +151,7 @@ class HookRoutes:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = self.endpoints[scope["path"]]
         try:
-            response = await endpoint(Request(scope, receive))
+            response = await endpoint(scope, receive)
         except Exception:
             await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
             raise
@@ -175,7 +196,9 @@ def create_app(
     prefix = normalize_prefix(settings.path_prefix)
     endpoints = {prefix + hook.path: hook_endpoint(hook, context, metrics) for hook in HOOKS}
     # the hook routes stay in Starlette's table too: a GET gets its 405, the route list stays complete
-    routes = [Route(path, endpoint, methods=["POST"]) for path, endpoint in endpoints.items()]
+    routes = [
+        Route(path, _request_endpoint(endpoint), methods=["POST"]) for path, endpoint in endpoints.items()
+    ]
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

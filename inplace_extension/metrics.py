@@ -86,19 +86,28 @@ class Metrics:
             namespace=NAMESPACE,
             registry=self.registry,
         )
+        # the labelled series of each (hook, status) seen, so an answer costs no label lookup (bounded:
+        # hook names come from the HOOKS table, statuses are two)
+        self._hook_series: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         # Pre-create the outcome series so a dashboard shows 0 rather than "no data" before the first run.
         for outcome in sorted(RUN_OUTCOMES):
             self._runs.labels(outcome=outcome)
 
     def observe_hook(self, hook: str, status: HookStatus, seconds: float) -> None:
         """Count one hook answer and record how long it took."""
-        if not _HOOK_NAME.match(hook):
-            raise ValueError(f"hook label must be a hook name from the HOOKS table, got {hook!r}")
-        if status not in HOOK_STATUSES:
-            raise ValueError(f"hook status must be one of {sorted(HOOK_STATUSES)}, got {status!r}")
+        series = self._hook_series.get((hook, status))
+        if series is None:  # first answer of this hook with this status: check the labels once
+            if not _HOOK_NAME.match(hook):
+                raise ValueError(f"hook label must be a hook name from the HOOKS table, got {hook!r}")
+            if status not in HOOK_STATUSES:
+                raise ValueError(f"hook status must be one of {sorted(HOOK_STATUSES)}, got {status!r}")
         duration = _duration(seconds)  # validated before anything is recorded
-        self._hook_calls.labels(hook=hook, status=status).inc()
-        self._hook_seconds.labels(hook=hook).observe(duration)
+        if series is None:
+            series = self._hook_calls.labels(hook=hook, status=status), self._hook_seconds.labels(hook=hook)
+            self._hook_series[(hook, status)] = series
+        calls, seconds_histogram = series
+        calls.inc()
+        seconds_histogram.observe(duration)
 
     def run_finished(self, outcome: str, seconds: float) -> None:
         """Count one finished run and record its duration. ``outcome`` is a :data:`RunOutcome` value;
