@@ -191,28 +191,41 @@ def _node(trie: Trie) -> _Node:
 
 
 def _all_fit(value: Any, node: _Node) -> bool:
-    """Whether ``_walk`` would pass ``value``: the same checks, without building a field path per value."""
-    go_type = node.go_type
-    if go_type is not None and value is not None and not _fits(value, go_type):
-        return False
-    if isinstance(value, dict):
-        items: Any = value.values()
+    """Whether ``_walk`` would pass ``value``: the same checks, without building a field path per value.
+
+    Exact types (``type(x) is str``) where ``_walk`` asks ``isinstance``: stricter for a subclass, which
+    then only costs the slow walk, so the answer is always ``_walk``'s.
+    """
+    kind = type(value)
+    if kind is dict:
+        if node.go_type is not None and node.go_type != "object":
+            return False
         for name, leaf_type in node.leaves:
             item = value.get(name)  # absent and null both pass
-            if item is not None and not isinstance(item, leaf_type):
+            if item is not None and type(item) is not leaf_type:
                 return False
         for name, child in node.inner:
-            if name in value and not _all_fit(value[name], child):
+            item = value.get(name)
+            if item is not None and not _all_fit(item, child):
                 return False
-    elif isinstance(value, list):
+        items: Any = value.values()
+    elif kind is list:
+        if node.go_type is not None and node.go_type != "array":
+            return False
         items = value
     else:
-        return True
-    if node.every_leaf is not None:
-        leaf_type = node.every_leaf
-        return all(item is None or isinstance(item, leaf_type) for item in items)
-    every = node.every
-    return every is None or all(_all_fit(item, every) for item in items)
+        return value is None or node.go_type is None or _fits(value, node.go_type)
+    leaf_type = node.every_leaf
+    if leaf_type is not None:
+        for item in items:
+            if item is not None and type(item) is not leaf_type:
+                return False
+    elif node.every is not None:
+        every = node.every
+        for item in items:
+            if item is not None and not _all_fit(item, every):
+                return False
+    return True
 
 
 def _walk(value: Any, node: Trie, where: str) -> None:
