@@ -215,10 +215,10 @@ def _all_fit(value: Any, node: _Node) -> bool:
         items = value
     else:
         return value is None or node.go_type is None or _fits(value, node.go_type)
-    leaf_type = node.every_leaf
-    if leaf_type is not None:
+    every_leaf = node.every_leaf
+    if every_leaf is not None:
         for item in items:
-            if item is not None and type(item) is not leaf_type:
+            if item is not None and type(item) is not every_leaf:
                 return False
     elif node.every is not None:
         every = node.every
