@@ -10,13 +10,35 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from typing import TextIO
 
 LOG_FORMATS = ("text", "json")
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
-class JsonFormatter(logging.Formatter):
+class TextFormatter(logging.Formatter):
+    """The standard formatter, with the date and time part of a timestamp made once per second.
+
+    Every hook answer logs a line; ``time.localtime`` + ``strftime`` for each was a visible share of it.
+    """
+
+    def __init__(self, fmt: str | None = None) -> None:
+        super().__init__(fmt)
+        self._stamp: tuple[int, str | None, str] = (-1, None, "")  # (second, datefmt, formatted)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        second = int(record.created)
+        cached_second, cached_datefmt, stamp = self._stamp
+        if second != cached_second or datefmt != cached_datefmt:
+            stamp = time.strftime(datefmt or self.default_time_format, self.converter(record.created))
+            self._stamp = (second, datefmt, stamp)
+        if datefmt or not self.default_msec_format:
+            return stamp
+        return self.default_msec_format % (stamp, record.msecs)
+
+
+class JsonFormatter(TextFormatter):
     """One JSON object per line: time, level, logger, message (+ exception text when there is one)."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -36,7 +58,9 @@ def configure_logging(log_format: str, level: str, stream: TextIO | None = None)
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}")
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(_TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter(_TEXT_FORMAT))
+    # neither format shows thread or process names: do not look them up for every record
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

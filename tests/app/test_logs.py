@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from inplace_extension.logs import configure_logging
+from inplace_extension.logs import JsonFormatter, TextFormatter, configure_logging
 
 
 @pytest.fixture
@@ -57,3 +57,16 @@ def test_json_format_carries_the_traceback(restore_root: None) -> None:
 def test_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="text, json"):
         configure_logging("xml", "INFO")
+
+
+@pytest.mark.parametrize("created", [1_700_000_000.0, 1_700_000_000.999, 1_700_000_001.25, 1_700_003_600.5])
+def test_the_formatters_write_the_same_times_as_the_standard_one(created: float) -> None:
+    text, json_lines, standard = TextFormatter(_TEXT), JsonFormatter(), logging.Formatter(_TEXT)
+    for moment in (created, created + 0.001, created + 1.0, created):  # same second, next one, back
+        record = logging.makeLogRecord({"msg": "hook=x", "created": moment, "msecs": (moment % 1) * 1000})
+        assert text.format(record) == standard.format(record)
+        iso = json.loads(json_lines.format(record))["time"]
+        assert iso == standard.formatTime(record, "%Y-%m-%dT%H:%M:%S")
+
+
+_TEXT = "%(asctime)s %(levelname)s %(name)s %(message)s"
