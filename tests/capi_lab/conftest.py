@@ -34,7 +34,8 @@ from playbooks.standins import install_standins, lab_run_on_host
 if TYPE_CHECKING:
     from .rollout import Cluster
 
-EXTENSION = "inplace-extension"
+# not the name deploy/ uses: tests/kubelab/test_deploy.py dry-runs that ExtensionConfig in the same lab
+EXTENSION = "capi-lab-extension"
 SELECTOR = {"inplace-extension.io/capi-lab": "yes"}
 HANDLERS = {f"{h}.{EXTENSION}" for h in ("can-update-machine", "can-update-machineset", "update-machine")}
 DISCOVERY_TIMEOUT = 60.0

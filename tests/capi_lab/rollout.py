@@ -138,23 +138,9 @@ def updated_in_place(machines: list[dict[str, Any]], count: int) -> bool:
     )
 
 
-def machine_sets(cluster: Cluster) -> list[dict[str, object]]:
-    return co.list_objects(
-        cluster.lab, "machinesets.cluster.x-k8s.io", cluster.namespace, {co.DEPLOYMENT_LABEL: cluster.md}
-    )
-
-
 def owned_by_template(cluster: Cluster, template: str) -> bool:
     """Every Machine of the MachineDeployment belongs to the MachineSet of ``template``."""
-    new = [
-        ms["metadata"]["name"]  # type: ignore[index]
-        for ms in machine_sets(cluster)
-        if ms["spec"]["template"]["spec"]["bootstrap"]["configRef"]["name"] == template  # type: ignore[index]
-    ]
-    machines = cluster.md_machines()
-    return len(new) == 1 and all(
-        any(o["name"] == new[0] for o in m["metadata"].get("ownerReferences", [])) for m in machines
-    )
+    return co.owned_by_template(cluster.lab, cluster.namespace, cluster.md, template)
 
 
 def files_and_user(marker: str, *users: str) -> dict[str, object]:

@@ -203,6 +203,25 @@ def machines(
     return list_objects(lab, "machines.cluster.x-k8s.io", namespace)
 
 
+def owned_by_template(lab: Lab, namespace: str, deployment: str, template: str) -> bool:
+    """Every Machine of the MachineDeployment belongs to the one MachineSet whose Machines are
+    bootstrapped from the KubeadmConfigTemplate ``template``: CAPI moved them there (in place or by
+    replacing them). Right after a template change the Machines still look UpToDate, so a test that
+    waits for "UpToDate" alone can pass before CAPI even noticed the change."""
+    sets = list_objects(lab, "machinesets.cluster.x-k8s.io", namespace, {DEPLOYMENT_LABEL: deployment})
+    new = [
+        ms["metadata"]["name"]
+        for ms in sets
+        if ms["spec"]["template"]["spec"]["bootstrap"]["configRef"]["name"] == template
+    ]
+    owned = machines(lab, namespace, deployment=deployment)
+    return (
+        len(new) == 1
+        and bool(owned)
+        and all(any(o["name"] == new[0] for o in m["metadata"].get("ownerReferences", [])) for m in owned)
+    )
+
+
 def condition_status(obj: Mapping[str, Any], kind: str) -> str | None:
     found = condition(obj, kind)
     return None if found is None else str(found.get("status"))

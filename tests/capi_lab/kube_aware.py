@@ -1,0 +1,293 @@
+"""What the Kubernetes-aware CAPI lab tests share: the service started with ``--kubeconfig``, one
+in-memory cluster per test whose MachineDeployment Machine is mapped to a lab host and a kwok Node
+(:class:`Worker`), a PDB-guarded Pod, and a :class:`Sampler` that watches cordon and skip-remediation
+while a rollout runs. The tests themselves are in ``test_capi_kube_aware.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from e2e.conftest import START_VERSION
+from hostlab.inventory import service_inventory
+from hostlab.lab import Host
+from hostlab.lab import Lab as HostLab
+from kubelab import objects
+from kubelab.flavours import capi_objects as co
+from kubelab.lab import Lab
+
+from .rollout import wait
+
+EXTENSION = "inplace-extension-kube"
+SELECTOR = {"inplace-extension.io/capi-kube-aware": "yes"}
+MACHINES = "machines.cluster.x-k8s.io"
+DEV_MACHINES = "devmachines.infrastructure.cluster.x-k8s.io"
+MD = "machinedeployments.cluster.x-k8s.io"
+SKIP_REMEDIATION = "cluster.x-k8s.io/skip-remediation"
+CORDONED_BY = "inplace-extension.io/cordoned-by"
+GATE_SECONDS = 15
+DRAIN_SECONDS = 8
+SERVING_RE = re.compile(r"serving https://127\.0\.0\.1:(\d+)")
+
+
+@dataclass
+class KubeExtension:
+    kube: Lab
+    hosts: HostLab
+    inventory: Path
+    runs_dir: Path
+    log_path: Path
+    argv: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def start(self) -> None:
+        """Start ``serve`` (same flags and port every time) and wait until it serves."""
+        served = self.log().count("inplace-extension: serving")
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        proc = self.proc
+        wait(
+            lambda: self.log().count("inplace-extension: serving") > served or proc.poll() is not None,
+            30,
+            "serving",
+        )
+        assert proc.poll() is None, self.log()
+
+    def kill(self) -> None:
+        """SIGKILL, by PID, the service this fixture started (as an OOM kill would)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)  # by PID: the service this fixture started
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def serve_host(self, host: Host) -> None:
+        """Only inventory defaults (SSH user, key, this host's key): the address comes from the Machine."""
+        entry: dict[str, Any] = service_inventory(self.hosts, [host.name])["hosts"][0]
+        defaults = {k: v for k, v in entry.items() if k not in ("match", "address")}
+        self.inventory.write_text(yaml.safe_dump({"hosts": [], "defaults": defaults}))
+
+
+@dataclass
+class Worker:
+    """One in-memory cluster with one MachineDeployment Machine mapped to a lab host and a kwok Node."""
+
+    ext: KubeExtension
+    namespace: str
+    cluster: str
+    machine: str
+    uid: str
+    node: str
+    generation: int = 1
+
+    @property
+    def kube(self) -> Lab:
+        return self.ext.kube
+
+    @property
+    def md(self) -> str:
+        return f"{self.cluster}-md-0"
+
+    def machine_obj(self) -> dict[str, Any]:
+        found = objects.get(self.kube, MACHINES, self.machine, self.namespace)
+        assert found is not None
+        return found
+
+    def node_obj(self) -> dict[str, Any]:
+        found = objects.get(self.kube, "node", self.node)
+        assert found is not None
+        return found
+
+    def change(self, spec: dict[str, Any]) -> None:
+        """A new KubeadmConfigTemplate for the MachineDeployment (CAPI then asks CanUpdateMachineSet)."""
+        self.generation += 1
+        name = self.template
+        objects.apply(self.kube, co.kubeadm_config_template(name, self.namespace, spec))
+        body = {"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": name}}}}}}
+        self.kube.kubectl("patch", MD, self.md, "-n", self.namespace, "--type=merge", "-p", json.dumps(body))
+
+    @property
+    def template(self) -> str:
+        """The KubeadmConfigTemplate of the latest :meth:`change`."""
+        return f"{self.md}-{self.generation}"
+
+    def updated_in_place(self) -> bool:
+        """CAPI moved the Machine (same UID) to the MachineSet of the latest template and it is UpToDate."""
+        if not co.owned_by_template(self.kube, self.namespace, self.md, self.template):
+            return False
+        machines = co.machines(self.kube, self.namespace, deployment=self.md)
+        return (
+            len(machines) == 1
+            and machines[0]["metadata"]["uid"] == self.uid
+            and co.condition_status(machines[0], "UpToDate") == "True"
+            and co.condition_status(machines[0], "Updating") != "True"
+        )
+
+    def events(self) -> dict[str, list[str]]:
+        listed = json.loads(self.kube.kubectl("get", "events", "-n", self.namespace, "-o", "json").stdout)
+        found: dict[str, list[str]] = {}
+        for event in listed["items"]:
+            if event["involvedObject"].get("uid") == self.uid:
+                found.setdefault(event["reason"], []).append(event["message"])
+        return found
+
+    def explain(self) -> str:
+        return co.conditions_text(co.machines(self.kube, self.namespace)) + f"\nevents {self.events()}"
+
+
+def create_worker(ext: KubeExtension, host: Host, prefix: str, kwok: bool = True) -> Worker:
+    namespace = f"{prefix}-{time.monotonic_ns() % 10**8:08d}"
+    objects.apply(
+        ext.kube,
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": SELECTOR}},
+    )
+    cluster, kube = prefix, ext.kube
+    cp, md = f"{cluster}-cp", f"{cluster}-md-0"
+    objects.apply(
+        kube,
+        co.dev_cluster(cluster, namespace),
+        co.cluster(cluster, namespace, control_plane=cp),
+        co.dev_machine_template(cp, namespace),
+        co.kubeadm_control_plane(cp, namespace, 1, START_VERSION, cp),
+        co.dev_machine_template(md, namespace),
+        co.kubeadm_config_template(f"{md}-1", namespace),
+        co.machine_deployment(md, namespace, cluster, 1, START_VERSION, f"{md}-1", md),
+    )
+
+    def running() -> bool:
+        machines = co.machines(kube, namespace)
+        return len(machines) == 2 and all(co.running(m) for m in machines)
+
+    wait(
+        running,
+        180,
+        f"2 Machines Running in {namespace}",
+        lambda: co.conditions_text(co.machines(kube, namespace)),
+    )
+    machine = co.machines(kube, namespace, deployment=md)[0]
+    name, node = machine["metadata"]["name"], machine["status"]["nodeRef"]["name"]
+    # the in-memory DevMachine has no address: give it the lab host's, as a real provider reports its VM's;
+    # CAPI's Machine controller copies it into Machine.status.addresses
+    dev = machine["spec"]["infrastructureRef"]["name"]
+    addresses = {"status": {"addresses": [{"type": "InternalIP", "address": host.address}]}}
+    kube.kubectl(
+        "patch", DEV_MACHINES, dev, "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps(addresses),
+    )  # fmt: skip
+
+    def has_address() -> bool:
+        current = objects.get(kube, MACHINES, name, namespace) or {}
+        return {"type": "InternalIP", "address": host.address} in current.get("status", {}).get(
+            "addresses", []
+        )
+
+    wait(has_address, 60, f"Machine {name} shows the host address")
+    if kwok:
+        objects.create_kwok_node(kube, node)
+    else:  # a Node no kubelet (not even kwok) keeps Ready
+        objects.apply(kube, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    status = {"status": {"nodeInfo": {"kubeletVersion": START_VERSION}}}
+    kube.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+    return Worker(ext, namespace, cluster, name, machine["metadata"]["uid"], node)
+
+
+def guarded_pod(worker: Worker) -> str:
+    """A Pod "guarded" on the worker's Node with a PodDisruptionBudget that refuses every eviction
+    (observed by the disruption controller); returns the Pod's namespace."""
+    workloads = f"{worker.namespace}-pods"
+    objects.create_pod(worker.kube, workloads, "guarded", worker.node, labels={"app": "guarded"})
+    objects.apply(
+        worker.kube,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "guarded", "namespace": workloads},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
+        },
+    )
+    observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
+    objects.wait_for(worker.kube, "pdb", "guarded", workloads, observed, "observed")
+    return workloads
+
+
+class Sampler:
+    """Watches the Machine's annotations and the Node's cordon while a rollout runs.
+
+    Watches, not polls: a cordon of a Node whose kwok Pods leave at once lasts well under a second, and
+    a watch delivers every change of the object, however short.
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.skip_remediation = False
+        self.cordoned = False
+        self._client = worker.kube.http()
+        self._client.timeout = httpx.Timeout(30, read=None)
+        machines = f"/apis/cluster.x-k8s.io/v1beta2/namespaces/{worker.namespace}/machines"
+        self._threads = [
+            threading.Thread(target=self._watch, args=(machines, worker.machine, self._machine), daemon=True),
+            threading.Thread(
+                target=self._watch, args=("/api/v1/nodes", worker.node, self._node), daemon=True
+            ),
+        ]
+        self._started = threading.Barrier(3)
+
+    def __enter__(self) -> Sampler:
+        for thread in self._threads:
+            thread.start()
+        self._started.wait(30)  # both watches are open before the test changes anything
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.close()  # ends both streams
+        for thread in self._threads:
+            thread.join(10)
+
+    def _machine(self, obj: dict[str, Any]) -> None:
+        if SKIP_REMEDIATION in obj.get("metadata", {}).get("annotations", {}):
+            self.skip_remediation = True
+
+    def _node(self, obj: dict[str, Any]) -> None:
+        if obj.get("spec", {}).get("unschedulable"):
+            self.cordoned = True
+
+    def _watch(self, path: str, name: str, seen: Callable[[dict[str, Any]], None]) -> None:
+        params = {"watch": "true", "fieldSelector": f"metadata.name={name}", "timeoutSeconds": "900"}
+        try:
+            with self._client.stream("GET", path, params=params) as response:
+                response.raise_for_status()
+                self._started.wait(30)
+                for line in response.iter_lines():
+                    if line:
+                        seen(json.loads(line).get("object", {}))
+        except (httpx.HTTPError, RuntimeError):
+            return  # the client was closed by __exit__ (or the API went away: the asserts will say)
+
+
+def kubelet_args(*pairs: tuple[str, str]) -> dict[str, Any]:
+    extra = [{"name": k, "value": v} for k, v in pairs]
+    return {"format": "cloud-config", "joinConfiguration": {"nodeRegistration": {"kubeletExtraArgs": extra}}}
