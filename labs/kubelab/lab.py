@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 from hostlab.errors import LabError
-from hostlab.proc import ending, file_lock, kill_and_wait, spawn, wait_until
+from hostlab.proc import file_lock, kill_and_wait, not_ours_because, spawn, wait_until
 
 from kubelab import build, core, flavours, state
 from kubelab.config import NAME_RE, Config
@@ -188,7 +188,7 @@ class Lab:
         if check is not None and not wait_until(lambda: check() or not component.running(), timeout, 0.2):
             raise LabError(f"kubelab: {name} not ready within {timeout:g}s, log: {log}\n{_tail(log)}")
         if not component.running():
-            how = ending(pid) or "exited"
+            how = not_ours_because(pid, marker)
             raise LabError(f"kubelab: {name} ended while starting ({how}), log: {log}\n{_tail(log)}")
         return component
 
