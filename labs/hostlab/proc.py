@@ -119,31 +119,29 @@ def children(pid: int) -> list[int]:
     return [int(part) for part in text.split()]
 
 
-def _running_child(pid: int) -> bool:
-    """True if ``pid`` is a child of this process that has not ended (its PID cannot have been reused:
-    it is ours until we reap it). Reaps and records it if it ended."""
+def _parent(pid: int) -> int | None:
     try:
-        reaped, status = os.waitpid(pid, os.WNOHANG)
-    except (ChildProcessError, OSError):
-        return False
-    if reaped == pid:
-        _ENDINGS[pid] = status
-        return False
-    return True
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def is_ours(pid: int, marker: str) -> bool:
-    """True if ``pid`` is alive and is the program we started: our own running child, or a process
-    whose command line contains ``marker`` (a path only the lab uses; for a lab started by another
-    process, whose PIDs may have been reused since)."""
-    return _running_child(pid) or (alive(pid) and any(marker in arg for arg in cmdline(pid)))
+    """True if ``pid`` is alive and is the program we started: our own child (its PID cannot have been
+    reused before we reap it), or a process whose command line contains ``marker`` (a path only the
+    lab uses; for a lab started by another process, whose PIDs may have been reused since)."""
+    if not alive(pid):
+        return False
+    return _parent(pid) == os.getpid() or any(marker in arg for arg in cmdline(pid))
 
 
 def not_ours_because(pid: int, marker: str) -> str:
     """Why ``is_ours`` is false, for an error message: how it ended, or what the PID is now."""
+    living = alive(pid)  # first: it reaps our ended child, so ``ending`` knows its status
     if (how := ending(pid)) != "":
         return how
-    if not alive(pid):
+    if not living:
         return "ended; exit status unknown (not our child, or reaped elsewhere)"
     return f"PID {pid} now runs {' '.join(cmdline(pid))[:200]!r}, which does not name {marker}"
 
