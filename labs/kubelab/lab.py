@@ -13,10 +13,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -25,15 +24,13 @@ import httpx
 from hostlab.errors import LabError
 from hostlab.proc import file_lock, kill_and_wait, not_ours_because, spawn, wait_until
 
-from kubelab import build, core, flavours, state
+from kubelab import build, core, flavours, ports, state
 from kubelab.config import NAME_RE, Config
 from kubelab.pki import CertificateAuthority
 from kubelab.state import Component, LabState
 
 READY_TIMEOUT = 180.0  # a cold apiserver on 2 busy cores needs ~6-30 s; CAPI controllers more
 STOP_TIMEOUT = 15.0
-# CAPD (in-memory backend) listens on 19000 and 20000-30000 for its fake workload API servers
-RESERVED_PORTS = (range(19000, 19001), range(20000, 30001))
 Ready = Callable[[], bool]
 
 
@@ -247,15 +244,7 @@ class Lab:
         context.load_cert_chain(str(self.pki_dir / "admin.crt"), str(self.pki_dir / "admin.key"))
         return httpx.Client(base_url=self.server, verify=context, timeout=30)
 
-    @staticmethod
-    def free_port(avoid: Iterable[range] = RESERVED_PORTS) -> int:
-        """A free loopback TCP port outside the ranges other lab components claim."""
-        while True:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = int(sock.getsockname()[1])
-            if not any(port in r for r in avoid):
-                return port
+    free_port = staticmethod(ports.free_port)
 
     def _url_ok(self, url: str) -> bool:
         try:

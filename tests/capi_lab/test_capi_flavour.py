@@ -16,7 +16,8 @@ from hostlab.errors import LabError
 from kubelab import build, objects
 from kubelab.flavours import capi
 from kubelab.flavours import capi_objects as co
-from kubelab.lab import RESERVED_PORTS, Lab
+from kubelab.lab import Lab
+from kubelab.ports import RESERVED_PORTS
 
 pytestmark = [pytest.mark.kube, pytest.mark.capi]
 
