@@ -3,7 +3,7 @@
 It prepares a fresh private data dir for one batch of Machine attempts (per Machine: inputs file,
 pinned known_hosts, host variables), starts ``update_machine.yml`` once for all of them with
 ``run_async`` and reports live task starts per host. It never decides what an
-outcome means (that is :mod:`inplace_extension.runs.artifacts`); ansible-runner exceptions become
+outcome means (that is :mod:`inplace_extension.runs.outcomes`); ansible-runner exceptions become
 :class:`RunStartError` here. Used by :mod:`inplace_extension.runs.service` from worker threads only.
 """
 

@@ -28,14 +28,13 @@ from inplace_extension.runs.artifacts import (
     BatchRef,
     Outcome,
     OutcomeKind,
-    classify,
-    load_attempts,
     new_attempt_dir,
     prune_batches,
     write_json,
 )
 from inplace_extension.runs.inventory import InventorySource
 from inplace_extension.runs.model import NO_MACHINE_HOOKS, MachineHooks, Progress, ProgressState, RunRequest
+from inplace_extension.runs.outcomes import classify, load_attempts
 from inplace_extension.runs.policy import RETRY_ANNOTATION, Verdict, decide, retry_token
 from inplace_extension.runs.registry import Job, RunRegistry
 from inplace_extension.runs.resolve import HostTarget, ResolveError, parse_cidrs, resolve_host

@@ -11,13 +11,11 @@ from inplace_extension.runs.artifacts import (
     BatchRef,
     Outcome,
     OutcomeKind,
-    classify,
-    load_attempts,
     new_attempt_dir,
     prune_batches,
-    task_label,
     write_json,
 )
+from inplace_extension.runs.outcomes import classify, load_attempts, task_label
 
 from .fakes import FP, failed_events, ok_events, unreachable_events, write_artifacts
 

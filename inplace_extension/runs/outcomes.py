@@ -1,0 +1,158 @@
+"""What attempts ended as: one host's attempt classified from its batch's ansible-runner artifacts (the
+runner's status and rc, this host's job events, the failed task's label, whether the host's stamp
+confirms the fingerprint: the ``inplace_host_state`` module's answer), and an ident's attempts loaded
+with their outcomes. Plain file reading only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from inplace_extension.runs.artifacts import (
+    Attempt,
+    BatchRef,
+    Outcome,
+    OutcomeKind,
+    attempt_dirs,
+    mtime,
+    read_json,
+    runner_status,
+)
+
+# ansible-playbook exit codes for "could not even start": error, parser error, bad options, unexpected error
+PLAYBOOK_ERROR_RCS = frozenset({1, 4, 5, 250})
+HOST_STATE_MODULE = "inplace_host_state"  # playbooks/library: the host lock and stamp
+
+
+def _events(batch: BatchRef) -> list[dict[str, Any]]:
+    """This host's events of the batch (plus the host-less play events), in order."""
+    events = []
+    for path in (batch.dir / "artifacts" / batch.ident / "job_events").glob("*.json"):
+        event = read_json(path)
+        if event is None:
+            continue
+        host = (event.get("event_data") or {}).get("host")
+        if host is None or host == batch.host:
+            events.append(event)
+    events.sort(key=lambda e: int(e.get("counter", 0)))
+    return events
+
+
+def _rc(batch_dir: Path, ident: str) -> int | None:
+    try:
+        return int((batch_dir / "artifacts" / ident / "rc").read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return None
+
+
+def task_label(name: str) -> str:
+    """A task name fit for a CAPI message. ansible-core renders task names in its events, so the roles
+    template only checked values into names (tests/playbooks/test_task_names.py); a part Ansible left
+    unrendered is cut off."""
+    head = name.split("{{", 1)[0].strip().rstrip(":").strip()
+    return (head or "unnamed task")[:120]
+
+
+def _is_host_state(data: dict[str, Any]) -> bool:
+    action = str(data.get("resolved_action") or data.get("task_action") or "")
+    return action.rsplit(".", 1)[-1] == HOST_STATE_MODULE
+
+
+def stamp_confirmed(events: Sequence[dict[str, Any]], fingerprint: str) -> bool:
+    """True when the host's events show its stamp holding ``fingerprint``.
+
+    playbooks/update_machine.yml reports it through its ``inplace_host_state`` module: ``state=locked``
+    returns ``up_to_date`` with ``applied_fingerprint`` when the host already had it (the run ends
+    early), ``state=stamped`` returns the ``fingerprint`` it wrote.
+    """
+    for event in events:
+        data = event.get("event_data") or {}
+        if event.get("event") == "runner_on_ok" and _is_host_state(data):
+            res = data.get("res") or {}
+            if res.get("up_to_date") is True and res.get("applied_fingerprint") == fingerprint:
+                return True
+            if res.get("changed") is True and res.get("fingerprint") == fingerprint:
+                return True
+    return False
+
+
+def classify(batch: BatchRef, fingerprint: str, finished: float | None = None) -> Outcome:
+    """What one host's attempt ended as, from its batch's ansible-runner artifacts (finished or dead)."""
+    status = runner_status(batch.dir, batch.ident)
+    rc = _rc(batch.dir, batch.ident)
+    when = finished if finished is not None else mtime(batch.dir / "artifacts" / batch.ident)
+    detail = f"status={status or 'none'} rc={rc}"
+    if status is None:
+        return Outcome(
+            OutcomeKind.INTERRUPTED, detail=detail + " (no final status: run killed)", finished=when
+        )
+    events = _events(batch)
+    # the stamp is the update's last step: whatever fails after it (the lock release) changed nothing
+    if stamp_confirmed(events, fingerprint):
+        return Outcome(OutcomeKind.SUCCESSFUL, detail=detail, finished=when)
+    if status == "successful":
+        return Outcome(
+            OutcomeKind.INTERRUPTED, detail=detail + " (no stamp with this fingerprint)", finished=when
+        )
+    failed = [
+        e
+        for e in events
+        if e.get("event") == "runner_on_failed" and not (e.get("event_data") or {}).get("ignore_errors")
+    ]
+    if any(e.get("event") == "runner_on_unreachable" for e in events):
+        return Outcome(OutcomeKind.UNREACHABLE, detail=detail, finished=when)
+    if failed:
+        data = failed[0].get("event_data") or {}
+        if _is_host_state(data):
+            # waiting for the host lock timed out, or a stale-lock takeover took it from us:
+            # another run owns the host right now, which is not a failure of this update
+            return Outcome(OutcomeKind.HOST_BUSY, detail=detail, finished=when)
+        return Outcome(
+            OutcomeKind.TASK_FAILED,
+            capability=str(data.get("role") or "update_machine"),
+            task=task_label(str(data.get("task") or "")),
+            detail=detail,
+            finished=when,
+        )
+    if (
+        status == "failed"
+        and rc in PLAYBOOK_ERROR_RCS
+        and not any(e.get("event") == "playbook_on_play_start" for e in events)
+    ):
+        # ansible-playbook refused to start the play (parse error, bad option): retrying cannot help
+        return Outcome(
+            OutcomeKind.TASK_FAILED,
+            capability="update_machine",
+            task=f"load playbook (rc {rc})",
+            detail=detail,
+            finished=when,
+        )
+    # failed without a failed task of this host: ansible-playbook killed, or another host's failure
+    # ended the play for all (update_machine.yml has any_errors_fatal)
+    return Outcome(OutcomeKind.INTERRUPTED, detail=detail + " (no failed task)", finished=when)
+
+
+def load_attempts(ident_dir: Path, fingerprint: str) -> list[Attempt]:
+    """All attempts of one ident, oldest first. Attempts without ``outcome.json`` are classified from
+    their batch's ansible-runner artifacts when those are final, else left with ``outcome=None``."""
+    attempts = []
+    for number, path in sorted(attempt_dirs(ident_dir)):
+        meta = read_json(path / "meta.json") or {}
+        summary = read_json(path / "outcome.json")
+        outcome = Outcome.from_json(summary) if summary else None
+        batch = BatchRef.from_meta(meta)
+        if outcome is None and batch is not None and runner_status(batch.dir, batch.ident) is not None:
+            outcome = classify(batch, fingerprint)
+        address = meta.get("address")
+        attempts.append(
+            Attempt(
+                number,
+                path,
+                str(meta.get("retry_token", "")),
+                outcome,
+                address if isinstance(address, str) else None,
+            )
+        )
+    return attempts
