@@ -10,14 +10,11 @@ critical-components taint removed once MCM is done, and the watch surviving an A
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from hostlab.proc import wait_until
-from kubelab import manifests, objects
-from kubelab.flavours import mcm, mcm_objects
+from kubelab import objects
 from kubelab.lab import Lab
 
 from inplace_extension.mcm import node_state as ns
@@ -25,115 +22,10 @@ from inplace_extension.mcm.agent import AgentOptions
 from inplace_extension.mcm.desired import parse_spec, plan_for
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 
+from .lab_objects import NAMESPACE, NEW, WAIT, done_after_two, label, make_node, make_pool, node, unique
 from .support import AgentThread, ScriptedExecutor
 
 pytestmark = pytest.mark.kube
-
-NAMESPACE = "mcm-agent-test"
-WAIT = 90.0  # generous: the 2 cores are shared with builds and other suites
-OLD = {"kubernetesVersion": "v1.31.0"}
-NEW = {
-    "kubernetesVersion": "v1.31.1",
-    "kubeadmConfigSpec": {"ntp": {"enabled": True, "servers": ["ntp.test"]}},
-}
-
-
-@pytest.fixture(scope="module")
-def kube(kubelab: Lab) -> Lab:
-    manifests.install_crds(kubelab, mcm.crd_files(kubelab), only_missing=True)
-    objects.ensure_namespace(kubelab, NAMESPACE)
-    return kubelab
-
-
-def _uid(kube: Lab, kind: str, name: str) -> str:
-    obj = objects.get(kube, kind, name, NAMESPACE)
-    assert obj is not None
-    return str(obj["metadata"]["uid"])
-
-
-def _owner(kind: str, name: str, uid: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "machine.sapcloud.io/v1alpha1",
-        "kind": kind,
-        "name": name,
-        "uid": uid,
-        "controller": True,
-    }
-
-
-def _template(klass: str, template_hash: str | None = None) -> dict[str, Any]:
-    labels = {"name": "pool"} | ({"machine-template-hash": template_hash} if template_hash else {})
-    return {"metadata": {"labels": labels}, "spec": {"class": {"kind": "MachineClass", "name": klass}}}
-
-
-def meta(name: str) -> dict[str, Any]:
-    return {"name": name, "namespace": NAMESPACE}
-
-
-def make_pool(kube: Lab, pool: str, machine: str) -> None:
-    """MachineClasses old/new, a MachineDeployment on the new one, an old and a new MachineSet, and a
-    Machine still owned by the old MachineSet (as during MCM's update)."""
-    api = "machine.sapcloud.io/v1alpha1"
-    classes = [
-        {"apiVersion": api, "kind": "MachineClass", "metadata": meta(f"{pool}-{v}"),
-         "provider": "static-hosts", "providerSpec": {"inPlaceUpdate": spec}}
-        for v, spec in (("v1", OLD), ("v2", NEW))
-    ]  # fmt: skip
-    selector = {"matchLabels": {"name": "pool"}}
-    deployment = {
-        "apiVersion": api, "kind": "MachineDeployment", "metadata": meta(pool),
-        "spec": {"replicas": 1, "selector": selector, "template": _template(f"{pool}-v2")},
-    }  # fmt: skip
-    objects.apply(kube, *classes, deployment)
-    owner = _owner("MachineDeployment", pool, _uid(kube, mcm_objects.MACHINE_DEPLOYMENTS, pool))
-    sets = [
-        {"apiVersion": api, "kind": "MachineSet",
-         "metadata": meta(f"{pool}-{h}") | {"ownerReferences": [owner]},
-         "spec": {"replicas": 1, "selector": selector, "template": _template(f"{pool}-{v}", h)}}
-        for v, h in (("v1", "h1"), ("v2", "h2"))
-    ]  # fmt: skip
-    objects.apply(kube, *sets)
-    old_set = _owner("MachineSet", f"{pool}-h1", _uid(kube, mcm_objects.MACHINE_SETS, f"{pool}-h1"))
-    objects.apply(
-        kube,
-        {"apiVersion": api, "kind": "Machine", "metadata": meta(machine) | {"ownerReferences": [old_set]},
-         "spec": {"class": {"kind": "MachineClass", "name": f"{pool}-v1"}}},
-    )  # fmt: skip
-
-
-def make_node(
-    kube: Lab, name: str, machine: str, reason: str | None, candidate: bool = True, **meta: Any
-) -> None:
-    """A Node nobody else manages (no kwok label): its status is what the test writes."""
-    labels = {ns.CANDIDATE_LABEL: "true"} if candidate else {}
-    labels |= {"node.gardener.cloud/machine-name": machine, "keep": "me"}
-    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels, **meta}}
-    objects.apply(kube, node)
-    conditions = [{"type": "Ready", "status": "True", "reason": "Test", "message": "test"}]
-    if reason:
-        conditions.append({"type": "InPlaceUpdate", "status": "True", "reason": reason, "message": reason})
-    patch = '{"status": {"conditions": ' + json.dumps(conditions) + "}}"
-    kube.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", patch)
-
-
-def node(kube: Lab, name: str) -> dict[str, Any]:
-    found = objects.get(kube, "node", name)
-    assert found is not None
-    return found
-
-
-def label(kube: Lab, name: str) -> str | None:
-    return ns.node_labels(node(kube, name)).get(ns.RESULT_LABEL)
-
-
-def _name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-def done_after_two(request: RunRequest, calls: int) -> Progress:
-    if calls < 2:
-        return Progress(ProgressState.IN_PROGRESS, "running", 1)
-    return Progress(ProgressState.DONE, "update applied")
 
 
 @pytest.fixture
@@ -159,9 +51,9 @@ def test_ready_node_is_updated_to_the_new_machine_sets_class(
     kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]
 ) -> None:
     _, executor = agent
-    pool, machine = _name("pool"), _name("m")
+    pool, machine = unique("pool"), unique("m")
     make_pool(kube, pool, machine)
-    name = _name("ok")
+    name = unique("ok")
     make_node(kube, name, machine, ns.READY_FOR_UPDATE, annotations={ns.FAILED_REASON_ANNOTATION: "old"})
     assert wait_until(lambda: label(kube, name) == ns.SUCCESSFUL, WAIT, 0.2)
     expected = plan_for(parse_spec({"providerSpec": {"inPlaceUpdate": NEW}}), NAMESPACE, name)
@@ -189,9 +81,9 @@ def _events(kube: Lab, node_name: str) -> set[str]:
 def test_task_failure_is_answered_failed_with_the_message(
     kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]
 ) -> None:
-    pool, machine = _name("pool"), _name("m")
+    pool, machine = unique("pool"), unique("m")
     make_pool(kube, pool, machine)
-    name = _name("fail")
+    name = unique("fail")
     make_node(kube, name, machine, ns.READY_FOR_UPDATE)
     assert wait_until(lambda: label(kube, name) == ns.FAILED, WAIT, 0.2)
     reason = ns.node_annotations(node(kube, name))[ns.FAILED_REASON_ANNOTATION]
@@ -203,9 +95,9 @@ def test_retriable_failure_says_failed_then_recovers(
     kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]
 ) -> None:
     _, executor = agent
-    pool, machine = _name("pool"), _name("m")
+    pool, machine = unique("pool"), unique("m")
     make_pool(kube, pool, machine)
-    name = _name("flaky")
+    name = unique("flaky")
     make_node(kube, name, machine, ns.READY_FOR_UPDATE)
     assert wait_until(lambda: label(kube, name) == ns.FAILED, WAIT, 0.1)
     assert "host unreachable" in ns.node_annotations(node(kube, name))[ns.FAILED_REASON_ANNOTATION]
@@ -219,7 +111,7 @@ def test_retriable_failure_says_failed_then_recovers(
 def test_missing_desired_state_is_a_failure_naming_the_object(
     kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]
 ) -> None:
-    name = _name("orphan")
+    name = unique("orphan")
     make_node(kube, name, "no-such-machine", ns.READY_FOR_UPDATE)
     assert wait_until(lambda: label(kube, name) == ns.FAILED, WAIT, 0.2)
     assert "no-such-machine" in ns.node_annotations(node(kube, name))[ns.FAILED_REASON_ANNOTATION]
@@ -227,12 +119,12 @@ def test_missing_desired_state_is_a_failure_naming_the_object(
 
 def test_another_replicas_claim_is_respected(kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]) -> None:
     thread, executor = agent
-    pool, machine = _name("pool"), _name("m")
+    pool, machine = unique("pool"), unique("m")
     make_pool(kube, pool, machine)
-    name = _name("claimed")
+    name = unique("claimed")
     claim = ns.claim_value("other-replica", 3600)
     make_node(kube, name, machine, ns.READY_FOR_UPDATE, annotations={ns.CLAIM_ANNOTATION: claim})
-    other = _name("ok")
+    other = unique("ok")
     make_node(kube, other, machine, ns.READY_FOR_UPDATE)
     assert wait_until(lambda: label(kube, other) == ns.SUCCESSFUL, WAIT, 0.2), "the agent is working"
     assert wait_until(lambda: thread.agent is not None, WAIT, 0.1)
@@ -243,7 +135,7 @@ def test_another_replicas_claim_is_respected(kube: Lab, agent: tuple[AgentThread
 def test_critical_taint_removed_once_mcm_is_done(
     kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]
 ) -> None:
-    name = _name("done")
+    name = unique("done")
     taints = [
         {"key": ns.CRITICAL_TAINT[0], "effect": "NoSchedule"},
         {"key": "someone.else/taint", "effect": "NoSchedule"},
@@ -270,7 +162,7 @@ def test_critical_taint_removed_once_mcm_is_done(
 
 def test_watch_recovers_from_an_api_outage(kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]) -> None:
     thread, _ = agent
-    pool, machine = _name("pool"), _name("m")
+    pool, machine = unique("pool"), unique("m")
     make_pool(kube, pool, machine)
     kube.stop_apiserver()
     try:
@@ -278,7 +170,7 @@ def test_watch_recovers_from_an_api_outage(kube: Lab, agent: tuple[AgentThread, 
     finally:
         kube.start_apiserver()
     assert wait_until(lambda: thread.connected, 60, 0.2), "the watch reconnects"
-    name = _name("after")
+    name = unique("after")
     make_node(kube, name, machine, ns.READY_FOR_UPDATE)
     assert wait_until(lambda: label(kube, name) == ns.SUCCESSFUL, WAIT, 0.2)
 
@@ -289,9 +181,9 @@ def test_delete_pods_flag_deletes_the_pods_left_on_an_updated_node(kube: Lab) ->
     thread = AgentThread(kube.kubeconfig, options, executor)
     try:
         assert wait_until(lambda: thread.connected, WAIT, 0.1)
-        pool, machine = _name("pool"), _name("m")
+        pool, machine = unique("pool"), unique("m")
         make_pool(kube, pool, machine)
-        name = _name("pods")
+        name = unique("pods")
         make_node(kube, name, machine, None)
         objects.create_pod(kube, "left-behind", "leftover", name, wait_running=False)
         make_node(kube, name, machine, ns.READY_FOR_UPDATE)
