@@ -33,6 +33,11 @@ class ScriptedExecutor:
         with self._lock:
             return [r for r in self.requests if r.name == node]
 
+    def nodes(self) -> set[str]:
+        """The Nodes this executor was asked to update."""
+        with self._lock:
+            return {r.name for r in self.requests}
+
 
 class AgentThread:
     """The agent on its own loop in a thread; ``stop`` cancels it and closes its clients."""
