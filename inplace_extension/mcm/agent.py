@@ -6,9 +6,10 @@ the Node; remove the critical-components taint once MCM finished it (flag); if M
 act on one Node), read the desired state from the control cluster (``desired``), and poll the run
 service - the same executor as the CAPI UpdateMachine hook, so the same plan, fingerprint, host lock
 and stamp, and artifacts on disk: a restarted agent resumes without a second apply. A final answer is a
-merge patch of the result label and reason annotation; retriable failures are answered ``failed`` and
-retried with backoff until they succeed. A periodic resync re-checks every Node (retry annotations,
-claims of dead replicas, backoffs ending).
+merge patch of the result label and reason annotation, and of the answered annotation naming the desired
+state it is for: no replica (nor this one restarted) acts on that state again while MCM has not consumed
+the result. Retriable failures are answered ``failed`` and retried with backoff until they succeed. A
+periodic resync re-checks every Node (retry annotations, claims of dead replicas, backoffs ending).
 """
 
 from __future__ import annotations
@@ -72,8 +73,6 @@ class Agent:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake: dict[str, asyncio.Event] = {}
         self._known: set[str] = set()
-        # Node -> ("<fingerprint>|<retry token>", successful, reason) of the last final answer
-        self._answered: dict[str, tuple[str, bool, str]] = {}
         self.connected = asyncio.Event()
 
     async def run(self) -> None:
@@ -123,7 +122,6 @@ class Agent:
             node = await nodes.get_node(self._target, name)
             if node is None:
                 self._known.discard(name)
-                self._answered.pop(name, None)
                 return False
             if self.options.remove_critical_taint and ns.wants_taint_removal(node):
                 if await nodes.remove_taint(self._target, node, *ns.CRITICAL_TAINT):
@@ -153,20 +151,19 @@ class Agent:
 
     async def _update(self, node: dict[str, Any]) -> bool:
         """Resolve the desired state (reads only), then claim and poll unless this exact state (and retry
-        token) was answered finally already: re-answering would patch the Node, and every patch is a
-        watch event that would wake this task again."""
+        token) was answered finally already, by this replica or another: a second run would apply a
+        failed task again, and every patch is a watch event that would wake the replicas again."""
         name = ns.name(node)
         token = ns.node_annotations(node).get(RETRY_ANNOTATION, "")
         try:
             plan = await desired_plan(self._control, self.options.namespace, node, self._custom)
         except (DesiredStateError, ExtensionError) as exc:
             key = f"{exc}|{token}"
-            if not self._already_answered(node, key):
-                await self._answer(node, successful=False, reason=str(exc))
-                self._answered[name] = (key, False, str(exc))
+            if not ns.answered(node, key):
+                await self._answer(node, successful=False, reason=str(exc), answered_key=key)
             return False
         key = f"{plan.fingerprint}|{token}"
-        if self._already_answered(node, key):
+        if ns.answered(node, key):
             return False
         node = await self._claim(node)
         request = RunRequest(
@@ -187,31 +184,25 @@ class Agent:
                     self._target, node, "InPlaceUpdateStarted", f"run {request.ident}", COMPONENT
                 )
             if progress.retrying:
-                await self._answer(node, successful=False, reason=progress.message, final=False)
+                await self._answer(node, successful=False, reason=progress.message)
             return True
         successful = progress.state is ProgressState.DONE
-        await self._answer(node, successful, progress.message)
-        self._answered[name] = (key, successful, "" if successful else progress.message)
+        await self._answer(node, successful, progress.message, answered_key=key)
         return False
 
-    def _already_answered(self, node: Mapping[str, Any], key: str) -> bool:
-        """This state was answered finally and the Node still says so (MCM removes the label when it
-        is done, and the next rollout with the same desired state must be answered again)."""
-        answered = self._answered.get(ns.name(node))
-        if answered is None or answered[0] != key:
-            return False
-        return ns.result_written(node, answered[1], answered[2], release=False)
-
     async def _answer(
-        self, node: dict[str, Any], successful: bool, reason: str = "", final: bool = True
+        self, node: dict[str, Any], successful: bool, reason: str = "", answered_key: str | None = None
     ) -> None:
+        """``answered_key``: a final answer for that desired state (releases the claim); without it a
+        retriable failure that keeps the claim while we retry."""
         name = ns.name(node)
+        final = answered_key is not None
         reason = "" if successful else reason
         if successful and self.options.delete_pods:
             deleted = await nodes.delete_pods_on_node(self._target, name, frozenset({"DaemonSet", "Node"}))
             log.info("node %s: deleted %d pods left on it", name, deleted)
-        if not ns.result_written(node, successful, reason, release=final):
-            labels, annotations = ns.result_metadata(successful, reason, release=final)
+        if not ns.result_written(node, successful, reason, release=final, answered_key=answered_key):
+            labels, annotations = ns.result_metadata(successful, reason, final, answered_key)
             await nodes.patch_metadata(
                 self._target, name, ns.resource_version(node), labels=labels, annotations=annotations
             )

@@ -2,12 +2,15 @@
 
 MCM's keys (mcm-contract.md §2): MCM sets the ``InPlaceUpdate`` condition, the candidate/selected
 labels, cordon, drain and its taints; the node-side updater writes only the ``update-result`` label
-and the ``update-failed-reason`` annotation. Ours: the claim annotation (single-acting replicas) and
-the retry annotation a user sets to retry a failed task (shared with the CAPI side).
+and the ``update-failed-reason`` annotation. Ours: the claim annotation (single-acting replicas), the
+answered annotation (which desired state a final answer was for, so that no replica, nor a restarted
+agent, acts on it again) and the retry annotation a user sets to retry a failed task (shared with the
+CAPI side).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ FAILED: Final = "failed"
 FAILED_REASON_ANNOTATION: Final = "node.machine.sapcloud.io/update-failed-reason"
 CRITICAL_TAINT: Final = ("node.gardener.cloud/critical-components-not-ready", "NoSchedule")
 CLAIM_ANNOTATION: Final = "inplace-extension.io/mcm-agent-claim"
+ANSWERED_ANNOTATION: Final = "inplace-extension.io/mcm-agent-answered"
 MAX_REASON_LEN: Final = 1024  # MCM copies the reason into a condition message and the Machine status
 
 
@@ -105,20 +109,43 @@ def claim_value(agent_id: str, seconds: float, now: float | None = None) -> str:
     return f"{agent_id} {int((now or time.time()) + seconds)}"
 
 
+def answer_digest(key: str) -> str:
+    """What the answered annotation says for a desired state (``<fingerprint or error>|<retry token>``):
+    short and opaque, an error message stays in ``update-failed-reason``."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def answered(node: Mapping[str, Any], key: str) -> bool:
+    """A final answer for this desired state is on the Node, by any replica. MCM removes the result
+    label when it is done with the Node: the next rollout, even to the same desired state, is new."""
+    return RESULT_LABEL in node_labels(node) and node_annotations(node).get(ANSWERED_ANNOTATION) == (
+        answer_digest(key)
+    )
+
+
 def result_metadata(
-    successful: bool, reason: str = "", release: bool = True
+    successful: bool, reason: str = "", release: bool = True, answered_key: str | None = None
 ) -> tuple[dict[str, str], dict[str, str | None]]:
     """(labels, annotations) of a result; ``None`` removes a key. ``release``: also drop our claim
-    (a final answer; a retriable failure keeps it while we retry)."""
+    (a final answer; a retriable failure keeps it while we retry). ``answered_key``: the desired state a
+    final answer is for (the answered annotation)."""
     notes: dict[str, str | None] = {CLAIM_ANNOTATION: None} if release else {}
+    if answered_key is not None:
+        notes[ANSWERED_ANNOTATION] = answer_digest(answered_key)
     if successful:
         return {RESULT_LABEL: SUCCESSFUL}, {FAILED_REASON_ANNOTATION: None, **notes}
     return {RESULT_LABEL: FAILED}, {FAILED_REASON_ANNOTATION: reason[:MAX_REASON_LEN], **notes}
 
 
-def result_written(node: Mapping[str, Any], successful: bool, reason: str = "", release: bool = True) -> bool:
+def result_written(
+    node: Mapping[str, Any],
+    successful: bool,
+    reason: str = "",
+    release: bool = True,
+    answered_key: str | None = None,
+) -> bool:
     """The Node already says this result (no patch needed)."""
-    want_labels, want_annotations = result_metadata(successful, reason, release)
+    want_labels, want_annotations = result_metadata(successful, reason, release, answered_key)
     have_labels, have_annotations = node_labels(node), node_annotations(node)
     return all(have_labels.get(k) == v for k, v in want_labels.items()) and all(
         have_annotations.get(k) == v for k, v in want_annotations.items()

@@ -66,3 +66,16 @@ def test_results() -> None:
     done = node(labels={ns.RESULT_LABEL: "successful"})
     assert ns.result_written(done, True)
     assert not ns.result_written(done, False, "boom")
+
+
+def test_answered_names_the_desired_state_while_the_result_label_is_there() -> None:
+    labels, annotations = ns.result_metadata(False, "boom", answered_key="fp|")
+    assert annotations[ns.ANSWERED_ANNOTATION] == ns.answer_digest("fp|") != ns.answer_digest("fp|retry-1")
+    answered = node(labels=labels, metadata={"annotations": {k: v for k, v in annotations.items() if v}})
+    assert ns.answered(answered, "fp|")
+    assert not ns.answered(answered, "fp|retry-1"), "a new retry token is a new request"
+    assert not ns.answered(answered, "other-fp|"), "a new desired state"
+    consumed = node(metadata={"annotations": {ns.ANSWERED_ANNOTATION: ns.answer_digest("fp|")}})
+    assert not ns.answered(consumed, "fp|"), "MCM removed the result label: the next rollout is new"
+    assert ns.result_written(answered, False, "boom", answered_key="fp|")
+    assert not ns.result_written(answered, False, "boom", answered_key="other-fp|")
