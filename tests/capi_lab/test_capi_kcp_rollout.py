@@ -55,7 +55,11 @@ def test_a_control_plane_minor_upgrade_is_done_in_place_through_kubeadm(
             and all(len(stamp_writes(lab, host)) == 1 for host in hosts)
         )
 
-    explain = lambda: co.conditions_text(cluster.cp_machines())  # noqa: E731
+    def explain() -> str:  # the Machines' conditions and KCP's own (its preflight checks say why it waits)
+        return co.conditions_text(
+            [*cluster.cp_machines(), *co.list_objects(cluster.lab, KCP, cluster.namespace)]
+        )
+
     wait(upgraded, 2 * ROLLOUT_TIMEOUT, "control plane upgraded in place", explain)
     assert cluster.identities(cluster.cp_machines()) == before  # in place: same Machines
     for name, host in zip(names, hosts, strict=False):
