@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inplace_extension.inplace.capabilities import CAPABILITIES, capability_names
 from inplace_extension.inplace.custom import (
@@ -179,15 +179,40 @@ class KubeletCredentialsEntry(_Strict):
 
 
 class HealthCheckEntry(_Strict):
-    """One user-defined check of the health gate (Kubernetes-aware mode)."""
+    """One user-defined check of the health gate: an HTTP GET (``url``) or a command on the host."""
 
     name: str = Field(pattern=NAME_PATTERN, description="check name, shown in the health gate's messages")
-    url: str = Field(
+    url: str | None = Field(
+        None,
         pattern=r"^https?://\S+$",
-        description="GET this URL after the update; {address} is the Machine's host address",
+        description="GET this URL after the update (Kubernetes-aware mode only); {address} is the "
+        "Machine's host address. Give url or command, not both",
     )
-    status: int = Field(200, ge=100, le=599, description="the HTTP status the check expects")
-    timeout_seconds: float = Field(5.0, gt=0, le=60, description="per request")
+    command: list[Annotated[str, Field(pattern=r"^[^\x00]*$")]] | None = Field(
+        None,
+        min_length=1,
+        description="argv run as root on the host by the play, after the last role and before the stamp, "
+        "in every mode (plain and Kubernetes-aware): no shell, never templated, output discarded; passes "
+        "on exit status 0, tried again every second until --health-gate-timeout-seconds. Give url or "
+        "command, not both",
+    )
+    status: int = Field(200, ge=100, le=599, description="the HTTP status the check expects (url only)")
+    timeout_seconds: float = Field(5.0, gt=0, le=60, description="per request, or per try of a command")
+
+    @model_validator(mode="after")
+    def _url_or_command(self) -> HealthCheckEntry:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("give exactly one of url (an HTTP check) or command (an argv run on the host)")
+        if self.command is not None and not self.command[0]:
+            raise ValueError("command: the first item (the program) must not be empty")
+        if self.command is not None and "status" in self.model_fields_set:
+            raise ValueError("status is for url checks; a command check passes on exit status 0")
+        return self
+
+    def check(self) -> HealthCheck:
+        if self.command is not None:
+            return HealthCheck(self.name, timeout_seconds=self.timeout_seconds, command=tuple(self.command))
+        return HealthCheck(self.name, self.url or "", self.status, self.timeout_seconds)
 
 
 class CapabilitiesFile(_Strict):
@@ -199,7 +224,7 @@ class CapabilitiesFile(_Strict):
     )
     capabilities: list[CapabilityEntry] = Field(default_factory=list)
     health_checks: list[HealthCheckEntry] = Field(
-        default_factory=list, description="the health gate's user-defined checks (Kubernetes-aware mode)"
+        default_factory=list, description="the health gate's checks: HTTP (Kubernetes-aware) or host commands"
     )
 
 
@@ -256,7 +281,7 @@ def parse_capabilities(text: str, source: str = "<capabilities>") -> CustomTable
             )
             for entry in model.capabilities
         ),
-        tuple(HealthCheck(c.name, c.url, c.status, c.timeout_seconds) for c in model.health_checks),
+        tuple(entry.check() for entry in model.health_checks),
     )
     user = table.capabilities[len(shipped) :]
     problems = [

@@ -35,7 +35,7 @@ from inplace_extension.kubeaware.cluster import connect_hooks
 from inplace_extension.logs import configure_logging
 from inplace_extension.mcm import main as mcm_main
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs.model import NO_MACHINE_HOOKS
+from inplace_extension.runs.model import NO_MACHINE_HOOKS, HostCheck
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 from inplace_extension.tls import default_hosts, ensure_dev_certificate
@@ -128,11 +128,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     tls_options = _tls_options(settings, host)
     custom = _custom_capabilities(settings.capabilities_file)  # a bad file stops the start here
     metrics = Metrics()  # one registry shared by the hooks (app) and the runs (executor)
-    # create_app takes an UpdateExecutor: mypy checks that RunService fits
     # Kubernetes-aware mode: a management client (--kubeconfig or in-cluster); a bad config stops the start
     cluster = connect_hooks(settings, custom) if settings.kube_aware else None
-    executor = RunService(settings, metrics, custom.roles_paths, cluster or NO_MACHINE_HOOKS)
-    app = create_app(settings, executor, metrics, custom)
+    checks = [HostCheck(c.name, c.command, c.timeout_seconds) for c in custom.command_checks]
+    executor = RunService(settings, metrics, custom.roles_paths, cluster or NO_MACHINE_HOOKS, checks)
+    app = create_app(settings, executor, metrics, custom)  # mypy: RunService is an UpdateExecutor
     sock = _bind(host, port)
     scheme = "https" if tls_options else "http"
     shown = f"[{host}]" if ":" in host else host

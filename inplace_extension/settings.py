@@ -92,7 +92,11 @@ class Settings(BaseSettings):
     )
     drain_delete_emptydir_data: bool = Field(False, description="also evict Pods with emptyDir volumes")
     health_gate_timeout_seconds: int = Field(
-        300, ge=1, le=86400, description="after the play: Node Ready at the target version within this long"
+        300,
+        ge=1,
+        le=86400,
+        description="after the play: Node Ready at the target version within this long; in every mode, "
+        "how long the capabilities file's command checks may take to pass on the host",
     )
 
     @property

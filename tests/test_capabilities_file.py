@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from inplace_extension.capabilities_file import CapabilitiesFileError, load_capabilities, parse_capabilities
-from inplace_extension.inplace.custom import CustomClaim
+from inplace_extension.inplace.custom import CustomClaim, HealthCheck
 
 
 @pytest.fixture
@@ -134,3 +134,40 @@ def test_not_yaml_and_unreadable_files_are_refused(tmp_path: Path) -> None:
     assert "not valid YAML" in refused("capabilities: [\n")
     with pytest.raises(CapabilitiesFileError, match="cannot read"):
         load_capabilities(tmp_path / "absent.yaml")
+
+
+def test_a_health_check_gives_a_url_or_a_command_argv() -> None:
+    table = parse_capabilities(
+        "health_checks:\n"
+        "  - name: app\n"
+        "    url: http://{address}:8080/ready\n"
+        "  - name: etcd\n"
+        "    command: [/usr/bin/test, -e, '$(touch /tmp/x)']\n"
+        "    timeout_seconds: 2\n"
+    )
+    assert table.health_checks == (
+        HealthCheck("app", "http://{address}:8080/ready"),
+        HealthCheck("etcd", timeout_seconds=2.0, command=("/usr/bin/test", "-e", "$(touch /tmp/x)")),
+    )
+    assert [c.name for c in table.http_checks] == ["app"]
+    assert [c.name for c in table.command_checks] == ["etcd"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "where", "words"),
+    [
+        ("{name: x}", r"health_checks\[0\]", "exactly one of url"),
+        ("{name: x, url: 'http://h/', command: [/bin/true]}", r"health_checks\[0\]", "exactly one of url"),
+        ("{name: x, command: []}", r"health_checks\[0\]\.command", "at least 1 item"),
+        ("{name: x, command: 'test -e /x'}", r"health_checks\[0\]\.command", "valid list"),
+        ("{name: x, command: [test, 1]}", r"health_checks\[0\]\.command\[1\]", "valid string"),
+        ("{name: x, command: [test, null]}", r"health_checks\[0\]\.command\[1\]", "valid string"),
+        ("{name: x, command: [true]}", r"health_checks\[0\]\.command\[0\]", "valid string"),
+        ("{name: x, command: ['', -e]}", r"health_checks\[0\]", "the program"),
+        ("{name: x, command: [/bin/true], status: 200}", r"health_checks\[0\]", "status is for url checks"),
+        ("{name: X, command: [/bin/true]}", r"health_checks\[0\]\.name", "pattern"),
+    ],
+)
+def test_bad_health_checks_are_refused(entry: str, where: str, words: str) -> None:
+    with pytest.raises(CapabilitiesFileError, match=rf"line 2: {where}: .*{words}"):
+        parse_capabilities(f"health_checks:\n  - {entry}\n")

@@ -106,13 +106,15 @@ class CustomCapability:
 
 @dataclass(frozen=True)
 class HealthCheck:
-    """A user-defined health check of the health gate (Kubernetes-aware mode): an HTTP GET that must answer
-    ``status``; ``{address}`` in the URL is the Machine's host address (the one SSH used)."""
+    """A user-defined check of the health gate: an HTTP GET that must answer ``status`` (``url``;
+    Kubernetes-aware mode; ``{address}`` is the Machine's host address, the one SSH used), or a command
+    run on the host by the play before the stamp that must exit 0 (``command``, an argv; every mode)."""
 
     name: str
-    url: str
+    url: str = ""  # "" for a command check
     status: int = 200
-    timeout_seconds: float = 5.0
+    timeout_seconds: float = 5.0  # per request / per try
+    command: tuple[str, ...] = ()  # argv, no shell; () for an HTTP check
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,16 @@ class CustomTable:
 
     def __bool__(self) -> bool:
         return bool(self.capabilities)
+
+    @property
+    def http_checks(self) -> tuple[HealthCheck, ...]:
+        """The checks the service's health gate runs after the play (Kubernetes-aware mode)."""
+        return tuple(check for check in self.health_checks if not check.command)
+
+    @property
+    def command_checks(self) -> tuple[HealthCheck, ...]:
+        """The checks the play runs on the host before it writes the stamp (every mode)."""
+        return tuple(check for check in self.health_checks if check.command)
 
     @property
     def names(self) -> tuple[str, ...]:

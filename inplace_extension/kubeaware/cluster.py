@@ -121,18 +121,19 @@ class ClusterHooks:
 
     def settle(self, request: RunRequest, applied_at: float, address: str | None) -> Progress:
         """Clean up, then the health gate: Node Ready and, for an upgrade, the kubelet at the target,
-        then the user-defined checks (``health_checks`` of the capabilities file) against ``address``."""
+        then the user-defined HTTP checks (``health_checks`` of the capabilities file) against ``address``
+        (their command checks ran in the play, before the stamp)."""
         self._release(request)
         target = request.inputs.get(VERSION_STEP, {}).get(VERSION_INPUT)
-        waiting = self._gate(request, target) or health.first_failing(self._custom.health_checks, address)
+        waiting = self._gate(request, target) or health.first_failing(self._custom.http_checks, address)
         if waiting is None:
             self.state(request, "Done", "update applied")
             return Progress(ProgressState.DONE, "update applied")
         if time.time() - applied_at < self._gate_seconds:
             return Progress(ProgressState.IN_PROGRESS, f"health gate: {waiting}")
         wanted = "Ready" + (f" with kubelet {target}" if target else "")
-        checks = f" and passing {', '.join(c.name for c in self._custom.health_checks)}"
-        wanted += checks if self._custom.health_checks else ""
+        checks = f" and passing {', '.join(c.name for c in self._custom.http_checks)}"
+        wanted += checks if self._custom.http_checks else ""
         message = f"health gate: the Node was not {wanted} within {self._gate_seconds}s after the update"
         self.state(request, "Failed", message, warning=True)
         return Progress(ProgressState.FAILED, message)

@@ -37,6 +37,16 @@ class RunRequest:
         return f"{self.namespace}/{self.name}"
 
 
+@dataclass(frozen=True)
+class HostCheck:
+    """A health gate check the play runs on the host before its stamp: ``argv`` (no shell) must exit 0
+    within ``timeout_seconds`` per try. From the capabilities file (``health_checks`` with ``command``)."""
+
+    name: str
+    argv: tuple[str, ...]
+    timeout_seconds: float
+
+
 class ProgressState(enum.Enum):
     IN_PROGRESS = "in_progress"  # Success + retryAfterSeconds > 0
     DONE = "done"  # Success + retryAfterSeconds = 0

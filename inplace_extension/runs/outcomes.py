@@ -6,6 +6,7 @@ with their outcomes. Plain file reading only.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,12 @@ from inplace_extension.runs.artifacts import (
 # ansible-playbook exit codes for "could not even start": error, parser error, bad options, unexpected error
 PLAYBOOK_ERROR_RCS = frozenset({1, 4, 5, 250})
 HOST_STATE_MODULE = "inplace_host_state"  # playbooks/library: the host lock and stamp
+HEALTH_MODULE = "inplace_health_commands"  # playbooks/library: the health gate's command checks
+# what that module's failure may say; anything else (a bug, an Ansible error) gets the generic message
+HEALTH_FAILURE_RE = re.compile(
+    r"^health gate: check [a-z][a-z0-9_]{0,62}: "
+    r"(exit status \d{1,3}|killed by signal \d{1,2}|timed out|cannot start \([A-Za-z]{1,40}\))$"
+)
 
 
 def _events(batch: BatchRef) -> list[dict[str, Any]]:
@@ -55,9 +62,17 @@ def task_label(name: str) -> str:
     return (head or "unnamed task")[:120]
 
 
-def _is_host_state(data: dict[str, Any]) -> bool:
+def _is_host_state(data: dict[str, Any], module: str = HOST_STATE_MODULE) -> bool:
     action = str(data.get("resolved_action") or data.get("task_action") or "")
-    return action.rsplit(".", 1)[-1] == HOST_STATE_MODULE
+    return action.rsplit(".", 1)[-1] == module
+
+
+def health_failure(data: dict[str, Any]) -> str | None:
+    """The stable Failure message of a failed command check (``health gate: check app: exit status 1``)."""
+    message = str((data.get("res") or {}).get("msg") or "")
+    if _is_host_state(data, HEALTH_MODULE) and HEALTH_FAILURE_RE.match(message):
+        return message
+    return None
 
 
 def stamp_confirmed(events: Sequence[dict[str, Any]], fingerprint: str) -> bool:
@@ -115,6 +130,7 @@ def classify(batch: BatchRef, fingerprint: str, finished: float | None = None) -
             task=task_label(str(data.get("task") or "")),
             detail=detail,
             finished=when,
+            message=health_failure(data),
         )
     if (
         status == "failed"

@@ -27,6 +27,7 @@ import ansible_runner
 
 import inplace_extension
 from inplace_extension.runs.artifacts import write_json
+from inplace_extension.runs.model import HostCheck
 from inplace_extension.runs.resolve import HostTarget
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class BatchSpec:
     state_dir: Path  # the runs dir: ANSIBLE_HOME and the ssh control sockets live below it
     wrapper: Path  # from install_wrapper()
     roles_paths: tuple[Path, ...] = ()  # user roles directories (--capabilities-file), searched after ours
+    host_checks: tuple[HostCheck, ...] = ()  # the health gate's command checks, run before the stamp
+    host_checks_timeout_seconds: int = 300  # --health-gate-timeout-seconds: until they must pass
 
 
 TaskListener = Callable[[str, str | None, str], None]  # (host name, role or None, task) per task start
@@ -115,6 +118,12 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
         # the playbook's run parameters (architecture.md), as host variables so that one play can
         # carry several Machines, each with its own ident, fingerprint and inputs
         hosts[run.host_name] = {**_host_vars(run.target, run.attempt_dir), **run_parameters(run, inputs_file)}
+        if spec.host_checks:
+            # argv lists reach the play like request data: a file read with lookup(file)|from_json
+            checks_file = run.attempt_dir / "health_checks.json"
+            write_json(checks_file, [_check_json(check) for check in spec.host_checks])
+            hosts[run.host_name]["update_machine_health_file"] = str(checks_file)
+            hosts[run.host_name]["update_machine_health_timeout_seconds"] = spec.host_checks_timeout_seconds
 
     def event_handler(event: dict[str, Any]) -> bool:
         # an exception here would kill runner's thread and leave status "running" (hostlab pitfall 6)
@@ -164,6 +173,10 @@ def run_parameters(run: HostRun, inputs_file: Path) -> dict[str, Any]:
             {"capability": cap, "role": run.roles[cap]} for cap in run.capabilities if cap in run.roles
         ],
     }
+
+
+def _check_json(check: HostCheck) -> dict[str, Any]:
+    return {"name": check.name, "argv": list(check.argv), "timeout_seconds": check.timeout_seconds}
 
 
 def _host_vars(target: HostTarget, attempt_dir: Path) -> dict[str, Any]:

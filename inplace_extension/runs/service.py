@@ -22,7 +22,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs import runner, validate
+from inplace_extension.runs import model, runner, validate
 from inplace_extension.runs.artifacts import (
     Attempt,
     BatchRef,
@@ -74,9 +74,10 @@ class RunService:
         metrics: Metrics | None = None,
         roles_paths: Sequence[Path | str] = (),
         hooks: MachineHooks = NO_MACHINE_HOOKS,
+        host_checks: Sequence[model.HostCheck] = (),
     ) -> None:
-        """``roles_paths``: directories of user-defined capabilities' roles (loaded by the CLI);
-        ``hooks``: what a run does in the cluster around its play (Kubernetes-aware mode)."""
+        """``roles_paths``: user-defined roles' directories; ``hooks``: what a run does in the cluster
+        around its play (Kubernetes-aware mode); ``host_checks``: command checks run before the stamp."""
         self._runs_dir = settings.runs_dir.expanduser().resolve()
         self._runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._allowed = parse_cidrs(settings.allowed_cidrs)
@@ -88,6 +89,7 @@ class RunService:
         self._playbook, self._ansible_cfg = runner.locate_playbook(settings.playbooks_dir)
         self._wrapper = runner.install_wrapper(self._runs_dir)
         self._roles_paths = tuple(Path(path) for path in roles_paths)
+        self._checks = (tuple(host_checks), settings.health_gate_timeout_seconds)
         self._prune()
         self._retry_after = settings.retry_after_seconds
         self._registry: RunRegistry[_Pending] = RunRegistry(
@@ -119,12 +121,10 @@ class RunService:
         if decision.verdict is Verdict.DONE:
             return await self._settle(request, attempts)
         if decision.verdict is Verdict.FAILED:
-            if (
-                request.ident,
-                decision.message,
-            ) not in self._reported and self._hooks is not NO_MACHINE_HOOKS:
+            reported = (request.ident, decision.message)
+            if reported not in self._reported and self._hooks is not NO_MACHINE_HOOKS:
                 await anyio.to_thread.run_sync(self._hooks.failed, request, decision.message)
-                self._reported.add((request.ident, decision.message))
+                self._reported.add(reported)
             return Progress(ProgressState.FAILED, decision.message)
         if decision.verdict is Verdict.WAIT:
             return Progress(ProgressState.IN_PROGRESS, decision.message, decision.wait_seconds, retrying=True)
@@ -255,6 +255,8 @@ class RunService:
             state_dir=self._runs_dir,
             wrapper=self._wrapper,
             roles_paths=self._roles_paths,
+            host_checks=self._checks[0],
+            host_checks_timeout_seconds=self._checks[1],
         )
         steps = StepTracker([job.payload.request for job in played], self._registry.set_phase, self._hooks)
 

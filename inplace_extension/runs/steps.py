@@ -1,8 +1,8 @@
 """What a batch play reports per Machine besides its outcome: the step running now, and a refused start.
 
 Task events name the role; a user-defined step's role maps back to its capability. The registry's phase
-("starting", a capability, "finishing") is what a poll answers while the play runs, and the cluster hooks
-hear of each capability as it starts (an Event on the Machine).
+("starting", a capability, "health gate: ...", "finishing") is what a poll answers while the play runs,
+and the cluster hooks hear of each capability as it starts (an Event on the Machine).
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from collections.abc import Callable, Sequence
 
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
 from inplace_extension.runs.model import Blocked, MachineHooks, RunRequest
+
+# the name of update_machine.yml's task that runs the health gate's command checks (before the stamp)
+HEALTH_TASK = "Health gate, run the command checks on the host"
 
 
 def blocked_outcome(failure: Blocked, now: float) -> Outcome:
@@ -45,5 +48,7 @@ class StepTracker:
             if self._current.get(host) != step:
                 self._current[host] = step
                 self._hooks.step_started(request, step)
+        elif task.startswith(HEALTH_TASK):
+            self._set_phase(host, "health gate: running the command checks on the host")
         else:
             self._set_phase(host, "finishing" if host in self._seen_capability else "starting")

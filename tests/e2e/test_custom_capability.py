@@ -17,6 +17,7 @@ pytestmark = pytest.mark.lab
 
 MACHINE = "md-0-osimg"
 MARKER = "/tmp/e2e-os-image-pwned"
+CHECK_COPY = "/var/tmp/e2e-health-check-copy"
 PAYLOAD = f"https://images.example/os-{{{{ lookup('pipe','touch {MARKER}') }}}}-$(touch {MARKER}2).qcow2"
 ROLE_TASKS = """\
 ---
@@ -46,6 +47,9 @@ def capabilities_file(tmp_path: Path) -> Path:
         f"    roles_path: {tmp_path / 'user-roles'}\n"
         "    claims:\n"
         "      - {kind: Metal3Machine, pointer: /image/url}\n"
+        # a command check of the health gate: runs on the host after the role, before the stamp
+        "health_checks:\n"
+        f"  - {{name: image_recorded, command: [cp, /etc/os-image-url, {CHECK_COPY}]}}\n"
     )
     return path
 
@@ -62,6 +66,8 @@ def test_custom_role_from_a_capabilities_file_updates_the_host(
     assert (polled.status, polled.message) == ("Success", "update applied"), polled.messages
     # the user's role ran on the host with the claimed value, literally: never templated, never shelled
     assert run_on(lab, host, ["cat", "/etc/os-image-url"]) == PAYLOAD + "\n"
+    # serve handed the file's command check to the play, which ran it after the role
+    assert run_on(lab, host, ["cat", CHECK_COPY]) == PAYLOAD + "\n"
     assert run_on(lab, host, ["sh", "-c", f"ls {MARKER}* 2>/dev/null || true"]) == ""
     assert not Path(MARKER).exists() and not Path(MARKER + "2").exists()
     assert len(stamp_writes(lab, host)) == 1

@@ -15,6 +15,7 @@ import yaml
 
 from inplace_extension.inplace.capabilities import CAPABILITIES
 from inplace_extension.inplace.shipped import SHIPPED
+from inplace_extension.runs.steps import HEALTH_TASK
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 SPEC_KEYS = ("type", "required", "elements", "options", "no_log")
@@ -96,9 +97,15 @@ def test_user_defined_roles_run_after_the_built_ins_with_inputs_from_the_inputs_
     [play] = yaml.safe_load((PLAYBOOKS / "update_machine.yml").read_text())
     [block] = [t for t in play["tasks"] if "block" in t]
     names = [next(k for k in t if k.startswith(("ansible.builtin.", "inplace_"))) for t in block["block"]]
-    # built-ins, then the custom steps, then the stamp: a custom role must not run after the stamp
-    assert names[-2:] == ["ansible.builtin.include_tasks", "inplace_host_state"]
-    custom = block["block"][-2]
+    # built-ins, then the custom steps, then the health gate's command checks, then the stamp: neither a
+    # custom role nor a check may run after the stamp
+    assert names[-3:] == ["ansible.builtin.include_tasks", "inplace_health_commands", "inplace_host_state"]
+    # the service names the phase by this task (inplace_extension/runs/steps.py)
+    assert block["block"][-2]["name"] == HEALTH_TASK
+    checks = block["block"][-2]["inplace_health_commands"]
+    # the argv lists are read out of a file (lookup + from_json: untrusted, never templated)
+    assert checks["checks"] == "{{ lookup('ansible.builtin.file', update_machine_health_file) | from_json }}"
+    custom = block["block"][-3]
     assert custom["ansible.builtin.include_tasks"] == "tasks/custom_capability.yml"
     assert custom["loop"] == "{{ update_machine_custom | default([]) }}"
     assert "when" not in custom  # update_machine_custom lists exactly the steps to run

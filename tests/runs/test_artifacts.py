@@ -43,6 +43,37 @@ def test_task_failure_names_role_and_task_not_the_result(tmp_path: Path) -> None
     assert "secret" not in repr(out)
 
 
+def health_events(msg: str, action: str = "inplace_health_commands") -> list[dict[str, Any]]:
+    task = "Health gate, run the command checks on the host"
+    data = {"task": task, "resolved_action": action, "res": {"msg": msg, "failed": True}}
+    return [*failed_events("x", "y")[:2], {"event": "runner_on_failed", "event_data": data}]
+
+
+def test_a_failed_command_check_is_the_health_gate_failure_message(tmp_path: Path) -> None:
+    for number, msg in enumerate(["exit status 1", "timed out", "cannot start (FileNotFoundError)"]):
+        write_artifacts(
+            tmp_path / str(number), BATCH, "failed", 2, health_events(f"health gate: check etcd: {msg}")
+        )
+        out = classify(ref(tmp_path / str(number)), FP)
+        assert (out.kind, out.message) == (OutcomeKind.TASK_FAILED, f"health gate: check etcd: {msg}")
+    # anything else the module (or Ansible on its behalf) says, and the same words from another task,
+    # give the generic task failure: what reaches CAPI is never free text from the host
+    for number, events in enumerate(
+        [
+            health_events("health gate: check etcd: exit status 1 token=s3cret"),
+            health_events("MODULE FAILURE: see stdout/stderr"),
+            health_events("health gate: check etcd: exit status 1", action="ansible.builtin.command"),
+        ]
+    ):
+        write_artifacts(tmp_path / f"o{number}", BATCH, "failed", 2, events)
+        out = classify(ref(tmp_path / f"o{number}"), FP)
+        assert (out.kind, out.message, out.task) == (
+            OutcomeKind.TASK_FAILED,
+            None,
+            "Health gate, run the command checks on the host",
+        )
+
+
 def test_unreachable_and_killed_are_retriable_kinds(tmp_path: Path) -> None:
     write_artifacts(tmp_path / "u", BATCH, "failed", 4, unreachable_events())
     assert classify(ref(tmp_path / "u"), FP).kind is OutcomeKind.UNREACHABLE
