@@ -57,6 +57,14 @@ def service_inventory(lab: Lab, machine_names: Sequence[str] | None = None) -> d
     return {"hosts": entries}
 
 
+def defaults_only_inventory(lab: Lab, host: Host) -> dict[str, Any]:
+    """A service inventory with no host entry, only ``host``'s SSH settings as defaults (user, key, pinned
+    host key): the service must find the address elsewhere (the Kubernetes-aware mode reads the Machine)."""
+    entry: dict[str, Any] = service_inventory(lab, [host.name])["hosts"][0]
+    defaults = {k: v for k, v in entry.items() if k not in ("match", "address")}
+    return {"hosts": [], "defaults": defaults}
+
+
 def _ansible_vars(lab: Lab) -> dict[str, str]:
     return {
         "ansible_user": LOGIN_USER,

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import yaml
 from e2e.conftest import START_VERSION
-from hostlab.inventory import service_inventory
+from hostlab.inventory import defaults_only_inventory
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from kubelab import objects
@@ -87,9 +87,7 @@ class KubeExtension:
 
     def serve_host(self, host: Host) -> None:
         """Only inventory defaults (SSH user, key, this host's key): the address comes from the Machine."""
-        entry: dict[str, Any] = service_inventory(self.hosts, [host.name])["hosts"][0]
-        defaults = {k: v for k, v in entry.items() if k not in ("match", "address")}
-        self.inventory.write_text(yaml.safe_dump({"hosts": [], "defaults": defaults}))
+        self.inventory.write_text(yaml.safe_dump(defaults_only_inventory(self.hosts, host)))
 
 
 @dataclass

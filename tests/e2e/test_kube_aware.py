@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 import yaml
-from hostlab.inventory import service_inventory
+from hostlab.inventory import defaults_only_inventory
 from hostlab.lab import Host, Lab
 from hostlab.proc import wait_until
 from kubelab import manifests, objects
+from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab as KubeLab
 
 from .capi import NodeSpec, poll_update_machine
@@ -53,45 +54,9 @@ def machine_for(kube: KubeLab, host: Host) -> tuple[str, str]:
     # kwok simulates this Node's kubelet: it reports what the stand-in kubelet on the host runs
     status = {"status": {"nodeInfo": {"kubeletVersion": START_VERSION}}}
     kube.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(status))
-    objects.apply(
-        kube,
-        {
-            "apiVersion": "cluster.x-k8s.io/v1beta2",
-            "kind": "Machine",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {
-                "clusterName": "c1",
-                "bootstrap": {"dataSecretName": f"{name}-bootstrap"},
-                "infrastructureRef": {
-                    "apiGroup": "infrastructure.cluster.x-k8s.io",
-                    "kind": "DockerMachine",
-                    "name": name,
-                },
-            },
-        },
-    )
-    machine_status = {
-        "status": {
-            "addresses": [
-                {"type": "Hostname", "address": name},
-                {"type": "InternalIP", "address": host.address},
-            ],
-            "nodeRef": {"name": node},
-        }
-    }
-    kube.kubectl(
-        "patch", "machine.cluster.x-k8s.io", name, "-n", NAMESPACE, "--subresource=status",
-        "--type=merge", "-p", json.dumps(machine_status),
-    )  # fmt: skip
+    addresses = [{"type": "Hostname", "address": name}, {"type": "InternalIP", "address": host.address}]
+    co.machine_with_status(kube, NAMESPACE, name, addresses, node)
     return name, node
-
-
-def defaults_only_inventory(lab: Lab, host: Host, path: Path) -> Path:
-    """No entry for any Machine: the address must come from the Machine; SSH settings from defaults."""
-    entry: dict[str, Any] = service_inventory(lab, [host.name])["hosts"][0]
-    defaults = {k: v for k, v in entry.items() if k not in ("match", "address")}
-    path.write_text(yaml.safe_dump({"hosts": [], "defaults": defaults}))
-    return path
 
 
 def node(kube: KubeLab, name: str) -> dict[str, Any]:
@@ -124,7 +89,8 @@ def test_a_service_killed_while_the_node_is_cordoned_uncordons_it_once_after_res
     )
     observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
     objects.wait_for(cluster, "pdb", "guarded", pods_ns, observed, "observed")
-    inventory = defaults_only_inventory(lab, host, tmp_path / "inventory.yaml")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(defaults_only_inventory(lab, host)))
     kube_args = [
         "--kubeconfig", str(cluster.kubeconfig), "--workload-kubeconfig", "management",
         "--drain-timeout-seconds", "300",

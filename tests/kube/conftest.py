@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubelab import manifests, objects
+from kubelab import manifests
+from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 
 from inplace_extension.kube.client import connect
@@ -32,31 +32,4 @@ def create_machine(
     lab: Lab, namespace: str, name: str, addresses: list[dict[str, str]], node: str | None
 ) -> dict[str, Any]:
     """A v1beta2 Machine with the given status (set through the status subresource, as CAPI does)."""
-    objects.ensure_namespace(lab, namespace)
-    objects.apply(
-        lab,
-        {
-            "apiVersion": "cluster.x-k8s.io/v1beta2",
-            "kind": "Machine",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "clusterName": "c1",
-                "bootstrap": {"dataSecretName": f"{name}-bootstrap"},
-                "infrastructureRef": {
-                    "apiGroup": "infrastructure.cluster.x-k8s.io",
-                    "kind": "DockerMachine",
-                    "name": name,
-                },
-            },
-        },
-    )
-    status: dict[str, Any] = {"addresses": addresses}
-    if node is not None:
-        status["nodeRef"] = {"name": node}
-    lab.kubectl(
-        "patch", "machine.cluster.x-k8s.io", name, "-n", namespace, "--subresource=status",
-        "--type=merge", "-p", json.dumps({"status": status}),
-    )  # fmt: skip
-    machine = objects.get(lab, "machine.cluster.x-k8s.io", name, namespace)
-    assert machine is not None
-    return machine
+    return co.machine_with_status(lab, namespace, name, addresses, node)

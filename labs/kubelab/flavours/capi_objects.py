@@ -15,6 +15,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hostlab.errors import LabError
+
+from kubelab import objects
 from kubelab.objects import condition
 
 if TYPE_CHECKING:
@@ -201,6 +204,38 @@ def machines(
     if control_plane:
         return list_objects(lab, "machines.cluster.x-k8s.io", namespace, {CONTROL_PLANE_LABEL: ""})
     return list_objects(lab, "machines.cluster.x-k8s.io", namespace)
+
+
+def machine_with_status(
+    lab: Lab, namespace: str, name: str, addresses: Sequence[Mapping[str, str]], node: str | None
+) -> Obj:
+    """A bare v1beta2 Machine (no CAPI controller owns it) with ``status.addresses`` and ``status.nodeRef``
+    set through the status subresource, as CAPI does: what the Kubernetes-aware mode reads."""
+    objects.ensure_namespace(lab, namespace)
+    objects.apply(
+        lab,
+        {
+            "apiVersion": CORE_API,
+            "kind": "Machine",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "clusterName": "c1",
+                "bootstrap": {"dataSecretName": f"{name}-bootstrap"},
+                "infrastructureRef": ref(INFRA_GROUP, "DockerMachine", name),
+            },
+        },
+    )
+    status: Obj = {"addresses": [dict(a) for a in addresses]}
+    if node is not None:
+        status["nodeRef"] = {"name": node}
+    lab.kubectl(
+        "patch", "machine.cluster.x-k8s.io", name, "-n", namespace, "--subresource=status",
+        "--type=merge", "-p", json.dumps({"status": status}),
+    )  # fmt: skip
+    machine = objects.get(lab, "machine.cluster.x-k8s.io", name, namespace)
+    if machine is None:
+        raise LabError(f"Machine {namespace}/{name} is gone right after it was created")
+    return machine
 
 
 def owned_by_template(lab: Lab, namespace: str, deployment: str, template: str) -> bool:
