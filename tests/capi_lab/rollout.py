@@ -25,6 +25,12 @@ MACHINES = "machines.cluster.x-k8s.io"
 MD = "machinedeployments.cluster.x-k8s.io"
 KCP = "kubeadmcontrolplanes.controlplane.cluster.x-k8s.io"
 PROVISION_TIMEOUT = 180.0
+# what KCP's preflight checks require before it touches a control plane Machine (preflight.go)
+CP_MACHINE_HEALTH_CONDITIONS = (
+    "APIServerPodHealthy", "ControllerManagerPodHealthy", "SchedulerPodHealthy",
+    "EtcdPodHealthy", "EtcdMemberHealthy",
+)  # fmt: skip
+KCP_HEALTH_CONDITIONS = ("EtcdClusterHealthy", "ControlPlaneComponentsHealthy")
 ROLLOUT_TIMEOUT = 240.0
 HOST_FILE = "/etc/capi-lab/in-place.conf"  # what the rollouts write on the hosts
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci1lMmUtdGVzdHMtb25seQ capi@test"
@@ -112,7 +118,28 @@ def create_cluster(
         f"{cp_replicas + md_replicas} Machines Running in {namespace}",
         lambda: co.conditions_text(co.machines(lab, namespace)),
     )
+    if cp_replicas:
+        # KCP's preflight checks read these: a rollout that starts while the newest control plane
+        # Machine's components are not healthy yet makes KCP scale that Machine down and replace it
+        # (scale.go selectMachineForInPlaceUpdateOrScaleDown prefers unhealthy Machines) instead of
+        # asking our hooks, so an in-place test must start from a stable control plane.
+        wait(
+            lambda: _control_plane_stable(cluster),
+            PROVISION_TIMEOUT,
+            f"control plane {cluster.kcp} stable (KCP preflight checks would pass)",
+            lambda: co.conditions_text([*cluster.cp_machines(), *co.list_objects(lab, KCP, namespace)]),
+        )
     return cluster
+
+
+def _control_plane_stable(cluster: Cluster) -> bool:
+    machines = cluster.cp_machines()
+    kcps = co.list_objects(cluster.lab, KCP, cluster.namespace)
+    return (
+        len(kcps) == 1
+        and all(co.condition_status(kcps[0], c) == "True" for c in KCP_HEALTH_CONDITIONS)
+        and all(co.condition_status(m, c) == "True" for m in machines for c in CP_MACHINE_HEALTH_CONDITIONS)
+    )
 
 
 def _all_running(machines: list[dict[str, Any]], count: int) -> bool:

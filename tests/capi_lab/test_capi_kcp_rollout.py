@@ -48,6 +48,9 @@ def test_a_control_plane_minor_upgrade_is_done_in_place_through_kubeadm(
 
     def upgraded() -> bool:
         machines = cluster.cp_machines()
+        replaced = {m["metadata"]["name"] for m in machines} - set(before)
+        # fail at once, not at the timeout: a new Machine is never mapped to a lab host
+        assert not replaced, f"KCP created {sorted(replaced)} instead of updating in place\n{explain()}"
         return (
             len(machines) == 3
             and all(m["spec"]["version"] == NEXT_VERSION for m in machines)
