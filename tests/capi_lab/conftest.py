@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,14 @@ if TYPE_CHECKING:
 # not the name deploy/ uses: tests/kubelab/test_deploy.py dry-runs that ExtensionConfig in the same lab
 EXTENSION = "capi-lab-extension"
 SELECTOR = {"inplace-extension.io/capi-lab": "yes"}
-HANDLERS = {f"{h}.{EXTENSION}" for h in ("can-update-machine", "can-update-machineset", "update-machine")}
+
+
+def handlers_of(name: str) -> set[str]:
+    """The handler names CAPI gives our three hooks under the ExtensionConfig ``name``."""
+    return {f"{h}.{name}" for h in ("can-update-machine", "can-update-machineset", "update-machine")}
+
+
+HANDLERS = handlers_of(EXTENSION)
 DISCOVERY_TIMEOUT = 60.0
 # the e2e fixtures this directory shares: the lab release server and the playbooks that download from it
 release_server = e2e_fixtures.release_server
@@ -88,18 +96,37 @@ class Extension:
         return self.service.client.get("/metrics").text
 
 
-def extension_config(lab: Lab) -> dict[str, Any] | None:
-    return objects.get(lab, "extensionconfigs.runtime.cluster.x-k8s.io", EXTENSION)
+def extension_config(lab: Lab, name: str = EXTENSION) -> dict[str, Any] | None:
+    return objects.get(lab, "extensionconfigs.runtime.cluster.x-k8s.io", name)
 
 
-def wait_discovered(lab: Lab, timeout: float = DISCOVERY_TIMEOUT) -> dict[str, Any]:
+@contextmanager
+def registered(
+    lab: Lab, url: str, name: str = EXTENSION, selector: dict[str, str] = SELECTOR
+) -> Iterator[dict[str, Any]]:
+    """Our ExtensionConfig pointing CAPI at ``url`` (TLS, the lab CA) until the block ends: waits until
+    CAPI discovered the handlers; deleted afterwards, so the next fixture can register its own service."""
+    try:
+        objects.apply(lab, co.extension_config(name, url, lab.ca.read_bytes(), selector))
+        yield wait_discovered(lab, name)
+    finally:
+        lab.kubectl(
+            "delete",
+            "extensionconfigs.runtime.cluster.x-k8s.io",
+            name,
+            "--ignore-not-found",
+            check=False,
+        )
+
+
+def wait_discovered(lab: Lab, name: str = EXTENSION, timeout: float = DISCOVERY_TIMEOUT) -> dict[str, Any]:
     """Until CAPI discovered our handlers; else fail with the ExtensionConfig's Discovered condition."""
     deadline = time.monotonic() + timeout
     while True:
-        config = extension_config(lab) or {}
+        config = extension_config(lab, name) or {}
         handlers = {h["name"] for h in config.get("status", {}).get("handlers", [])}
         discovered = objects.condition(config, "Discovered") or {}
-        if discovered.get("status") == "True" and handlers >= HANDLERS:
+        if discovered.get("status") == "True" and handlers >= handlers_of(name):
             return config
         if time.monotonic() > deadline:
             pytest.fail(
@@ -134,19 +161,9 @@ def capi_extension(
     service = Service(argv, work / "service-1.log", runs_dir, kubelab_capi.ca)
     ext = Extension(kubelab_capi, lab, argv, kubelab_capi.ca, inventory, runs_dir, work, service)
     try:
-        objects.apply(
-            kubelab_capi, co.extension_config(EXTENSION, service.url, kubelab_capi.ca.read_bytes(), SELECTOR)
-        )
-        wait_discovered(kubelab_capi)
-        yield ext
+        with registered(kubelab_capi, service.url):
+            yield ext
     finally:
-        kubelab_capi.kubectl(
-            "delete",
-            "extensionconfigs.runtime.cluster.x-k8s.io",
-            EXTENSION,
-            "--ignore-not-found",
-            check=False,
-        )
         ext.service.stop()
 
 

@@ -31,6 +31,7 @@ from playbooks.standins import install_standins, lab_run_on_host
 
 from inplace_extension.runs.runner import close_control_masters
 
+from .conftest import registered
 from .kube_aware import (
     CORDONED_BY,
     DRAIN_SECONDS,
@@ -82,24 +83,9 @@ def kube_extension(
         ext.start()
         match = SERVING_RE.search(ext.log())
         assert match is not None, ext.log()
-        url = f"https://127.0.0.1:{match.group(1)}"
-        config = co.extension_config(EXTENSION, url, kubelab_capi.ca.read_bytes(), SELECTOR)
-        objects.apply(kubelab_capi, config)
-
-        def discovered() -> bool:
-            found = objects.get(kubelab_capi, "extensionconfigs.runtime.cluster.x-k8s.io", EXTENSION) or {}
-            return len(found.get("status", {}).get("handlers", [])) == 3
-
-        wait(discovered, 60, "CAPI discovered the kube-aware extension", ext.log)
-        yield ext
+        with registered(kubelab_capi, f"https://127.0.0.1:{match.group(1)}", EXTENSION, SELECTOR):
+            yield ext
     finally:
-        kubelab_capi.kubectl(
-            "delete",
-            "extensionconfigs.runtime.cluster.x-k8s.io",
-            EXTENSION,
-            "--ignore-not-found",
-            check=False,
-        )
         ext.stop()
         close_control_masters(work / "runs")
         shutil.rmtree(work, ignore_errors=True)
