@@ -71,6 +71,14 @@ class AgentThread:
         except asyncio.CancelledError:
             pass
         finally:
+            # What asyncio.run does on exit, before the clients close: the agent's per-Node tasks are
+            # cancelled and its watch streams (async generators) finalized, so no connection is left open
+            # for the garbage collector to warn about.
+            leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in leftover:
+                task.cancel()
+            await asyncio.gather(*leftover, return_exceptions=True)
+            await self._loop.shutdown_asyncgens()
             await target.close()
             await control.close()
 
