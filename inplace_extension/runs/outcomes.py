@@ -62,7 +62,8 @@ def task_label(name: str) -> str:
     return (head or "unnamed task")[:120]
 
 
-def _is_host_state(data: dict[str, Any], module: str = HOST_STATE_MODULE) -> bool:
+def _ran_module(data: dict[str, Any], module: str) -> bool:
+    """The event is of a task that ran ``module`` (one of playbooks/library's)."""
     action = str(data.get("resolved_action") or data.get("task_action") or "")
     return action.rsplit(".", 1)[-1] == module
 
@@ -70,7 +71,7 @@ def _is_host_state(data: dict[str, Any], module: str = HOST_STATE_MODULE) -> boo
 def health_failure(data: dict[str, Any]) -> str | None:
     """The stable Failure message of a failed command check (``health gate: check app: exit status 1``)."""
     message = str((data.get("res") or {}).get("msg") or "")
-    if _is_host_state(data, HEALTH_MODULE) and HEALTH_FAILURE_RE.match(message):
+    if _ran_module(data, HEALTH_MODULE) and HEALTH_FAILURE_RE.match(message):
         return message
     return None
 
@@ -84,7 +85,7 @@ def stamp_confirmed(events: Sequence[dict[str, Any]], fingerprint: str) -> bool:
     """
     for event in events:
         data = event.get("event_data") or {}
-        if event.get("event") == "runner_on_ok" and _is_host_state(data):
+        if event.get("event") == "runner_on_ok" and _ran_module(data, HOST_STATE_MODULE):
             res = data.get("res") or {}
             if res.get("up_to_date") is True and res.get("applied_fingerprint") == fingerprint:
                 return True
@@ -120,7 +121,7 @@ def classify(batch: BatchRef, fingerprint: str, finished: float | None = None) -
         return Outcome(OutcomeKind.UNREACHABLE, detail=detail, finished=when)
     if failed:
         data = failed[0].get("event_data") or {}
-        if _is_host_state(data):
+        if _ran_module(data, HOST_STATE_MODULE):
             # waiting for the host lock timed out, or a stale-lock takeover took it from us:
             # another run owns the host right now, which is not a failure of this update
             return Outcome(OutcomeKind.HOST_BUSY, detail=detail, finished=when)

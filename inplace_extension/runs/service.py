@@ -89,7 +89,8 @@ class RunService:
         self._playbook, self._ansible_cfg = runner.locate_playbook(settings.playbooks_dir)
         self._wrapper = runner.install_wrapper(self._runs_dir)
         self._roles_paths = tuple(Path(path) for path in roles_paths)
-        self._checks = (tuple(host_checks), settings.health_gate_timeout_seconds)
+        self._host_checks = tuple(host_checks)
+        self._host_checks_timeout = settings.health_gate_timeout_seconds
         self._prune()
         self._retry_after = settings.retry_after_seconds
         self._registry: RunRegistry[_Pending] = RunRegistry(
@@ -255,8 +256,8 @@ class RunService:
             state_dir=self._runs_dir,
             wrapper=self._wrapper,
             roles_paths=self._roles_paths,
-            host_checks=self._checks[0],
-            host_checks_timeout_seconds=self._checks[1],
+            host_checks=self._host_checks,
+            host_checks_timeout_seconds=self._host_checks_timeout,
         )
         steps = StepTracker([job.payload.request for job in played], self._registry.set_phase, self._hooks)
 
