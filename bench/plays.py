@@ -1,7 +1,7 @@
 """Module executions per host, per role and per play, counted from ansible-runner job events.
 
 Each task result on a host costs the controller a worker fork and templating; a task whose action runs
-a module on the host also costs an SSH round trip and a Python start there (design.md §7: about half a
+a module on the host also costs an SSH round trip and a Python start there (about half a
 second each on lab hosts). This module counts both from the ``job_events/*.json`` of a play:
 
 - ``tasks``: task results on the host (loop items counted one by one, handlers included; skipped tasks

@@ -2,7 +2,7 @@
 
 Transport errors are the only non-200 answers: 404 (unknown path) and 405 (wrong method) from the
 router, 413 for a body over the cap. Everything else a hook can go through becomes HTTP 200 with
-``status`` (capi-hooks.md §1.2), mapped in one place by :func:`inplace_extension.errors.answer_for`.
+``status`` (docs/capi-hooks.md §1.2), mapped in one place by :func:`inplace_extension.errors.answer_for`.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def hook_endpoint(hook: Hook[Any, Any], context: HookContext, metrics: Metrics) 
             else:
                 model = parse_request(hook.request_model, body)
             response: CommonResponse = await hook.handler(model, context)
-        except Exception as exc:  # the edge's catch-all: every failure still answers (design.md §4)
+        except Exception as exc:  # the edge's catch-all: every failure still answers, a bug as InternalError
             answer = answer_for(exc)
             if answer.is_bug:
                 logger.exception("hook=%s decision=failure reason=InternalError", hook.hook)

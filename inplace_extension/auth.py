@@ -15,9 +15,9 @@ yes         yes            either of the two (CAPI presents a certificate, peopl
 With a client CA the TLS layer asks for a certificate but does not demand one (``CERT_OPTIONAL``): a
 certificate that does not chain to the CA fails the handshake, while a connection without one completes
 and is answered 401 here. Demanding it in the handshake would break kubelet's HTTPS probes and the image's
-HEALTHCHECK, which present none. CAPI itself can send no token (it sets no headers, capi-hooks.md §1.2),
+HEALTHCHECK, which present none. CAPI itself can send no token (it sets no headers, docs/capi-hooks.md §1.2),
 so the token is for other callers; CAPI sends a certificate only when its managers run with
-``--runtime-extension-client-cert-file`` (capi-hooks.md §1.3).
+``--runtime-extension-client-cert-file`` (docs/capi-hooks.md §1.3).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class PeerCertH11Protocol(CoalescingH11Protocol):
 
     uvicorn gives each connection its own protocol object and copies ``app_state`` into every request's
     ``scope["state"]``; that is the one per-connection channel into the ASGI scope it offers. HTTP/1.1
-    only, which CAPI's client accepts (capi-hooks.md §1.3).
+    only, which CAPI's client accepts (docs/capi-hooks.md §1.3).
     """
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

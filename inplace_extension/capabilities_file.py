@@ -1,4 +1,4 @@
-"""The ``--capabilities-file``: user-defined capabilities (design.md §2), its model, loading and errors.
+"""The ``--capabilities-file`` of user-defined capabilities (docs/capabilities.md): model, loading, errors.
 
 Read once at start-up by ``inplace_extension.cli`` (``serve`` and ``plan``); a bad file stops the service
 with a

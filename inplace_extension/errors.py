@@ -9,9 +9,9 @@ anything else             a bug: logged with its traceback -> 200 Failure "Inter
 
 Host errors are not exceptions here: the run engine reports them as values (``runs.model.Progress``):
 an unreachable host as "in progress, retry later", a failed task as a remembered ``Failure`` message
-(design.md §4: "not yet" and "can't do it" are values).
+("not yet" and "can't do it" are values, not errors).
 
-Unknown paths (404) and wrong methods (405) are answered by the router itself (capi-hooks.md §1.2: any
+Unknown paths (404) and wrong methods (405) are answered by the router itself (docs/capi-hooks.md §1.2: any
 non-200 is a transport error for CAPI, so only these three transport cases may leave 200).
 """
 
@@ -65,7 +65,7 @@ class ErrorAnswer:
 
 
 def answer_for(exc: BaseException) -> ErrorAnswer:
-    """The single mapping from an exception to the answer (design.md §4)."""
+    """The single mapping from an exception to the answer: transport, hook and bug errors."""
     if isinstance(exc, RequestTooLarge):
         return ErrorAnswer(413, str(exc), is_bug=False)
     if isinstance(exc, ExtensionError):

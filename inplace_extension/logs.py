@@ -2,7 +2,7 @@
 
 Modules log with ``logging.getLogger(__name__)`` and one ``key=value`` line per decision
 (``hook=CanUpdateMachine machine=default/m1 decision=in-place``). Request bodies are never logged:
-KubeadmConfig ``joinConfiguration.discovery`` carries bootstrap tokens (capi-hooks.md §6.4).
+KubeadmConfig ``joinConfiguration.discovery`` carries bootstrap tokens (docs/capi-hooks.md §6.4).
 """
 
 from __future__ import annotations

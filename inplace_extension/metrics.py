@@ -22,7 +22,7 @@ from starlette.responses import Response
 NAMESPACE: Final = "inplace_extension"
 
 HookStatus = Literal["Success", "Failure"]
-"""The ``status`` of a hook answer as CAPI reads it (capi-hooks.md §3.2)."""
+"""The ``status`` of a hook answer as CAPI reads it (docs/capi-hooks.md §3.2)."""
 
 RunOutcome = Literal["successful", "task_failed", "unreachable", "host_busy", "interrupted"]
 """How a run ended: the values of ``inplace_extension.runs.artifacts.OutcomeKind`` (successful; a task failed;
@@ -31,7 +31,7 @@ SSH never connected; the host lock was held by another run; killed or no proof o
 HOOK_STATUSES: Final[frozenset[str]] = frozenset(get_args(HookStatus))
 RUN_OUTCOMES: Final[frozenset[str]] = frozenset(get_args(RunOutcome))
 
-# A hook answers within its timeoutSeconds, at most 30 s (capi-hooks.md §1.4); we aim for < 1 s.
+# A hook answers within its timeoutSeconds, at most 30 s (docs/capi-hooks.md §1.4); we aim for < 1 s.
 HOOK_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # A run is a playbook over SSH: seconds for a no-op (stamp already applied) up to an hour for an upgrade.
 RUN_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)

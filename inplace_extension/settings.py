@@ -14,7 +14,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-MAX_BODY_BYTES = 20 * 1024 * 1024  # CAPI's own SDK server caps request bodies at 20 MiB (capi-hooks.md §9.1)
+# CAPI's own SDK server caps request bodies at 20 MiB (docs/capi-hooks.md §9.1)
+MAX_BODY_BYTES = 20 * 1024 * 1024
 
 
 def _default_state_dir() -> Path:

@@ -1,7 +1,7 @@
 """Test-side emulation of how CAPI decides "in place or rollout" from a CanUpdate* answer.
 
-Reproduces capi-hooks.md §3.3 and §7.2-§7.3 independently of ``inplace_extension`` (it does not use the
-``jsonpatch`` library the production code uses, so the two cannot share a bug): strict base64 decoding,
+Reproduces docs/capi-hooks.md §3.3 and §7.2-§7.3 independently of ``inplace_extension`` (it does not use
+the ``jsonpatch`` library the production code uses, so the two cannot share a bug): strict base64 decoding,
 RFC 6902 applied with evanphx/json-patch v5 default semantics, RFC 7386 merge patches, both applied to the
 WHOLE ``current`` object, then only ``spec`` (CanUpdateMachine) or ``spec.template.spec``
 (CanUpdateMachineSet) is kept, Machine specs go through ``CleanupMachineSpecForDiff``, and the result is
@@ -79,7 +79,7 @@ class EmulatorResult:
 def emulate_can_update_machine(
     request_json: Mapping[str, Any], response_json: Mapping[str, Any]
 ) -> EmulatorResult:
-    """What KCP concludes from a CanUpdateMachine response (capi-hooks.md §7.2)."""
+    """What KCP concludes from a CanUpdateMachine response (docs/capi-hooks.md §7.2)."""
     return _emulate(request_json, response_json, _MACHINE_OBJECTS)
 
 

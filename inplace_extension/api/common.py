@@ -49,7 +49,7 @@ class FailurePolicy(enum.StrEnum):
 
 
 def _decode_base64(value: object) -> bytes:
-    # Go's encoding/json only accepts standard padded base64 for []byte (capi-hooks.md §3.3)
+    # Go's encoding/json only accepts standard padded base64 for []byte (docs/capi-hooks.md §3.3)
     if isinstance(value, bytes):
         return value
     if not isinstance(value, str):
@@ -131,5 +131,5 @@ class CommonRetryResponse(CommonResponse):
     # the schema documents what we send: retryAfterSeconds always (a default alone would make it optional)
     model_config = ConfigDict(json_schema_extra={"required": ["status", "retryAfterSeconds"]})
 
-    # required on the wire, no omitempty: 0 = done, >0 = call again after N seconds (capi-hooks.md §6.4)
+    # required on the wire, no omitempty: 0 = done, >0 = call again after N seconds (docs/capi-hooks.md §6.4)
     retry_after_seconds: int = 0

@@ -14,7 +14,7 @@ from inplace_extension.api.common import (
     check_type_meta,
 )
 
-# DNS-1123 label: what CAPI validates handler names against (capi-hooks.md §2.3)
+# DNS-1123 label: what CAPI validates handler names against (docs/capi-hooks.md §2.3)
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 

@@ -1,7 +1,7 @@
 """CanUpdateMachine and CanUpdateMachineSet: one shared core over the pure decision in ``inplace.decide``.
 
-A decline is ``Success`` with partial or no patches (CAPI then rolls the machine out, capi-hooks.md §7.4);
-``Failure`` only in strict mode (``requireInPlace``), where it lists every unclaimed field and why.
+A decline is ``Success`` with partial or no patches (CAPI then rolls the machine out, docs/capi-hooks.md
+§7.4); ``Failure`` only in strict mode (``requireInPlace``), where it lists every unclaimed field and why.
 """
 
 from __future__ import annotations

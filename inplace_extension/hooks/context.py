@@ -1,6 +1,7 @@
 """What every handler receives besides its request: the service settings, the hook table, the executor.
 
-Also parses the per-call switches CAPI forwards from ``ExtensionConfig.spec.settings`` (capi-hooks.md §3.1).
+Also parses the per-call switches CAPI forwards from ``ExtensionConfig.spec.settings``
+(docs/capi-hooks.md §3.1).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """HOOKS: the one table of the hooks we serve. The app's routes and the Discovery answer are derived from it.
 
 Paths follow CAPI's ``GVHToPath``: ``/<group>/<version>/<lower(hook)>/<handler name>``; the singleton
-Discovery has no handler segment (capi-hooks.md §1.1).
+Discovery has no handler segment (docs/capi-hooks.md §1.1).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """UpdateMachine: validate, plan (pure core), hand the run to the executor, map its Progress to the answer.
 
 The executor (``inplace_extension.runs.service.RunService``) is injected and reached only through
-:class:`UpdateExecutor`. Every answer is deterministic for the same desired spec (capi-hooks.md §3.2, §7.5).
+:class:`UpdateExecutor`. Every answer is deterministic for the same desired spec
+(docs/capi-hooks.md §3.2, §7.5).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 
 logger = logging.getLogger(__name__)
 
-# the exact message of CAPI's reference extension (test/extension/handlers/inplaceupdate, capi-hooks.md §8)
+# the exact message of CAPI's reference extension (test/extension/handlers/inplaceupdate,
+# docs/capi-hooks.md §8)
 UNEXPECTED_CALL_MESSAGE = (
     "Unexpected call to UpdateMachine hook after CanUpdateMachine or CanUpdateMachineSet "
     "did not return any patches"

@@ -1,4 +1,4 @@
-"""User-defined capabilities: claims of kind + pointer carried out by a role the user ships (design.md §2).
+"""User-defined capabilities (docs/capabilities.md): claims of kind + pointer carried out by a user's role.
 
 They are data: the start-up loader (``inplace_extension/capabilities_file.py``) reads them from the
 ``--capabilities-file`` YAML and hands a :class:`CustomTable` to the decision and plan functions, so this

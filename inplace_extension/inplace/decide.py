@@ -3,7 +3,7 @@
 For every object of the request (Machine or MachineSet first, then the infrastructure object, then the
 bootstrap config) the changed fields of the machine spec are found, each capability claim whose guard
 passes copies desired over current at its pointer, and everything else stays unclaimed -- that is the
-decline, after which CAPI rolls the machine out (capi-hooks.md §7.2-§7.4). ExtensionConfig settings
+decline, after which CAPI rolls the machine out (docs/capi-hooks.md §7.2-§7.4). ExtensionConfig settings
 (disableInPlaceUpdates, requireInPlace) are applied by the hook, not here.
 """
 
@@ -162,7 +162,7 @@ def _decide_slot(
     if not changed:
         return [], []
     # Patches are computed on the real specs (CAPI applies them to the real object); changes are judged on
-    # what CAPI compares, so the Machine fields it ignores never need a claim (capi-hooks.md §7.3).
+    # what CAPI compares, so the Machine fields it ignores never need a claim (docs/capi-hooks.md §7.3).
     patch = SpecPatch(current_spec, desired_spec, slot.spec_pointer)
     verdicts: list[FieldVerdict] = []
     ckind = claim_kind(desired_obj)

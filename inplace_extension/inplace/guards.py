@@ -1,8 +1,8 @@
 """Claim guards: why a changed field is NOT carried out in place, or None when its capability can do it.
 
 A guard sees one changed field (current and desired values at the claim pointer, both whole specs) and
-answers with a deterministic reason that names rules, entry indexes and keys, never values (design.md §2,
-"Claim only what a role really carries out"; when in doubt, decline: a rollout is always correct).
+answers with a deterministic reason that names rules, entry indexes and keys, never values (claim only
+what a role really carries out; when in doubt, decline: a rollout is always correct).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One capability declaration serves four shapes because every claim is relative to the machine spec:
 Machine ``/spec``, MachineSet ``/spec/template/spec``, KubeadmConfig ``/spec`` and KubeadmConfigTemplate
-``/spec/template/spec`` (design.md §2).
+``/spec/template/spec`` (docs/capabilities.md).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ _CLAIMABLE: Final[Mapping[tuple[str, str], ClaimKind]] = {
 }
 _SUPPORTED_VERSIONS: Final = frozenset({"v1beta2"})
 
-# Fields CleanupMachineSpecForDiff zeroes before CAPI compares Machine specs (capi-hooks.md §7.3).
+# Fields CleanupMachineSpecForDiff zeroes before CAPI compares Machine specs (docs/capi-hooks.md §7.3).
 _IGNORED_MACHINE_FIELDS: Final = frozenset(
     {
         "clusterName",

@@ -2,9 +2,9 @@
 
 Ops are emitted directly per claim (only ``add``, ``remove`` and ``replace``; whole subtrees, no list-index
 ops), rooted at the object (``/spec/...`` or ``/spec/template/spec/...``) because CAPI applies them to the
-whole ``current`` object with evanphx/json-patch (capi-hooks.md §3.3). That applier refuses ``replace`` or
-``remove`` of a missing path and ``add`` under a missing parent, so absent fields are added at the highest
-missing ancestor. The spec is never deep-copied: only the dicts along a written path are.
+whole ``current`` object with evanphx/json-patch (docs/capi-hooks.md §3.3). That applier refuses
+``replace`` or ``remove`` of a missing path and ``add`` under a missing parent, so absent fields are
+added at the highest missing ancestor. The spec is never deep-copied: only the dicts along a written path are.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """UpdateMachine plan: the capabilities that apply to the desired objects, their role inputs, the fingerprint.
 
-UpdateMachine sends no ``current`` (capi-hooks.md §6.4), so every capability whose fields are present in
+UpdateMachine sends no ``current`` (docs/capi-hooks.md §6.4), so every capability whose fields are present in
 the desired objects becomes a step with its full desired inputs; the roles converge declaratively and
-the host's stamp makes an already-applied fingerprint a no-op (design.md §3). Only claimed fields are
+the host's stamp makes an already-applied fingerprint a no-op. Only claimed fields are
 read: ``joinConfiguration.discovery`` (bootstrap tokens) never reaches a step. User-defined capabilities
 (inplace_extension/inplace/custom.py) follow the built-ins in file order, each with ``<name>_values``.
 """

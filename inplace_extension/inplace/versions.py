@@ -1,7 +1,7 @@
 """Kubernetes versions: semver parsing and the in-place upgrade rule.
 
 kubeadm upgrades one minor version at a time and never downgrades, so an in-place version change is a
-patch bump or the next minor of the same major (design.md §2). Anything else, including a version that
+patch bump or the next minor of the same major. Anything else, including a version that
 does not parse, is left to a rollout.
 """
 

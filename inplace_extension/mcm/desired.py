@@ -5,10 +5,11 @@ new MachineSet**, key ``providerSpec.inPlaceUpdate`` (:class:`InPlaceUpdateSpec`
 v0.62.1 a new MachineSet (and so an in-place rollout) is started only by a change of the
 MachineDeployment's ``spec.template`` that ``EqualIgnoreHash`` sees - template labels/annotations and
 ``class.name`` - while ``nodeTemplate`` and the MachineConfiguration fields start nothing
-(mcm-contract.md §3). Pointing the template at a new MachineClass is how pools are changed anyway
-(Gardener names classes by a hash of their content), so a new desired state = a new MachineClass.
+(docs/mcm-contract.md, "What starts a rollout"). Pointing the template at a new MachineClass is how
+pools are changed anyway (Gardener names classes by a hash of their content), so a new desired state =
+a new MachineClass.
 The Machine itself is not read for it: during the update it still belongs to the old MachineSet, and
-MCM never updates its ``class.name`` (mcm-contract.md §6.4).
+MCM never updates its ``class.name`` (docs/mcm-contract.md, "Where the desired state comes from").
 
 Path: Node label ``node.gardener.cloud/machine-name`` -> Machine -> its MachineSet (controller owner)
 -> that MachineSet's MachineDeployment -> the MachineDeployment's current MachineSet (the one whose

@@ -1,11 +1,11 @@
 """What a Node says to the MCM agent, and the metadata the agent writes back (pure; no I/O).
 
-MCM's keys (mcm-contract.md §2): MCM sets the ``InPlaceUpdate`` condition, the candidate/selected
-labels, cordon, drain and its taints; the node-side updater writes only the ``update-result`` label
-and the ``update-failed-reason`` annotation. Ours: the claim annotation (single-acting replicas), the
-answered annotation (which desired state a final answer was for, so that no replica, nor a restarted
-agent, acts on it again) and the retry annotation a user sets to retry a failed task (shared with the
-CAPI side).
+MCM's keys (docs/mcm-contract.md, "Keys and values"): MCM sets the ``InPlaceUpdate`` condition, the
+candidate/selected labels, cordon, drain and its taints; the node-side updater writes only the
+``update-result`` label and the ``update-failed-reason`` annotation. Ours: the claim annotation (single-acting
+replicas), the answered annotation (which desired state a final answer was for, so that no replica, nor a
+restarted agent, acts on it again) and the retry annotation a user sets to retry a failed task (shared with
+the CAPI side).
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 Layout: ``<runs_dir>/<ident>/attempt-0001/{meta.json, inputs.json, known_hosts, outcome.json}`` per
 Machine attempt; ``<runs_dir>/.batches/<batch>/artifacts/<batch>/`` is the ansible-runner private data
-dir of the one play that carried one or more attempts (fresh every time, never reused: hostlab/README
-pitfalls 3-4); ``meta.json`` points to it. ``outcome.json`` is our one-file summary written when an
-attempt ends; without it (the service died) the batch's ``status`` file and this host's ``job_events``
-are classified again. Plain file reading only;
-:mod:`inplace_extension.runs.outcomes` reads what attempts ended as.
+dir of the one play that carried one or more attempts (fresh every time, never reused: a reused
+dir's stale ``env/`` files override new envvars, and a reused ident mixes two runs' stats);
+``meta.json`` points to it. ``outcome.json`` is our one-file summary written when an attempt ends; without it
+(the service died) the batch's ``status`` file and this host's ``job_events`` are classified again. Plain file
+reading only; :mod:`inplace_extension.runs.outcomes` reads what attempts ended as.
 """
 
 from __future__ import annotations

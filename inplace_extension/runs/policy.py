@@ -1,4 +1,4 @@
-"""The UpdateMachine state machine of design.md §3, as a pure function of the attempts found on disk.
+"""The UpdateMachine state machine (docs/operations.md), as a pure function of the attempts found on disk.
 
 Given the attempts of one run ident (oldest first), the retry token of this call and the clock, say
 whether the update is done, failed (remembered), waiting out a retry backoff, or must start now.

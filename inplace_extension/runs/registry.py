@@ -1,9 +1,9 @@
 """Runs in flight: a registry keyed by run ident, a FIFO queue, and at most N runs at once, in batches.
 
-Process memory only (a cache, design.md §3): it answers "queued: position 3 of 7" / "running: ntp" and
-hands admitted jobs to a worker thread, several at once when they arrive together (one ansible-playbook
-for many Machines: design.md §7). Thread-safe: poll() reads it from the event loop while worker threads
-update phases and finish jobs. Used by :mod:`inplace_extension.runs.service`.
+Process memory only (a cache: the truth is on disk and on the host): it answers "queued: position 3 of 7" /
+"running: ntp" and hands admitted jobs to a worker thread, several at once when they arrive together (one
+ansible-playbook for many Machines: one Ansible start-up, forks). Thread-safe: poll() reads it from the event
+loop while worker threads update phases and finish jobs. Used by :mod:`inplace_extension.runs.service`.
 """
 
 from __future__ import annotations

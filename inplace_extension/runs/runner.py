@@ -58,7 +58,7 @@ class HostRun:
 
 @dataclass(frozen=True)
 class BatchSpec:
-    """One ansible-playbook run for one or more Machines (design.md §7: one Ansible start-up, forks)."""
+    """One ansible-playbook run for one or more Machines (one Ansible start-up, one fork per host)."""
 
     ident: str  # names artifacts/<ident>/ in batch_dir
     batch_dir: Path  # ansible-runner's private data dir, fresh for every batch
@@ -126,7 +126,7 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
             hosts[run.host_name]["update_machine_health_timeout_seconds"] = spec.host_checks_timeout_seconds
 
     def event_handler(event: dict[str, Any]) -> bool:
-        # an exception here would kill runner's thread and leave status "running" (hostlab pitfall 6)
+        # an exception here would kill runner's thread and leave status "running" for ever, rc None
         try:
             if event.get("event") == "runner_on_start":
                 data = event.get("event_data") or {}
@@ -150,7 +150,7 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
             quiet=True,
             suppress_env_files=True,
             event_handler=event_handler,
-            # Always given: without it runner installs its own SIGINT/SIGTERM handlers (hostlab pitfall 7).
+            # Always given: without it runner installs its own SIGINT/SIGTERM handlers for good.
             # Never true: killing a play mid-way leaves the host lock held until it counts as stale,
             # while a play left alone finishes (detach.py) and a later attempt finds its stamp.
             cancel_callback=_never_cancel,
@@ -254,7 +254,7 @@ def _envvars(spec: BatchSpec) -> dict[str, str]:
     cp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     home = spec.state_dir / ".ansible"
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    # ansible-runner spawns ansible-playbook through PATH: ours must win (hostlab pitfall 1)
+    # ansible-runner spawns ansible-playbook through PATH: ours must win, or rc 127 ("not found")
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
     env = {
         "PATH": path,

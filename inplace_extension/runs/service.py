@@ -49,7 +49,7 @@ CLOSE_WAIT_SECONDS = 15.0
 # UpdateMachine's timeoutSeconds (10 in the hook table); it turns "done" around without waiting for
 # CAPI's next retryAfterSeconds (at least 1 s) to pass.
 LONG_POLL_SECONDS = 2.0
-# Runs queued within this window share one ansible-playbook (one start-up, forks; design.md §7): CAPI
+# Runs queued within this window share one ansible-playbook (one Ansible start-up, forks): CAPI
 # polls the Machines of a rollout in quick succession.
 BATCH_WINDOW_SECONDS = 0.15
 # Finished plays' ansible-runner artifacts (events, stdout) are kept this long for operators to read.

@@ -2,7 +2,7 @@
 
 ``scripts/demo`` (or ``python -m hostlab.demo``) brings up a lab of 3 hosts, writes an inventory mapping
 three Machines of MachineDeployment ``demo-md-0`` to them, starts ``inplace-extension serve`` on loopback
-with that inventory, and then plays the rollout the way the CAPI controllers do (docs: capi-hooks.md):
+with that inventory, and then plays the rollout the way the CAPI controllers do (docs/capi-hooks.md):
 
 1. Discovery, to learn the handler names;
 2. CanUpdateMachineSet for the old and new MachineSet (the MachineDeployment controller), applying the

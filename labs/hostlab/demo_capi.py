@@ -1,6 +1,6 @@
 """Cluster API's side of the demo's protocol: Discovery, and deciding in place from the patches.
 
-As the MachineDeployment controller does (capi-hooks.md §5), the demo applies the CanUpdateMachineSet
+As the MachineDeployment controller does (docs/capi-hooks.md §5), the demo applies the CanUpdateMachineSet
 answer's patches to the current objects and compares them with the desired ones, leaving out the
 Machine fields CAPI ignores; any difference means a rollout of new machines.
 """
@@ -19,7 +19,7 @@ import jsonpatch
 from hostlab.errors import DemoError
 
 HOOKS = "/hooks.runtime.cluster.x-k8s.io/v1alpha1"
-# fields CAPI leaves out when it compares Machine specs (CleanupMachineSpecForDiff, capi-hooks.md §5)
+# fields CAPI leaves out when it compares Machine specs (CleanupMachineSpecForDiff, docs/capi-hooks.md §7.3)
 IGNORED_MACHINE_FIELDS = ("clusterName", "bootstrap", "infrastructureRef", "providerID", "minReadySeconds")
 PATCH_FIELDS = {
     "machineSet": "machineSetPatch",

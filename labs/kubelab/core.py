@@ -1,6 +1,6 @@
 """How each core process is started: etcd, kube-apiserver, kube-controller-manager and kwok.
 
-Flags follow ``../shared/docs/kubelab.md`` §3 (verified there): loopback only, free ports, client-cert
+Flags (each checked by hand against these versions first): loopback only, free ports, client-cert
 auth with RBAC, etcd without fsync (test data), the controller-manager with only the controllers the
 tests need, kwok managing the Nodes labelled ``type=kwok`` with the stage files from its own module
 (the standalone binary has no built-in stages).

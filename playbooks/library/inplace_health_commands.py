@@ -8,11 +8,11 @@ again after ``interval_seconds`` until every check passes in one round or ``time
 by since the first round began (a round started before then still finishes). Each try gets its own
 ``timeout_seconds`` (the check's), after which its whole process group is killed.
 
-Why one module and not a ``command`` task per check: one SSH round trip for all checks and all their
-tries (design.md section 7), and the result holds no command output. stdin, stdout and stderr go to
-/dev/null: output may hold secrets and would land in the job events. The failure message is stable
-and value-free (``health gate: check <name>: exit status <N>``, ``...: timed out``, ``...: cannot start
-(FileNotFoundError)``); inplace_extension.runs.outcomes shows it to CAPI as the Failure message.
+Why one module and not a ``command`` task per check: one SSH round trip for all checks and all their tries
+(each module execution costs about half a second over SSH), and the result holds no command output. stdin,
+stdout and stderr go to /dev/null: output may hold secrets and would land in the job events. The failure
+message is stable and value-free (``health gate: check <name>: exit status <N>``, ``...: timed out``, ``...:
+cannot start (FileNotFoundError)``); inplace_extension.runs.outcomes shows it to CAPI as the Failure message.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ role's own manifest:
 * ``stamp.log``    one JSON line per stamp write.
 
 Why a module and not a chain of tasks: every module execution costs about half a second over SSH
-(design.md section 7). ``state=locked`` takes the lock AND reads the stamp in one execution; when
+(measured on lab hosts). ``state=locked`` takes the lock AND reads the stamp in one execution; when
 the stamp already matches it releases the lock in the same execution, so a run that has nothing to
 do costs one module execution; ``state=stamped`` with ``release=true`` writes the stamp and gives the
 lock back in one execution too (the playbook's ``always:`` release then has nothing left to do).

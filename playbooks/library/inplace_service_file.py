@@ -3,7 +3,7 @@
 
 A role that configures a service (kubelet flags, time servers) has one concern: "the service runs with
 this file". As separate tasks that is a ``copy`` (two module executions: ``stat``, then ``copy``), a
-restart handler and a health wait, each an SSH round trip of about half a second (design.md section 7).
+restart handler and a health wait, each an SSH round trip of about half a second (measured on lab hosts).
 Here it is one execution, still in the order of a procedure:
 
 1. write ``content`` to ``path`` (owned by root, the user it runs as; ``mode``; parents created 0755),

@@ -28,7 +28,7 @@ def load(name: str) -> dict[str, Any]:
     return data
 
 
-# the table of capi-hooks.md §3.3: decoded document -> exact wire string
+# the table of docs/capi-hooks.md §3.3: decoded document -> exact wire string
 @pytest.mark.parametrize(
     ("document", "patch_type", "wire"),
     [

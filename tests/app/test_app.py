@@ -23,7 +23,7 @@ HOOK_PATHS = [PATHS["can-update-machine"], PATHS["can-update-machineset"], PATHS
 async def test_discovery_answers_the_explicit_example_when_called_as_capi_does(
     client: httpx.AsyncClient,
 ) -> None:
-    # CAPI: POST, no Content-Type, ?timeout= appended (capi-hooks.md §1.2)
+    # CAPI: POST, no Content-Type, ?timeout= appended (docs/capi-hooks.md §1.2)
     reply = await client.post(
         PATHS["discovery"] + "?timeout=10s", content=fixture_bytes("discovery/request.json")
     )

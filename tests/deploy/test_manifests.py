@@ -146,7 +146,7 @@ def test_pod_runs_restricted_non_root_read_only() -> None:
 
 def test_single_replica_that_never_overlaps() -> None:
     spec = one("Deployment")["spec"]
-    # the run registry is process memory (design.md B6): two Pods could start the same run twice
+    # the run registry is process memory, a cache: two Pods could start the same run twice
     assert spec["replicas"] == 1
     assert spec["strategy"]["type"] == "Recreate"
 
@@ -238,7 +238,7 @@ def test_service_certificate_and_extensionconfig_agree() -> None:
         {"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}
     ]
     assert service["spec"]["selector"].items() <= pod_labels.items()
-    # CAPI dials https://<svc>.<ns>.svc:<port> and checks that name (capi-hooks.md §1.3)
+    # CAPI dials https://<svc>.<ns>.svc:<port> and checks that name (docs/capi-hooks.md §1.3)
     svc_host = f"{service['metadata']['name']}.{NAMESPACE}.svc"
     assert svc_host in cert["spec"]["dnsNames"]
     assert "server auth" in cert["spec"]["usages"]

@@ -1,5 +1,5 @@
 """A small stand-in for the CAPI controllers in the end-to-end tests: builds hook requests the way the
-MachineDeployment and Machine controllers do (capi-hooks.md §5-§7) and polls UpdateMachine honouring
+MachineDeployment and Machine controllers do (docs/capi-hooks.md §5-§7) and polls UpdateMachine honouring
 ``retryAfterSeconds``. Request skeletons come from the real CAPI bodies in tests/fixtures/capi/.
 """
 
@@ -139,5 +139,5 @@ def poll_update_machine(
         if until is not None and until(message):
             return Polled(status, message, calls, messages)
         assert time.monotonic() < deadline, f"{name}: no result within {within}s; messages: {messages}"
-        # the protocol: CAPI does not call again before retryAfterSeconds (capi-hooks.md §7.5)
+        # the protocol: CAPI does not call again before retryAfterSeconds (docs/capi-hooks.md §7.5)
         time.sleep(retry if status == "Success" else 1)

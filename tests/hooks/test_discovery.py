@@ -1,4 +1,4 @@
-"""Discovery is generated from HOOKS and satisfies what CAPI validates (capi-hooks.md §2.3)."""
+"""Discovery is generated from HOOKS and satisfies what CAPI validates (docs/capi-hooks.md §2.3)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_handlers_pass_capi_discovery_validation() -> None:
     for handler in handlers:
         assert DNS1123.match(handler.name) and len(handler.name) <= 63
         assert handler.timeout_seconds is not None and 0 <= handler.timeout_seconds <= 30
-        # Ignore would turn a network error into "UpdateMachine done" (capi-hooks.md §1.4)
+        # Ignore would turn a network error into "UpdateMachine done" (docs/capi-hooks.md §1.4)
         assert handler.failure_policy is FailurePolicy.FAIL
         assert handler.request_hook.hook in {"CanUpdateMachine", "CanUpdateMachineSet", "UpdateMachine"}
 

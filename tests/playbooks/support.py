@@ -154,7 +154,7 @@ def start_update(
     spec: RunSpec, events: list[dict[str, Any]] | None = None
 ) -> tuple[threading.Thread, Any, Path]:
     """Start one run in ansible-runner's thread; returns (thread, runner, private_data_dir)."""
-    pdd = spec.workdir / f"run-{uuid.uuid4().hex[:12]}"  # fresh per attempt (hostlab pitfalls 3, 4)
+    pdd = spec.workdir / f"run-{uuid.uuid4().hex[:12]}"  # fresh per attempt: reused, stale env/ and stats
     pdd.mkdir(parents=True)
     inputs_file = pdd / "inputs.json"
     inputs_file.write_text(json.dumps(dict(spec.inputs)))
@@ -166,7 +166,7 @@ def start_update(
     sink = events if events is not None else []
 
     def on_event(event: dict[str, Any]) -> bool:
-        sink.append(event)  # never raise here: it would kill runner's thread (hostlab pitfall 6)
+        sink.append(event)  # never raise here: it would kill runner's thread
         return True
 
     thread, runner = ansible_runner.run_async(

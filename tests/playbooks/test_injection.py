@@ -168,7 +168,7 @@ def test_payloads_in_checked_inputs_are_refused(
 
 
 def test_control_a_templated_extra_var_does_run(tmp_path: Path, sentinel: str) -> None:
-    """The check above can fail: the same payload as a plain extra var is executed (design.md section 5)."""
+    """The check above can fail: the same payload as a plain extra var is executed."""
     play = [
         {
             "hosts": "localhost",

@@ -1,4 +1,4 @@
-"""The UpdateMachine state machine (design.md §3) as a pure function of the attempts on disk."""
+"""The UpdateMachine state machine (docs/operations.md) as a pure function of the attempts on disk."""
 
 from __future__ import annotations
 

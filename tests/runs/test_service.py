@@ -1,4 +1,4 @@
-"""RunService.poll end to end with a fake ansible-runner: the design.md §3 state machine, durably."""
+"""RunService.poll end to end with a fake ansible-runner: the UpdateMachine state machine, durably."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The ``capi`` flavour: the real Cluster API controllers (core, KubeadmControlPlane, kubeadm bootstrap,
 CAPD with its in-memory backend) as local processes on the lab's apiserver.
 
-How they were run by hand first: ``../shared/docs/kubelab.md`` §4.1. ``start``: every controller gets
+``start`` does what CAPI's kustomize overlays and cert-manager do in a real install: every controller gets
 a webhook port, a health port and a serving certificate from the lab CA; its CRDs (contract labels,
 conversion webhook at its own port) and its two webhook configurations (renamed, ``url`` +
 ``caBundle``) are installed from the pinned module (:mod:`kubelab.flavours.capi_webhooks`); then the

@@ -42,7 +42,8 @@ STARTED_LINE = "Starting machine-controller-manager"  # logged (V1) once the inf
 # Until a test names real hosts: documentation addresses (TEST-NET-2), nothing listens there.
 DEFAULT_HOSTS = tuple((f"static-{i}", f"198.51.100.{i}") for i in range(1, 11))
 
-# Flags as run in kubelab.md §4.2. --v=4: MachineDeployment sync errors are only logged at level 4.
+# Flags as first run by hand against MCM v0.62.1.
+# --v=4: MachineDeployment sync errors are only logged at level 4.
 CONTROLLER_FLAGS = ("--safety-up=2", "--safety-down=1", "--machine-safety-overshooting-period=1m", "--v=4")
 MACHINE_CONTROLLER_FLAGS = (
     "--machine-creation-timeout=5m",

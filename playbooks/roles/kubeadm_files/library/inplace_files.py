@@ -2,7 +2,7 @@
 """Ansible module: write the KubeadmConfig ``files`` of one machine and forget the ones dropped.
 
 Owns the files listed in its input and a manifest (JSON) of the paths it manages. In one module
-execution (design.md section 7: each costs about half a second over SSH) it:
+execution (each costs about half a second over SSH) it:
 
 * validates every entry (absolute path, no ``..``, no duplicates, known owner, octal mode);
 * writes each whole file atomically (temporary file in the same directory, then rename), creating

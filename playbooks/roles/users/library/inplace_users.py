@@ -2,7 +2,7 @@
 """Ansible module: converge the KubeadmConfig ``users`` of one machine in one module execution.
 
 As a chain of tasks this was one ``group``/``user``/``file``/``copy`` execution per user and concern
-(about twenty SSH round trips for two users, each about half a second: design.md section 7). Here, in
+(about twenty SSH round trips for two users, each about half a second on lab hosts). Here, in
 the role's order, with ``groupadd``/``useradd``/``usermod`` (argv only, never a shell):
 
 1. create the missing groups; create each missing user (home, GECOS, shell, primary group, groups) or
