@@ -20,6 +20,7 @@ from inplace_extension.kube.events import EventRecorder, MachineEvent
 from inplace_extension.kube.machines import KubeError, MachineFacts, Unreachable
 from inplace_extension.kube.workload import WorkloadClients
 from inplace_extension.kubeaware import health
+from inplace_extension.runs import progress
 from inplace_extension.runs.model import Blocked, Progress, ProgressState, RunRequest
 from inplace_extension.settings import Settings
 
@@ -34,10 +35,6 @@ def _why(exc: Exception) -> str:
     if isinstance(exc, KubeError):
         return exc.message
     return f"the API server is unreachable ({type(exc).__name__})"
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 class ClusterHooks:
@@ -88,7 +85,7 @@ class ClusterHooks:
             log.info(
                 "machine=%s run=%s node=%s cordoned (ours=%s)", request.machine, request.ident, node, ours
             )
-            drain.drain(client, node, self._policy, lambda n: report(f"draining: {_plural(n, 'pod')} left"))
+            drain.drain(client, node, self._policy, lambda n: report(progress.draining(n)))
         except drain.DrainError as exc:
             self.state(request, "DrainFailed", str(exc), warning=True)
             return Blocked(str(exc))
@@ -100,7 +97,7 @@ class ClusterHooks:
         return None
 
     def step_started(self, request: RunRequest, capability: str) -> None:
-        self.state(request, "Running", f"running: {capability}")
+        self.state(request, "Running", progress.running(capability))
         try:
             if self._disruption(request, capability) >= Disruption.RESTART_KUBELET:
                 machines.mark_skip_remediation(
@@ -127,10 +124,10 @@ class ClusterHooks:
         target = request.inputs.get(VERSION_STEP, {}).get(VERSION_INPUT)
         waiting = self._gate(request, target) or health.first_failing(self._custom.http_checks, address)
         if waiting is None:
-            self.state(request, "Done", "update applied")
-            return Progress(ProgressState.DONE, "update applied")
+            self.state(request, "Done", progress.APPLIED)
+            return Progress(ProgressState.DONE, progress.APPLIED)
         if time.time() - applied_at < self._gate_seconds:
-            return Progress(ProgressState.IN_PROGRESS, f"health gate: {waiting}")
+            return Progress(ProgressState.IN_PROGRESS, progress.health_waiting(waiting))
         wanted = "Ready" + (f" with kubelet {target}" if target else "")
         checks = f" and passing {', '.join(c.name for c in self._custom.http_checks)}"
         wanted += checks if self._custom.http_checks else ""

@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from inplace_extension.runs import progress
+
 
 @dataclass(frozen=True)
 class RunRequest:
@@ -123,7 +125,7 @@ class NoMachineHooks:
         return None
 
     def settle(self, request: RunRequest, applied_at: float, address: str | None) -> Progress:
-        return Progress(ProgressState.DONE, "update applied")
+        return Progress(ProgressState.DONE, progress.APPLIED)
 
     def failed(self, request: RunRequest, message: str) -> None:
         return None

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from inplace_extension.runs import progress
 from inplace_extension.runs.artifacts import RETRIABLE, Attempt, OutcomeKind
 
 RETRY_ANNOTATION = "inplace-extension.io/retry"
@@ -78,13 +79,9 @@ def decide(attempts: Sequence[Attempt], token: str, now: float, base_backoff: in
     remaining = outcome.finished + backoff_seconds(failures, base_backoff) - now
     if remaining <= 0:
         return Decision(Verdict.START, next_attempt=next_attempt)
-    what = {
-        OutcomeKind.UNREACHABLE: "host unreachable",
-        OutcomeKind.HOST_BUSY: "host locked by another run",
-    }.get(outcome.kind, "run interrupted")
     return Decision(
         Verdict.WAIT,
-        f"{what}, retrying (attempt {next_attempt})",
+        progress.retrying(outcome.kind, next_attempt),
         wait_seconds=max(1, math.ceil(remaining)),
         next_attempt=next_attempt,
     )

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from inplace_extension.runs import progress
+
 log = logging.getLogger(__name__)
 P = TypeVar("P")
 
@@ -33,7 +35,7 @@ class Job(Generic[P]):
     machine: str  # "ns/name": at most one run per Machine at a time, even across fingerprints
     payload: P
     state: JobState = JobState.QUEUED
-    phase: str = "starting"
+    phase: str = progress.STARTING
     attempt: int = 0  # set by the worker once its attempt directory exists
     on_done: Callable[[], None] | None = None  # called once the job has left the registry
     thread: threading.Thread | None = field(default=None, repr=False)
@@ -50,10 +52,8 @@ class JobView:
 
     def message(self) -> str:
         if self.state is JobState.QUEUED:
-            return f"queued: position {self.position} of {self.queued}"
-        if ": " in self.phase:  # a phase that is a message of its own: "draining: 3 pods left"
-            return self.phase
-        return f"running: {self.phase}"
+            return progress.queued(self.position, self.queued)
+        return progress.running(self.phase)
 
 
 class RunRegistry(Generic[P]):

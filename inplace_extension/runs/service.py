@@ -22,7 +22,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs import model, runner, validate
+from inplace_extension.runs import model, progress, runner, validate
 from inplace_extension.runs.artifacts import (
     Attempt,
     BatchRef,
@@ -134,18 +134,18 @@ class RunService:
     async def _settle(self, request: RunRequest, attempts: list[Attempt]) -> Progress:
         """Applied on the host; with cluster hooks the health gate decides (once passed, remembered)."""
         if self._hooks is NO_MACHINE_HOOKS or request.ident in self._settled:
-            return Progress(ProgressState.DONE, "update applied")
+            return Progress(ProgressState.DONE, progress.APPLIED)
         applied = max(
             (a for a in attempts if a.outcome and a.outcome.kind is OutcomeKind.SUCCESSFUL),
             key=lambda a: a.outcome.finished if a.outcome else 0.0,
         )
         applied_at = applied.outcome.finished if applied.outcome else 0.0
-        progress = await anyio.to_thread.run_sync(self._hooks.settle, request, applied_at, applied.address)
-        if progress.state is ProgressState.DONE:
+        settled = await anyio.to_thread.run_sync(self._hooks.settle, request, applied_at, applied.address)
+        if settled.state is ProgressState.DONE:
             self._settled.add(request.ident)
-        elif progress.state is ProgressState.IN_PROGRESS:
-            return self._in_progress(progress.message)
-        return progress
+        elif settled.state is ProgressState.IN_PROGRESS:
+            return self._in_progress(settled.message)
+        return settled
 
     def close(self, timeout: float = CLOSE_WAIT_SECONDS) -> None:
         """Admit no more runs and give the running ones ``timeout`` seconds to end.
@@ -201,7 +201,7 @@ class RunService:
         self._hooks.state(request, "Queued", "queued")
         view = self._registry.view(request.ident)
         if view is None:  # it already ended (or the service is closing): the next poll reads the result
-            return self._in_progress("running: starting")
+            return self._in_progress(progress.running(progress.STARTING))
         return self._in_progress(view.message())
 
     def _run_batch(self, jobs: list[Job[_Pending]]) -> None:

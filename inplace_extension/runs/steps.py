@@ -1,14 +1,15 @@
 """What a batch play reports per Machine besides its outcome: the step running now, and a refused start.
 
 Task events name the role; a user-defined step's role maps back to its capability. The registry's phase
-("starting", a capability, "health gate: ...", "finishing") is what a poll answers while the play runs,
-and the cluster hooks hear of each capability as it starts (an Event on the Machine).
+(progress.py: starting, a capability, the health gate's commands, finishing) is what a poll answers
+while the play runs, and the cluster hooks hear of each capability as it starts (an Event on the Machine).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from inplace_extension.runs import progress
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
 from inplace_extension.runs.model import Blocked, MachineHooks, RunRequest
 
@@ -49,6 +50,6 @@ class StepTracker:
                 self._current[host] = step
                 self._hooks.step_started(request, step)
         elif task.startswith(HEALTH_TASK):
-            self._set_phase(host, "health gate: running the command checks on the host")
+            self._set_phase(host, progress.HEALTH_COMMANDS)
         else:
-            self._set_phase(host, "finishing" if host in self._seen_capability else "starting")
+            self._set_phase(host, progress.FINISHING if host in self._seen_capability else progress.STARTING)

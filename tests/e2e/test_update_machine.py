@@ -18,6 +18,8 @@ from hostlab import faults
 from hostlab.lab import Host, Lab
 from hostlab.pytest_plugin import WriteInventory
 
+from inplace_extension.runs import progress
+
 from .capi import BOOTSTRAP_TOKEN, NodeSpec, Polled, can_update_machine_set, poll_update_machine
 from .conftest import NEXT_VERSION, START_VERSION, StartService
 from .hostcheck import lock_events, overlapping_holders, run_on, stamp_writes
@@ -32,11 +34,7 @@ PAYLOAD = "hello `touch /tmp/e2e-pwned` $(touch /tmp/e2e-pwned2)\n"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci1lMmUtdGVzdHMtb25seQ e2e@test"
 RETRY = "inplace-extension.io/retry"
 CAPABILITIES = ("users", "ntp", "kubeadm_files", "kubelet_args", "kubernetes_version")
-MESSAGE_RE = re.compile(
-    r"^(queued: position \d+ of \d+|running: (starting|finishing|" + "|".join(CAPABILITIES) + r")"
-    r"|host unreachable, retrying \(attempt \d+\)|host locked by another run, retrying \(attempt \d+\)"
-    r"|run interrupted, retrying \(attempt \d+\)|update applied)$"
-)
+MESSAGE_RE = progress.pattern(CAPABILITIES)  # every message a poll may answer, from the service's table
 
 
 def kubelet_args(*pairs: tuple[str, str]) -> dict[str, object]:
@@ -86,7 +84,7 @@ def test_rollout_updates_every_capability_on_three_hosts(
         polled = results[name]
         assert (polled.status, polled.message) == ("Success", "update applied"), polled.messages
         assert polled.calls > 1  # the run took time: CAPI was told to come back
-        assert all(MESSAGE_RE.match(m) for m in polled.messages), polled.messages
+        assert all(MESSAGE_RE.fullmatch(m) for m in polled.messages), polled.messages
         assert any(m.startswith("running: ") for m in polled.messages)
         # the host: literal payload (never templated, never run by a shell), owner and mode
         assert run_on(lab, host, ["cat", "/etc/e2e/hello.conf"]) == PAYLOAD
@@ -175,8 +173,8 @@ def test_sigkill_mid_run_then_restart_applies_exactly_once(
     first = start_service(inventory, runs_dir, name="first")
     can_update_machine_set(first.client, OLD, FULL)
     # CAPI calls each Machine, honouring retryAfterSeconds, until the first one reports a running role
-    running = re.compile(r"running: (" + "|".join(CAPABILITIES) + ")")
-    seen = poll_all(first.client, FULL, MACHINES, within=120, until=lambda m: bool(running.fullmatch(m)))
+    running = {progress.running(capability) for capability in CAPABILITIES}
+    seen = poll_all(first.client, FULL, MACHINES, within=120, until=lambda m: m in running)
     assert all(p.status == "Success" for p in seen.values()), seen
     assert any(p.message != "update applied" for p in seen.values()), seen  # killed mid-run
     first.kill()

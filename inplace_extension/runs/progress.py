@@ -1,0 +1,93 @@
+"""The messages UpdateMachine answers while an update is queued, running, retrying, held or applied.
+
+One table (:data:`MESSAGES`) holds every progress message the engine produces; the functions below fill
+it in, and :func:`pattern` turns the same table into a regular expression, so a test that checks the
+messages a poll may see cannot miss one that is added here. Failure messages are not progress: they
+come from the play's outcome (outcomes.py) or the cluster steps and are checked where they are made.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterable
+
+from inplace_extension.runs.artifacts import OutcomeKind
+
+# the steps of a run besides its capabilities: before the first capability's task and after the last
+STARTING = "starting"
+FINISHING = "finishing"
+# why a run is retried later, by the outcome of its last attempt
+RETRY_REASONS = {
+    OutcomeKind.UNREACHABLE: "host unreachable",
+    OutcomeKind.HOST_BUSY: "host locked by another run",
+}
+RETRY_REASON_OTHER = "run interrupted"
+
+# name -> template; a field in braces is filled in by the function of the same name below
+MESSAGES = {
+    "queued": "queued: position {position} of {queued}",
+    "running": "running: {step}",
+    "health_commands": "health gate: running the command checks on the host",
+    "retrying": "{reason}, retrying (attempt {attempt})",
+    "draining": "draining: {pods} left",
+    "health_waiting": "health gate: {waiting}",
+    "applied": "update applied",
+}
+
+# only the Kubernetes-aware mode's cluster steps answer these
+CLUSTER_STEPS = frozenset({"draining", "health_waiting"})
+
+HEALTH_COMMANDS = MESSAGES["health_commands"]
+APPLIED = MESSAGES["applied"]
+
+
+def queued(position: int, waiting: int) -> str:
+    return MESSAGES["queued"].format(position=position, queued=waiting)
+
+
+def running(step: str) -> str:
+    """``step`` is :data:`STARTING`, a capability or :data:`FINISHING`; a phase that is a message of
+    its own (the health gate's, the drain's) is answered as it is."""
+    if ": " in step:
+        return step
+    return MESSAGES["running"].format(step=step)
+
+
+def retrying(last: OutcomeKind, attempt: int) -> str:
+    reason = RETRY_REASONS.get(last, RETRY_REASON_OTHER)
+    return MESSAGES["retrying"].format(reason=reason, attempt=attempt)
+
+
+def draining(pods: int) -> str:
+    return MESSAGES["draining"].format(pods=f"{pods} pod{'' if pods == 1 else 's'}")
+
+
+def health_waiting(waiting: str) -> str:
+    """The Kubernetes-aware health gate is still waiting: ``waiting`` says on what."""
+    return MESSAGES["health_waiting"].format(waiting=waiting)
+
+
+def pattern(capabilities: Iterable[str], cluster_steps: bool = False) -> re.Pattern[str]:
+    """A regular expression matching exactly the progress messages of a run of ``capabilities`` (with
+    ``cluster_steps``, also those of the Kubernetes-aware mode); use it with ``fullmatch``."""
+    fields = {
+        "position": r"\d+",
+        "queued": r"\d+",
+        "attempt": r"\d+",
+        "pods": r"\d+ pods?",
+        "step": "|".join(re.escape(s) for s in (STARTING, *capabilities, FINISHING)),
+        "reason": "|".join(re.escape(r) for r in (*RETRY_REASONS.values(), RETRY_REASON_OTHER)),
+        "waiting": r".+",
+    }
+    alternatives = []
+    for name, template in MESSAGES.items():
+        if name in CLUSTER_STEPS and not cluster_steps:
+            continue
+        parts = []
+        for literal, field, _, _ in string.Formatter().parse(template):
+            parts.append(re.escape(literal))
+            if field is not None:
+                parts.append(f"(?:{fields[field]})")
+        alternatives.append("".join(parts))
+    return re.compile("|".join(f"(?:{a})" for a in alternatives))

@@ -1,0 +1,48 @@
+"""The one table of progress messages (runs/progress.py): what the engine answers matches the pattern the
+end-to-end tests check polled messages with, and nothing else does."""
+
+from __future__ import annotations
+
+import pytest
+
+from inplace_extension.runs import progress
+from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.model import NO_MACHINE_HOOKS, RunRequest
+from inplace_extension.runs.policy import Verdict, decide
+from inplace_extension.runs.registry import JobState, JobView
+from inplace_extension.runs.steps import HEALTH_TASK, StepTracker
+
+from .test_policy import att
+
+CAPABILITIES = ("kubeadm_files", "ntp")
+MESSAGES = progress.pattern(CAPABILITIES)
+
+
+def test_every_phase_of_a_play_is_a_message_of_the_table() -> None:
+    request = RunRequest("ns", "m1", "ab" * 32, CAPABILITIES, {c: {} for c in CAPABILITIES})
+    phases: list[str] = []
+    tracker = StepTracker([request], lambda ident, phase: phases.append(phase), NO_MACHINE_HOOKS)
+    for role, task in [(None, "lock"), ("kubeadm_files", "write"), ("ntp", "configure"), (None, HEALTH_TASK)]:
+        tracker.on_task(request.ident, role, task)
+    tracker.on_task(request.ident, None, "stamp")
+    answers = [JobView(JobState.RUNNING, phase, 0, 0).message() for phase in phases]
+    answers.append(JobView(JobState.QUEUED, progress.STARTING, 2, 3).message())
+    assert progress.HEALTH_COMMANDS in answers
+    assert all(MESSAGES.fullmatch(a) for a in answers), answers
+
+
+@pytest.mark.parametrize("kind", [OutcomeKind.UNREACHABLE, OutcomeKind.HOST_BUSY, OutcomeKind.INTERRUPTED])
+def test_a_retry_wait_is_a_message_of_the_table(kind: OutcomeKind) -> None:
+    decision = decide([att(1, kind, finished=100.0)], "", 101.0, 10)
+    assert decision.verdict is Verdict.WAIT
+    assert MESSAGES.fullmatch(decision.message), decision.message
+
+
+def test_cluster_steps_only_when_asked_and_other_text_never() -> None:
+    assert MESSAGES.fullmatch(progress.APPLIED)
+    assert not MESSAGES.fullmatch(progress.draining(3))
+    with_cluster = progress.pattern(CAPABILITIES, cluster_steps=True)
+    assert with_cluster.fullmatch(progress.draining(1)) and with_cluster.fullmatch(progress.draining(3))
+    assert with_cluster.fullmatch(progress.health_waiting("waiting for Node n1 to be Ready"))
+    for other in ["running: users", "running: ntp and more", "queued: position x of 2", "update applied!"]:
+        assert not with_cluster.fullmatch(other), other
