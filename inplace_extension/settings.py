@@ -72,7 +72,7 @@ class Settings(BaseSettings):
         "v1.14 ignores unknown response fields)",
     )
 
-    # Kubernetes-aware mode (README "Kubernetes-aware mode"): on with --kube or --kubeconfig
+    # Kubernetes-aware mode (docs/kube-aware.md): on with --kube or --kubeconfig
     kube: bool = Field(False, description="read Machines, drain Nodes, post Events (in-cluster account)")
     kubeconfig: Path | None = Field(None, description="management cluster kubeconfig (implies --kube)")
     workload_kubeconfig: str = Field(

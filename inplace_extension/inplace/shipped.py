@@ -36,7 +36,7 @@ def _only(values: Mapping[str, Any]) -> Any:
 
 @dataclass(frozen=True)
 class OsUpdateRule:
-    """``os_update`` from the capabilities file; see README "OS update command"."""
+    """``os_update`` from the capabilities file; see docs/capabilities.md."""
 
     command: str
     args: tuple[str, ...]
@@ -89,7 +89,7 @@ class OsUpdateRule:
 
 @dataclass(frozen=True)
 class KubeletCredentialsRule:
-    """``kubelet_credentials`` from the capabilities file; see README "Kubelet credential rotation"."""
+    """``kubelet_credentials`` from the capabilities file; see docs/capabilities.md."""
 
     kubeconfig: str = "/etc/kubernetes/kubelet.conf"
     bootstrap_kubeconfig: str = "/etc/kubernetes/bootstrap-kubelet.conf"

@@ -27,7 +27,7 @@ EXIT_UNAVAILABLE = 77
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="hostlab", description="Isolated Debian SSH test hosts (see README)."
+        prog="hostlab", description="Isolated Debian SSH test hosts (see docs/development.md)."
     )
     parser.add_argument("--name", default=os.environ.get("HOSTLAB_NAME", "default"), help="lab name")
     sub = parser.add_subparsers(dest="command", required=True)

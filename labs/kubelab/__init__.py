@@ -2,7 +2,7 @@
 
 etcd, kube-apiserver and kube-controller-manager are real upstream code; kwok stands in for kubelets
 (it keeps Nodes labelled ``type=kwok`` Ready and their Pods Running). Flavours add the real CAPI and
-MCM controllers on top. See README.md, section "Kubernetes lab".
+MCM controllers on top. See docs/development.md, section "Kubernetes lab".
 
 Modules: :mod:`kubelab.config` (where things live), :mod:`kubelab.build` (the binaries table and the
 cached, locked builds), :mod:`kubelab.pki` (certificates), :mod:`kubelab.components` (how each core

@@ -21,7 +21,7 @@ from kubelab.lab import Lab, all_labs, reap_stale
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kubelab", description="A real Kubernetes control plane for tests (see README)."
+        prog="kubelab", description="A real Kubernetes control plane for tests (see docs/development.md)."
     )
     parser.add_argument("--name", default=os.environ.get("KUBELAB_NAME", "default"), help="lab name")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -28,7 +28,8 @@ def test_capi_discovers_our_three_handlers(capi_extension: Extension) -> None:
         "CanUpdateMachineSet",
         "UpdateMachine",
     }
-    # Fail for every hook: a transport error must never read as "Success" (README, "Why failurePolicy: Fail")
+    # Fail for every hook: a transport error must never read as "Success"
+    # (docs/install-capi.md, "Why failurePolicy: Fail")
     assert {h["failurePolicy"] for h in handlers.values()} == {"Fail"}
     assert config["spec"]["clientConfig"]["url"] == capi_extension.service.url
     assert config["spec"]["clientConfig"]["url"].startswith("https://127.0.0.1:")

@@ -275,7 +275,7 @@ def test_images_are_overridable_by_name() -> None:
 
 
 def _with_client_auth(tmp_path: Path) -> tuple[dict[str, Any], ...]:
-    """The base plus deploy/components/client-auth, through an overlay outside deploy/ as README says."""
+    """The base plus deploy/components/client-auth, through an overlay outside deploy/ (install-capi.md)."""
     base = os.path.relpath(DEPLOY, tmp_path)
     (tmp_path / "kustomization.yaml").write_text(
         f"resources:\n  - {base}\ncomponents:\n  - {base}/components/client-auth\n", encoding="utf-8"

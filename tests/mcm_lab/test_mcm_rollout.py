@@ -31,8 +31,8 @@ from .conftest import StartAgent
 
 pytestmark = [pytest.mark.kube, pytest.mark.mcm, pytest.mark.lab]
 
-ROLLOUT = 900.0  # 3 drains + 3 plays on 2 shared cores; measured times go to the README
-# shell and Ansible syntax that must stay text (Jinja is refused up front: cloud-init templates, README)
+ROLLOUT = 900.0  # 3 drains + 3 plays on 2 shared cores; measured times go to docs/development.md
+# shell and Ansible syntax that must stay text (Jinja is refused up front: docs/install-mcm.md)
 PAYLOAD = "hello `touch /tmp/mcm-pwned` $(touch /tmp/mcm-pwned2); touch /tmp/mcm-pwned3 ${HOME} %{x}\n"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci1lMmUtdGVzdHMtb25seQ mcm@test"
 V1: dict[str, Any] = {"kubernetesVersion": START_VERSION}
