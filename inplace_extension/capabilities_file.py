@@ -10,9 +10,12 @@ Its JSON Schema (``schemas/capabilities.schema.json``) is generated from :class:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Final, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inplace_extension.inplace.capabilities import CAPABILITIES, capability_names
@@ -31,6 +34,7 @@ from inplace_extension.inplace.shipped import (
     KubeletCredentialsRule,
     OsUpdateRule,
 )
+from inplace_extension.runs.windows import NO_WINDOWS, MaintenanceWindow, Schedule
 from inplace_extension.yamlfile import locate, parse_model, read_file
 
 # Capability and role names become Ansible variable prefixes (<name>_values) and role names, and the
@@ -215,8 +219,69 @@ class HealthCheckEntry(_Strict):
         return HealthCheck(self.name, self.url or "", self.status, self.timeout_seconds)
 
 
+LABEL_KEY_PATTERN: Final = ANNOTATION_PATTERN  # a Kubernetes label key has the annotation key's shape
+DURATION_RE: Final = re.compile(r"^(?:(\d{1,3})h)?(?:(\d{1,5})m)?$")
+MAX_WINDOW_SECONDS: Final = 7 * 24 * 3600
+
+
+def duration_seconds(value: str) -> int:
+    """``"4h"``, ``"90m"``, ``"1h30m"`` as seconds; ValueError for anything else or out of range."""
+    match = DURATION_RE.match(value)
+    if not value or match is None:
+        raise ValueError('give hours and/or minutes: "4h", "90m", "1h30m"')
+    seconds = int(match.group(1) or 0) * 3600 + int(match.group(2) or 0) * 60
+    if not 0 < seconds <= MAX_WINDOW_SECONDS:
+        raise ValueError("must be longer than 0 and at most 7 days (168h)")
+    return seconds
+
+
+class MaintenanceWindowEntry(_Strict):
+    """One maintenance window: new updates start only while it is open (docs/operations.md)."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", description="shown in the messages")
+    cron: str = Field(
+        description='when the window opens: a 5-field cron expression ("0 22 * * 1-5": weeknights at 22:00)'
+    )
+    duration: str = Field(description='how long it stays open: hours and/or minutes, "4h", "90m", "1h30m"')
+    time_zone: str = Field("UTC", description='IANA time zone of the cron expression ("Europe/Berlin")')
+    labels: dict[Annotated[str, Field(pattern=LABEL_KEY_PATTERN)], str] = Field(
+        default_factory=dict,
+        description="the window applies only to Machines (MCM: Nodes) carrying all these labels, e.g. "
+        "cluster.x-k8s.io/cluster-name or cluster.x-k8s.io/deployment-name; none: to all",
+    )
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        if len(value.split()) != 5 or not croniter.is_valid(value):
+            raise ValueError("not a 5-field cron expression (minute hour day-of-month month day-of-week)")
+        return value
+
+    @field_validator("duration")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        duration_seconds(value)
+        return value
+
+    @field_validator("time_zone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError("not a known IANA time zone (e.g. UTC, Europe/Berlin)") from None
+        return value
+
+    def window(self) -> MaintenanceWindow:
+        labels = tuple(sorted(self.labels.items()))
+        return MaintenanceWindow(
+            self.name, self.cron, duration_seconds(self.duration), self.time_zone, labels
+        )
+
+
 class CapabilitiesFile(_Strict):
-    """The ``--capabilities-file``: capabilities run after the built-ins, in this order."""
+    """The ``--capabilities-file``: capabilities run after the built-ins, in this order, and the operator's
+    controls (maintenance windows)."""
 
     os_update: OsUpdateEntry | None = Field(None, description="shipped os_update capability (runs first)")
     kubelet_credentials: KubeletCredentialsEntry | None = Field(
@@ -226,6 +291,25 @@ class CapabilitiesFile(_Strict):
     health_checks: list[HealthCheckEntry] = Field(
         default_factory=list, description="the health gate's checks: HTTP (Kubernetes-aware) or host commands"
     )
+    maintenance_windows: list[MaintenanceWindowEntry] = Field(
+        default_factory=list, description="new updates start only while one of a Machine's windows is open"
+    )
+
+    @field_validator("maintenance_windows")
+    @classmethod
+    def _unique_names(cls, value: list[MaintenanceWindowEntry]) -> list[MaintenanceWindowEntry]:
+        names = [entry.name for entry in value]
+        if len(set(names)) != len(names):
+            raise ValueError("window names must be unique (messages name the window)")
+        return value
+
+
+@dataclass(frozen=True)
+class FileConfig:
+    """Everything the capabilities file configures: the capabilities table and the maintenance windows."""
+
+    custom: CustomTable
+    windows: Schedule = NO_WINDOWS
 
 
 def _shipped(model: CapabilitiesFile) -> tuple[CustomCapability, ...]:
@@ -262,11 +346,20 @@ def _builtin_claims(shipped: tuple[CustomCapability, ...]) -> dict[str, list[str
 
 def load_capabilities(path: Path) -> CustomTable:
     """Read, validate and check a capabilities file; errors name the file, the line and the field."""
+    return load_file(path).custom
+
+
+def load_file(path: Path) -> FileConfig:
+    """All of a capabilities file (capabilities, windows); errors name the file, the line and the field."""
     text = read_file(path, f"capabilities file {path}", CapabilitiesFileError)
-    return parse_capabilities(text, str(path))
+    return parse_file(text, str(path))
 
 
 def parse_capabilities(text: str, source: str = "<capabilities>") -> CustomTable:
+    return parse_file(text, source).custom
+
+
+def parse_file(text: str, source: str = "<capabilities>") -> FileConfig:
     model, node = parse_model(text, CapabilitiesFile, f"capabilities file {source}", CapabilitiesFileError)
     shipped = _shipped(model)
     table = CustomTable(
@@ -295,4 +388,4 @@ def parse_capabilities(text: str, source: str = "<capabilities>") -> CustomTable
             problems.append(locate(node, ("capabilities", index, "role"), f"no role at {tasks.parent}"))
     if problems:
         raise CapabilitiesFileError(f"capabilities file {source}: " + "; ".join(problems))
-    return table
+    return FileConfig(table, Schedule(tuple(entry.window() for entry in model.maintenance_windows)))

@@ -26,11 +26,11 @@ from pydantic import ValidationError
 from inplace_extension import schemas
 from inplace_extension.app import create_app, normalize_prefix
 from inplace_extension.auth import PeerCertH11Protocol, server_tls
-from inplace_extension.capabilities_file import load_capabilities
+from inplace_extension.capabilities_file import FileConfig, load_file
 from inplace_extension.errors import ExtensionError
 from inplace_extension.hooks.explain import explain_request
 from inplace_extension.hooks.table import HOOKS, find_hook
-from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
+from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kubeaware.cluster import connect_hooks
 from inplace_extension.logs import configure_logging
 from inplace_extension.mcm import main as mcm_main
@@ -126,12 +126,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_format, settings.log_level)
     host, port = parse_listen(settings.listen)
     tls_options = _tls_options(settings, host)
-    custom = _custom_capabilities(settings.capabilities_file)  # a bad file stops the start here
+    config_file = _file_config(settings.capabilities_file)  # a bad file stops the start here
+    custom = config_file.custom
     metrics = Metrics()  # one registry shared by the hooks (app) and the runs (executor)
     # Kubernetes-aware mode: a management client (--kubeconfig or in-cluster); a bad config stops the start
     cluster = connect_hooks(settings, custom) if settings.kube_aware else None
     checks = [HostCheck(c.name, c.command, c.timeout_seconds) for c in custom.command_checks]
-    executor = RunService(settings, metrics, custom.roles_paths, cluster or NO_MACHINE_HOOKS, checks)
+    executor = RunService(
+        settings, metrics, custom.roles_paths, cluster or NO_MACHINE_HOOKS, checks, config_file.windows
+    )
     app = create_app(settings, executor, metrics, custom)  # mypy: RunService is an UpdateExecutor
     sock = _bind(host, port)
     scheme = "https" if tls_options else "http"
@@ -160,13 +163,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _custom_capabilities(path: Path | None) -> CustomTable:
-    """The user-defined capabilities of ``--capabilities-file`` (none without one); logged by name only."""
+def _file_config(path: Path | None) -> FileConfig:
+    """What ``--capabilities-file`` configures (nothing without one); logged by name only."""
     if path is None:
-        return NO_CUSTOM
-    custom = load_capabilities(path.expanduser())
-    logger.info("capabilities file %s: %s", path, ", ".join(custom.names) or "no capabilities")
-    return custom
+        return FileConfig(NO_CUSTOM)
+    config = load_file(path.expanduser())
+    names = ", ".join(config.custom.names) or "no capabilities"
+    windows = ", ".join(window.name for window in config.windows.windows) or "none"
+    logger.info("capabilities file %s: %s; maintenance windows: %s", path, names, windows)
+    return config
 
 
 def load_document(path: str) -> Any:
@@ -222,7 +227,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     path = Path(args.capabilities_file) if args.capabilities_file else Settings().capabilities_file
-    custom = _custom_capabilities(path)
+    custom = _file_config(path).custom
     lines, ok = explain_request(json.dumps(load_document(args.file)).encode(), custom)
     print("\n".join(lines))
     return 0 if ok else 1

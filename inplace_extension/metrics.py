@@ -28,6 +28,9 @@ RunOutcome = Literal["successful", "task_failed", "unreachable", "host_busy", "i
 """How a run ended: the values of ``inplace_extension.runs.artifacts.OutcomeKind`` (successful; a task failed;
 SSH never connected; the host lock was held by another run; killed or no proof of completion)."""
 
+WaitReason = Literal["window", "pause", "health_check"]
+"""Why an update waits without a run in flight: outside its maintenance window; paused; its health gate."""
+
 HOOK_STATUSES: Final[frozenset[str]] = frozenset(get_args(HookStatus))
 RUN_OUTCOMES: Final[frozenset[str]] = frozenset(get_args(RunOutcome))
 

@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from inplace_extension.capabilities_file import CapabilitiesFileError, load_capabilities, parse_capabilities
+from inplace_extension.capabilities_file import (
+    CapabilitiesFileError,
+    load_capabilities,
+    parse_capabilities,
+    parse_file,
+)
 from inplace_extension.inplace.custom import CustomClaim, HealthCheck
+from inplace_extension.runs.windows import MaintenanceWindow
 
 
 @pytest.fixture
@@ -171,3 +177,63 @@ def test_a_health_check_gives_a_url_or_a_command_argv() -> None:
 def test_bad_health_checks_are_refused(entry: str, where: str, words: str) -> None:
     with pytest.raises(CapabilitiesFileError, match=rf"line 2: {where}: .*{words}"):
         parse_capabilities(f"health_checks:\n  - {entry}\n")
+
+
+def test_maintenance_windows_become_the_schedule() -> None:
+    text = (
+        "maintenance_windows:\n"
+        "  - name: weeknights\n"
+        '    cron: "0 22 * * 1-5"\n'
+        "    duration: 4h\n"
+        "    time_zone: Europe/Berlin\n"
+        "    labels: {cluster.x-k8s.io/cluster-name: prod}\n"
+        "  - {name: sundays, cron: '30 6 * * 0', duration: 1h30m}\n"
+    )
+    windows = parse_file(text, "caps.yaml").windows.windows
+    assert windows == (
+        MaintenanceWindow(
+            "weeknights",
+            "0 22 * * 1-5",
+            4 * 3600,
+            "Europe/Berlin",
+            (("cluster.x-k8s.io/cluster-name", "prod"),),
+        ),
+        MaintenanceWindow("sundays", "30 6 * * 0", 5400, "UTC", ()),
+    )
+    assert not parse_file("", "caps.yaml").windows.windows
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("cron: '0 25 * * *'", "line 3: maintenance_windows[0].cron: Value error, not a 5-field cron"),
+        ("cron: '0 22 * * * 0'", "line 3: maintenance_windows[0].cron: Value error, not a 5-field cron"),
+        (
+            "duration: 4 hours",
+            "line 3: maintenance_windows[0].duration: Value error, give hours and/or minutes",
+        ),
+        ("duration: 0m", "line 3: maintenance_windows[0].duration: Value error, must be longer than 0"),
+        ("duration: 169h", "line 3: maintenance_windows[0].duration: Value error, must be longer than 0"),
+        (
+            "time_zone: Mars/Olympus",
+            "line 3: maintenance_windows[0].time_zone: Value error, not a known IANA",
+        ),
+        (
+            "labels: {'bad key!': x}",
+            "line 3: maintenance_windows[0].labels.bad key!.[key]: String should match",
+        ),
+        ("every: day", "line 3: maintenance_windows[0].every: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_windows_are_refused_with_line_and_field(entry: str, problem: str) -> None:
+    fields = {"name": "w", "cron": "'0 22 * * *'", "duration": "1h"}
+    key = entry.split(":", 1)[0]
+    fields.pop(key, None)
+    text = "maintenance_windows:\n  - name: w\n    " + entry + "\n"
+    text += "".join(f"    {k}: {v}\n" for k, v in fields.items() if k != "name")
+    assert problem in refused(text)
+
+
+def test_window_names_are_unique() -> None:
+    text = "maintenance_windows:\n" + "  - {name: w, cron: '0 22 * * *', duration: 1h}\n" * 2
+    assert "line 2: maintenance_windows: Value error, window names must be unique" in refused(text)

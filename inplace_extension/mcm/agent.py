@@ -73,6 +73,7 @@ class Agent:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake: dict[str, asyncio.Event] = {}
         self._known: set[str] = set()
+        self._waiting: dict[str, Progress] = {}  # Node -> what its update waits for (an Event once)
         self.connected = asyncio.Event()
 
     async def run(self) -> None:
@@ -107,14 +108,21 @@ class Agent:
             while await self._step(name):
                 wake = self._wake[name]
                 wake.clear()
+                # a Node waiting for its maintenance window is looked at again when the run service says
+                # (or on a change of the Node), not every poll_seconds
+                waiting = self._waiting.get(name)
+                delay = self.options.poll_seconds
+                if waiting is not None:
+                    delay = min(float(waiting.retry_after_seconds), self.options.resync_seconds)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), self.options.poll_seconds)
+                    await asyncio.wait_for(wake.wait(), delay)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("node %s: step failed; the next event or resync tries again", name)
         finally:
             self._metrics.set_updating(name, False)
+            self._waiting.pop(name, None)
 
     async def _step(self, name: str) -> bool:
         """One look at the Node; True while there is more to do for it."""
@@ -177,6 +185,17 @@ class Agent:
             labels=ns.node_labels(node),
         )
         progress = await self._executor.poll(request)
+        if progress.waiting is not None and progress.state is ProgressState.IN_PROGRESS:
+            # not started (outside its maintenance window): no result, so MCM keeps the Node waiting
+            before = self._waiting.get(name)
+            self._waiting[name] = progress
+            if before is None or before.message != progress.message:
+                log.info("node %s: %s", name, progress.message)
+                await events.node_event(
+                    self._target, node, "InPlaceUpdateWaiting", progress.message, COMPONENT
+                )
+            return True
+        self._waiting.pop(name, None)
         if progress.state is ProgressState.IN_PROGRESS:
             if not self._metrics.is_updating(name):
                 self._metrics.set_updating(name, True)

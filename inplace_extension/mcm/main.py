@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from inplace_extension.capabilities_file import load_capabilities
-from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
+from inplace_extension.capabilities_file import FileConfig, load_file
+from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.client import connect_async
 from inplace_extension.logs import configure_logging
 from inplace_extension.mcm.agent import Agent, AgentOptions
@@ -102,10 +102,11 @@ def http_app(agent: Agent, metrics: Metrics) -> Starlette:
 
 
 async def serve(
-    settings: Settings, args: argparse.Namespace, listen: tuple[str, int], custom: CustomTable
+    settings: Settings, args: argparse.Namespace, listen: tuple[str, int], config_file: FileConfig
 ) -> None:
     metrics = Metrics()
-    executor = RunService(settings, metrics, custom.roles_paths)
+    custom = config_file.custom
+    executor = RunService(settings, metrics, custom.roles_paths, windows=config_file.windows)
     target = connect_async(args.target_kubeconfig)
     control = connect_async(args.control_kubeconfig or args.target_kubeconfig)
     agent = Agent(options_from_args(args), target, control, executor, AgentMetrics(metrics), custom)
@@ -129,8 +130,8 @@ async def serve(
 
 def run_agent(settings: Settings, args: argparse.Namespace, listen: tuple[str, int]) -> int:
     configure_logging(settings.log_format, settings.log_level)
-    custom = NO_CUSTOM
+    config_file = FileConfig(NO_CUSTOM)
     if settings.capabilities_file is not None:
-        custom = load_capabilities(settings.capabilities_file.expanduser())  # a bad file stops the start
-    asyncio.run(serve(settings, args, listen, custom))
+        config_file = load_file(settings.capabilities_file.expanduser())  # a bad file stops the start
+    asyncio.run(serve(settings, args, listen, config_file))
     return 0

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from inplace_extension.metrics import WaitReason
 from inplace_extension.runs import progress
 
 
@@ -63,6 +64,8 @@ class Progress:
     message: str
     retry_after_seconds: int = 0
     retrying: bool = False  # IN_PROGRESS only: waiting out a backoff after a retriable failure
+    # IN_PROGRESS only: not started yet or not done, waiting for this before it goes on (no run in flight)
+    waiting: WaitReason | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ MESSAGES = {
     "draining": "draining: {pods} left",
     "health_waiting": "health gate: {waiting}",
     "applied": "update applied",
+    "window": 'waiting for maintenance window "{window}" (opens {opens})',
 }
 
 # only the Kubernetes-aware mode's cluster steps answer these
@@ -68,6 +69,11 @@ def health_waiting(waiting: str) -> str:
     return MESSAGES["health_waiting"].format(waiting=waiting)
 
 
+def window(name: str, opens: str) -> str:
+    """Not started: outside its maintenance windows; ``opens`` is ``2026-12-01T22:00Z``."""
+    return MESSAGES["window"].format(window=name, opens=opens)
+
+
 def pattern(capabilities: Iterable[str], cluster_steps: bool = False) -> re.Pattern[str]:
     """A regular expression matching exactly the progress messages of a run of ``capabilities`` (with
     ``cluster_steps``, also those of the Kubernetes-aware mode); use it with ``fullmatch``."""
@@ -79,6 +85,8 @@ def pattern(capabilities: Iterable[str], cluster_steps: bool = False) -> re.Patt
         "step": "|".join(re.escape(s) for s in (STARTING, *capabilities, FINISHING)),
         "reason": "|".join(re.escape(r) for r in (*RETRY_REASONS.values(), RETRY_REASON_OTHER)),
         "waiting": r".+",
+        "window": r"[a-z0-9][-a-z0-9]*",
+        "opens": r"\d{4}-\d\d-\d\dT\d\d:\d\dZ",
     }
     alternatives = []
     for name, template in MESSAGES.items():

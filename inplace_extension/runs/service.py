@@ -14,14 +14,14 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import anyio.to_thread
 
-from inplace_extension.metrics import Metrics
+from inplace_extension.metrics import Metrics, WaitReason
 from inplace_extension.runs import model, progress, runner, validate
 from inplace_extension.runs.artifacts import (
     Attempt,
@@ -40,6 +40,7 @@ from inplace_extension.runs.registry import Job, RunRegistry
 from inplace_extension.runs.resolve import HostTarget, ResolveError, parse_cidrs, resolve_host
 from inplace_extension.runs.steps import StepTracker, blocked_outcome
 from inplace_extension.runs.waiters import EndWaiters
+from inplace_extension.runs.windows import NO_WINDOWS, Schedule
 from inplace_extension.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -75,9 +76,13 @@ class RunService:
         roles_paths: Sequence[Path | str] = (),
         hooks: MachineHooks = NO_MACHINE_HOOKS,
         host_checks: Sequence[model.HostCheck] = (),
+        windows: Schedule = NO_WINDOWS,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """``roles_paths``: user-defined roles' directories; ``hooks``: what a run does in the cluster
-        around its play (Kubernetes-aware mode); ``host_checks``: command checks run before the stamp."""
+        around its play (Kubernetes-aware mode); ``host_checks``: command checks run before the stamp;
+        ``windows``: when a new update may start; ``clock``: wall-clock seconds (tests pass their own)."""
+        self._clock = clock
         self._runs_dir = settings.runs_dir.expanduser().resolve()
         self._runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._allowed = parse_cidrs(settings.allowed_cidrs)
@@ -102,6 +107,8 @@ class RunService:
         self._cache_lock = threading.Lock()
         self._attempts: dict[str, list[Attempt]] = {}  # ident -> attempts on disk (cache)
         self._ends = EndWaiters()
+        self._windows = windows
+        self._announced: set[tuple[str, str]] = set()  # (ident, wait message) already posted as an Event
 
     async def poll(self, request: RunRequest) -> Progress:
         problem = validate.problem(request)
@@ -118,7 +125,8 @@ class RunService:
         if attempts is None:
             attempts = await anyio.to_thread.run_sync(self._load, request)
         token = retry_token(request.annotations.get(RETRY_ANNOTATION))
-        decision = decide(attempts, token, time.time(), self._retry_after)
+        now = self._clock()
+        decision = decide(attempts, token, now, self._retry_after)
         if decision.verdict is Verdict.DONE:
             return await self._settle(request, attempts)
         if decision.verdict is Verdict.FAILED:
@@ -129,7 +137,17 @@ class RunService:
             return Progress(ProgressState.FAILED, decision.message)
         if decision.verdict is Verdict.WAIT:
             return Progress(ProgressState.IN_PROGRESS, decision.message, decision.wait_seconds, retrying=True)
+        closed = None if attempts else self._windows.closed(request.labels, now)
+        if closed is not None:  # only a first attempt waits: an update that has started finishes
+            return self._waiting(request, closed.message(), closed.retry_after(now), "window")
         return await self._start(request, token)
+
+    def _waiting(self, request: RunRequest, message: str, retry_after: int, why: WaitReason) -> Progress:
+        """Not started, and not now: an Event the first time this Machine waits for this."""
+        if (request.ident, message) not in self._announced:
+            self._announced.add((request.ident, message))
+            self._hooks.state(request, "Waiting", message)
+        return Progress(ProgressState.IN_PROGRESS, message, retry_after, waiting=why)
 
     async def _settle(self, request: RunRequest, attempts: list[Attempt]) -> Progress:
         """Applied on the host; with cluster hooks the health gate decides (once passed, remembered)."""
@@ -144,7 +162,7 @@ class RunService:
         if settled.state is ProgressState.DONE:
             self._settled.add(request.ident)
         elif settled.state is ProgressState.IN_PROGRESS:
-            return self._in_progress(settled.message)
+            return Progress(settled.state, settled.message, self._retry_after, waiting="health_check")
         return settled
 
     def close(self, timeout: float = CLOSE_WAIT_SECONDS) -> None:
@@ -230,7 +248,7 @@ class RunService:
             # the cluster hooks report progress (``draining: 3 pods left``) as the job's phase
             failure = self._hooks.before_play(request, partial(self._registry.set_phase, request.ident))
             if failure is not None:  # not drained: this Machine stays out of the play
-                self._finish(job, attempt_dir, blocked_outcome(failure, time.time()), "not started")
+                self._finish(job, attempt_dir, blocked_outcome(failure, self._clock()), "not started")
                 continue
             hosts.append(
                 runner.HostRun(
@@ -264,13 +282,13 @@ class RunService:
         started = time.monotonic()
         try:
             status = runner.start(spec, steps.on_task).wait()
-            ended = time.time()
+            ended = self._clock()
             outcomes = {
                 run.ident: classify(BatchRef(batch_dir, batch_ident, run.host_name), run.fingerprint, ended)
                 for run in hosts
             }
         except runner.RunStartError as exc:
-            status, ended = "not started", time.time()
+            status, ended = "not started", self._clock()
             outcomes = {
                 run.ident: Outcome(OutcomeKind.INTERRUPTED, detail=str(exc), finished=ended) for run in hosts
             }
@@ -282,7 +300,7 @@ class RunService:
         self._prune()
 
     def _prune(self) -> None:
-        for removed in prune_batches(self._runs_dir / ".batches", BATCH_RETENTION_SECONDS, time.time()):
+        for removed in prune_batches(self._runs_dir / ".batches", BATCH_RETENTION_SECONDS, self._clock()):
             log.info("removed the artifacts of %s (older than the retention)", removed.name)
 
     def _finish(self, job: Job[_Pending], attempt_dir: Path, outcome: Outcome, status: str) -> None:

@@ -26,6 +26,7 @@ from .lab_objects import NAMESPACE, NEW, WAIT, done_after_two, label, make_node,
 from .support import AgentThread, ScriptedExecutor
 
 pytestmark = pytest.mark.kube
+WINDOW_MESSAGE = 'waiting for maintenance window "nights" (opens 2026-12-01T22:00Z)'
 
 
 @pytest.fixture
@@ -37,6 +38,8 @@ def agent(kube: Lab) -> Iterator[tuple[AgentThread, ScriptedExecutor]]:
             return Progress(
                 ProgressState.IN_PROGRESS, "host unreachable, retrying (attempt 2)", 1, retrying=True
             )
+        if request.name.startswith("held") and request.name not in executor.released:
+            return Progress(ProgressState.IN_PROGRESS, WINDOW_MESSAGE, 1, waiting="window")
         return done_after_two(request, calls)
 
     executor = ScriptedExecutor(answer)
@@ -106,6 +109,22 @@ def test_retriable_failure_says_failed_then_recovers(
     executor.released.add(name)
     assert wait_until(lambda: label(kube, name) == ns.SUCCESSFUL, WAIT, 0.2)
     assert ns.FAILED_REASON_ANNOTATION not in ns.node_annotations(node(kube, name))
+
+
+def test_outside_its_window_a_node_is_left_waiting_without_a_result(
+    kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]
+) -> None:
+    _, executor = agent
+    pool, machine = unique("pool"), unique("m")
+    make_pool(kube, pool, machine)
+    name = unique("held")
+    make_node(kube, name, machine, ns.READY_FOR_UPDATE)
+    assert wait_until(lambda: "InPlaceUpdateWaiting" in _events(kube, name), WAIT, 0.2)
+    assert wait_until(lambda: len(executor.seen(name)) >= 3, WAIT, 0.1), "asked again after retryAfter"
+    assert label(kube, name) is None, "no result: MCM keeps the Node waiting"
+    assert "InPlaceUpdateStarted" not in _events(kube, name)
+    executor.released.add(name)  # the window opened
+    assert wait_until(lambda: label(kube, name) == ns.SUCCESSFUL, WAIT, 0.2)
 
 
 def test_missing_desired_state_is_a_failure_naming_the_object(

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
@@ -19,6 +20,7 @@ from inplace_extension.runs.policy import RETRY_ANNOTATION
 from inplace_extension.runs.resolve import ADDRESS_ANNOTATION
 from inplace_extension.runs.runner import RunConfigError
 from inplace_extension.runs.service import RunService
+from inplace_extension.runs.windows import MaintenanceWindow, Schedule
 from inplace_extension.settings import Settings
 
 from .fakes import FP, FakeRunner, failed_events, unreachable_events
@@ -336,4 +338,75 @@ async def test_run_metrics_count_outcomes_and_track_slots(settings: Settings, fa
         assert _sample(metrics, "inplace_extension_run_queue_length") == 0
     finally:
         fake.gate.set()
+        service.close()
+
+
+class Clock:
+    """A wall clock the test moves (the service's ``clock``)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+NIGHTS = Schedule((MaintenanceWindow("nights", "0 22 * * *", 3600),))
+
+
+def utc(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+async def test_outside_its_window_an_update_waits_and_starts_when_it_opens(
+    settings: Settings, fake: FakeRunner
+) -> None:
+    clock = Clock(utc("2026-12-01T21:58:20"))
+    service = RunService(settings, windows=NIGHTS, clock=clock)
+    try:
+        for _ in range(2):
+            answer = await service.poll(req())
+            assert answer == Progress(
+                ProgressState.IN_PROGRESS,
+                'waiting for maintenance window "nights" (opens 2026-12-01T22:00Z)',
+                100,
+                waiting="window",
+            )
+        assert fake.count("m1") == 0
+        assert not (settings.runs_dir / req().ident).exists()  # nothing started, nothing on disk
+        clock.now = utc("2026-12-01T22:00:00")
+        assert (await settle(service, req())).state is ProgressState.DONE
+        assert fake.count("m1") == 1
+        clock.now = utc("2026-12-02T12:00:00")  # done stays done outside the window
+        assert (await service.poll(req())).state is ProgressState.DONE
+    finally:
+        service.close()
+
+
+async def test_an_update_started_in_its_window_finishes_after_it_closed(
+    settings: Settings, fake: FakeRunner
+) -> None:
+    fake.scripts["m1"] = [lambda spec: ("failed", 4, unreachable_events())]
+    clock = Clock(utc("2026-12-01T22:59:00"))
+    service = RunService(settings, windows=NIGHTS, clock=clock)
+    try:
+        answer = await settle(service, req())
+        assert answer.message == "host unreachable, retrying (attempt 2)"
+        clock.now = utc("2026-12-01T23:30:00")  # the window closed; the backoff is over
+        assert (await settle(service, req())).state is ProgressState.DONE
+        assert fake.count("m1") == 2
+    finally:
+        service.close()
+
+
+async def test_windows_apply_by_machine_labels(settings: Settings, fake: FakeRunner) -> None:
+    prod = Schedule((MaintenanceWindow("prod", "0 22 * * *", 3600, labels=(("env", "prod"),)),))
+    service = RunService(settings, windows=prod, clock=Clock(utc("2026-12-01T12:00:00")))
+    try:
+        other = RunRequest(**{**req("m2").__dict__, "labels": {"env": "dev"}})
+        assert (await settle(service, other)).state is ProgressState.DONE
+        held = RunRequest(**{**req("m3").__dict__, "labels": {"env": "prod"}})
+        assert (await service.poll(held)).waiting == "window"
+        assert (fake.count("m2"), fake.count("m3")) == (1, 0)
+    finally:
         service.close()

@@ -1,0 +1,85 @@
+"""Maintenance windows as a pure function of the labels and the clock: exact times, time zones, scope."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from inplace_extension.runs.windows import (
+    NO_WINDOWS,
+    WINDOW_RETRY_CAP_SECONDS,
+    Closed,
+    MaintenanceWindow,
+    Schedule,
+)
+
+WEEKNIGHTS = MaintenanceWindow("weeknights", "0 22 * * 1-5", 4 * 3600)
+PROD = (("cluster.x-k8s.io/cluster-name", "prod"),)
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+def test_no_window_means_any_time() -> None:
+    assert NO_WINDOWS.closed({}, at("2026-12-01T12:00:00")) is None
+
+
+@pytest.mark.parametrize(
+    ("now", "open_"),
+    [
+        ("2026-12-01T21:59:59", False),  # Tuesday, one second early
+        ("2026-12-01T22:00:00", True),  # the first second
+        ("2026-12-02T01:59:59", True),  # past midnight, still inside the 4 hours
+        ("2026-12-02T02:00:00", False),  # closed at start + duration
+        ("2026-12-05T23:00:00", False),  # Saturday: no start on the day, Friday's window ended at 02:00
+    ],
+)
+def test_open_from_each_start_for_the_duration(now: str, open_: bool) -> None:
+    closed = Schedule((WEEKNIGHTS,)).closed({}, at(now))
+    assert (closed is None) is open_
+
+
+def test_closed_names_the_window_and_when_it_opens() -> None:
+    closed = Schedule((WEEKNIGHTS,)).closed({}, at("2026-12-01T12:00:00"))
+    assert closed == Closed("weeknights", at("2026-12-01T22:00:00"))
+    assert closed.message() == 'waiting for maintenance window "weeknights" (opens 2026-12-01T22:00Z)'
+
+
+def test_retry_after_is_the_time_to_the_start_capped() -> None:
+    closed = Closed("w", at("2026-12-01T22:00:00"))
+    assert closed.retry_after(at("2026-12-01T21:58:30")) == 90
+    assert closed.retry_after(at("2026-12-01T21:59:59.5")) == 1
+    assert closed.retry_after(at("2026-12-01T12:00:00")) == WINDOW_RETRY_CAP_SECONDS
+
+
+def test_the_time_zone_moves_the_start_with_daylight_saving_time() -> None:
+    berlin = Schedule((MaintenanceWindow("night", "0 2 * * *", 3600, "Europe/Berlin"),))
+    # winter: 02:00 CET is 01:00Z; summer: 02:00 CEST is 00:00Z
+    assert berlin.closed({}, at("2026-12-01T01:30:00")) is None
+    assert berlin.closed({}, at("2026-07-01T00:30:00")) is None
+    closed = berlin.closed({}, at("2026-07-01T01:30:00"))
+    assert closed is not None and closed.message().endswith("(opens 2026-07-02T00:00Z)")
+
+
+def test_windows_with_labels_apply_only_to_machines_carrying_them() -> None:
+    prod_only = MaintenanceWindow("prod-nights", "0 22 * * *", 3600, labels=PROD)
+    schedule = Schedule((prod_only,))
+    noon = at("2026-12-01T12:00:00")
+    assert schedule.closed({"cluster.x-k8s.io/cluster-name": "dev"}, noon) is None
+    assert schedule.closed({}, noon) is None
+    closed = schedule.closed({"cluster.x-k8s.io/cluster-name": "prod", "other": "x"}, noon)
+    assert closed is not None and closed.window == "prod-nights"
+
+
+def test_any_open_window_of_the_machine_lets_it_start_else_the_earliest_is_named() -> None:
+    late = MaintenanceWindow("late", "0 23 * * *", 3600)
+    early = MaintenanceWindow("early", "0 21 * * *", 1800)
+    schedule = Schedule((late, early))
+    assert schedule.closed({}, at("2026-12-01T23:30:00")) is None  # late is open
+    assert schedule.closed({}, at("2026-12-01T21:10:00")) is None  # early is open
+    closed = schedule.closed({}, at("2026-12-01T21:45:00"))
+    assert closed == Closed("late", at("2026-12-01T23:00:00"))
+    closed = schedule.closed({}, at("2026-12-01T12:00:00"))
+    assert closed == Closed("early", at("2026-12-01T21:00:00"))
