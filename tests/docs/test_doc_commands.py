@@ -96,6 +96,11 @@ def test_every_marked_command_runs_as_written(tmp_path: Path) -> None:
         "DOCTEST_DIR": str(tmp_path),
     }
     env.pop("INPLACE_ALLOWED_CIDRS", None)
+    # what scripts/serve installs first, done here, outside the namespace, where the network is
+    prepared = subprocess.run(
+        [ROOT / "scripts" / "bootstrap", "--serve"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert prepared.returncode == 0, f"scripts/bootstrap --serve failed:\n{prepared.stderr}"
     result = subprocess.run(
         [*prefix, "bash", "-c", RUNNER],
         cwd=ROOT,
