@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -30,6 +31,17 @@ SSH never connected; the host lock was held by another run; killed or no proof o
 
 WaitReason = Literal["window", "pause", "health_check"]
 """Why an update waits without a run in flight: outside its maintenance window; paused; its health gate."""
+
+
+@dataclass(frozen=True)
+class UpdateCounts:
+    """Where the updates asked about lately stand (``inplace_extension.runs.status``)."""
+
+    waiting: Mapping[WaitReason, int]
+    blocked: int  # retry budget spent: blocked until the retry annotation changes
+    failed: int  # a remembered Failure other than blocked (a task failed, the health gate timed out)
+    oldest_update_seconds: float  # age of the oldest update started and not done (0: none)
+
 
 HOOK_STATUSES: Final[frozenset[str]] = frozenset(get_args(HookStatus))
 RUN_OUTCOMES: Final[frozenset[str]] = frozenset(get_args(RunOutcome))
@@ -89,6 +101,32 @@ class Metrics:
             namespace=NAMESPACE,
             registry=self.registry,
         )
+        self._waiting = Gauge(
+            "updates_waiting",
+            "Updates waiting without a run in flight, by reason: window (outside its maintenance window), "
+            "pause, health_check (applied, the health gate not passed yet).",
+            ("reason",),
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self._blocked = Gauge(
+            "updates_blocked",
+            "Updates blocked after their retry budget (--max-failed-attempts) was spent.",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self._failed = Gauge(
+            "updates_failed",
+            "Updates answered with a remembered Failure other than blocked (a task failed, health gate).",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self._oldest = Gauge(
+            "oldest_update_age_seconds",
+            "Age of the oldest update started and not done (running, retrying, health gate); 0 if none.",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
         # the labelled series of each (hook, status) seen, so an answer costs no label lookup (bounded:
         # hook names come from the HOOKS table, statuses are two)
         self._hook_series: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
@@ -131,6 +169,18 @@ class Metrics:
         """Read both gauges from the run service at scrape time instead of being told every change."""
         self._in_flight.set_function(lambda: _count(runs_in_flight(), "runs in flight"))
         self._queue_length.set_function(lambda: _count(queue_length(), "queue length"))
+
+    def bind_update_status(self, read: Callable[[], UpdateCounts]) -> None:
+        """Read the update gauges from the run service's status board at scrape time."""
+
+        def waiting(reason: WaitReason) -> Callable[[], float]:
+            return lambda: read().waiting[reason]
+
+        for reason in get_args(WaitReason):
+            self._waiting.labels(reason=reason).set_function(waiting(reason))
+        self._blocked.set_function(lambda: read().blocked)
+        self._failed.set_function(lambda: read().failed)
+        self._oldest.set_function(lambda: read().oldest_update_seconds)
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """The exposition text for an ``Accept`` header: (body, content type). OpenMetrics when asked for."""

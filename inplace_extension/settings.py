@@ -64,6 +64,13 @@ class Settings(BaseSettings):
     runs_dir: Path = Field(default_factory=lambda: _default_state_dir() / "runs", description="run artifacts")
     max_parallel_runs: int = Field(8, ge=1, le=256, description="runs at once; the rest wait in a FIFO queue")
     retry_after_seconds: int = Field(10, ge=1, le=3600, description="retryAfterSeconds while a run goes on")
+    max_failed_attempts: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="retry budget: after this many failed attempts (host unreachable, run interrupted) of "
+        "the same desired state the update is blocked until the retry annotation changes",
+    )
     playbooks_dir: Path | None = Field(None, description="playbooks directory (default: the packaged one)")
     capabilities_file: Path | None = Field(None, description="user-defined capabilities YAML")
     affects_availability: bool = Field(

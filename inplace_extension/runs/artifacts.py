@@ -77,6 +77,7 @@ class Attempt:
     retry_token: str  # hash of the retry annotation when it started ("" = none)
     outcome: Outcome | None  # None: never summarised (still running, or the service died during it)
     address: str | None = None  # the host address SSH used (health checks of the Kubernetes-aware mode)
+    started: float = 0.0  # wall-clock seconds when it started (meta.json; 0 when not recorded)
 
 
 def write_json(path: Path, data: object, mode: int = 0o600) -> None:

@@ -66,6 +66,7 @@ class Progress:
     retrying: bool = False  # IN_PROGRESS only: waiting out a backoff after a retriable failure
     # IN_PROGRESS only: not started yet or not done, waiting for this before it goes on (no run in flight)
     waiting: WaitReason | None = None
+    blocked: bool = False  # FAILED only: the retry budget is spent (not a task failure)
 
 
 @dataclass(frozen=True)

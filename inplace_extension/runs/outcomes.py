@@ -151,6 +151,12 @@ def classify(batch: BatchRef, fingerprint: str, finished: float | None = None) -
     return Outcome(OutcomeKind.INTERRUPTED, detail=detail + " (no failed task)", finished=when)
 
 
+def _started(meta: dict[str, Any], path: Path) -> float:
+    """When the attempt started: meta.json's ``started``, else when its directory was made."""
+    started = meta.get("started")
+    return float(started) if isinstance(started, int | float) else mtime(path)
+
+
 def load_attempts(ident_dir: Path, fingerprint: str) -> list[Attempt]:
     """All attempts of one ident, oldest first. Attempts without ``outcome.json`` are classified from
     their batch's ansible-runner artifacts when those are final, else left with ``outcome=None``."""
@@ -170,6 +176,7 @@ def load_attempts(ident_dir: Path, fingerprint: str) -> list[Attempt]:
                 str(meta.get("retry_token", "")),
                 outcome,
                 address if isinstance(address, str) else None,
+                _started(meta, path),
             )
         )
     return attempts

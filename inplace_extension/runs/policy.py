@@ -1,7 +1,8 @@
 """The UpdateMachine state machine (docs/operations.md), as a pure function of the attempts found on disk.
 
 Given the attempts of one run ident (oldest first), the retry token of this call and the clock, say
-whether the update is done, failed (remembered), waiting out a retry backoff, or must start now.
+whether the update is done, failed (remembered), waiting out a retry backoff, blocked (its retry
+budget spent), or must start now.
 No I/O here; :mod:`inplace_extension.runs.service` feeds it and acts on the verdict.
 """
 
@@ -14,10 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inplace_extension.runs import progress
-from inplace_extension.runs.artifacts import RETRIABLE, Attempt, OutcomeKind
+from inplace_extension.runs.artifacts import RETRIABLE, Attempt, Outcome, OutcomeKind
 
 RETRY_ANNOTATION = "inplace-extension.io/retry"
 BACKOFF_CAP_SECONDS = 300
+# attempts that spend the retry budget: the host could not be reached, or the run did not end with
+# proof. A host locked by another run is no failure of this update (that run ends, or its lock is
+# taken over as stale) and a task failure is remembered at once.
+BUDGETED = frozenset({OutcomeKind.UNREACHABLE, OutcomeKind.INTERRUPTED})
+BLOCKED_MESSAGE = "blocked after {count} failed attempts: {reason}"
 
 
 class Verdict(enum.Enum):
@@ -33,6 +39,7 @@ class Decision:
     message: str = ""  # FAILED and WAIT: what CAPI shows
     wait_seconds: int = 0  # WAIT: retryAfterSeconds
     next_attempt: int = 1
+    blocked: bool = False  # FAILED: the retry budget is spent (not a task failure)
 
 
 def retry_token(value: str | None) -> str:
@@ -51,8 +58,18 @@ def failure_message(capability: str | None, task: str | None) -> str:
     return f'{capability or "update_machine"}: task "{task or "unnamed task"}" failed on host'
 
 
-def decide(attempts: Sequence[Attempt], token: str, now: float, base_backoff: int) -> Decision:
-    """The verdict for one poll; a run in flight in this process answers before this is asked."""
+def last_reason(outcome: Outcome) -> str:
+    """Why an attempt that spent the budget failed: its own stable message (a drain that could not
+    reach the API server) or what the retry message says of its kind."""
+    return outcome.message or progress.RETRY_REASONS.get(outcome.kind, progress.RETRY_REASON_OTHER)
+
+
+def decide(
+    attempts: Sequence[Attempt], token: str, now: float, base_backoff: int, budget: int | None = None
+) -> Decision:
+    """The verdict for one poll; a run in flight in this process answers before this is asked.
+    ``budget``: how many failed attempts (of :data:`BUDGETED` kinds) with this retry token may end
+    before the update is blocked instead of retried (None: retried for ever)."""
     if any(a.outcome is not None and a.outcome.kind is OutcomeKind.SUCCESSFUL for a in attempts):
         return Decision(Verdict.DONE)
     if not attempts:
@@ -71,6 +88,12 @@ def decide(attempts: Sequence[Attempt], token: str, now: float, base_backoff: in
         return Decision(Verdict.START, next_attempt=next_attempt)
     if last.retry_token != token:
         return Decision(Verdict.START, next_attempt=next_attempt)  # the user asked to retry now
+    spent = [
+        a.outcome for a in attempts if a.retry_token == token and a.outcome and a.outcome.kind in BUDGETED
+    ]
+    if budget is not None and len(spent) >= budget:
+        message = BLOCKED_MESSAGE.format(count=len(spent), reason=last_reason(spent[-1]))
+        return Decision(Verdict.FAILED, message, blocked=True)
     failures = 0
     for attempt in reversed(attempts):
         if attempt.outcome is None or attempt.outcome.kind not in RETRIABLE:

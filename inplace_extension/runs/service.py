@@ -38,6 +38,7 @@ from inplace_extension.runs.outcomes import classify, load_attempts
 from inplace_extension.runs.policy import RETRY_ANNOTATION, Verdict, decide, retry_token
 from inplace_extension.runs.registry import Job, RunRegistry
 from inplace_extension.runs.resolve import HostTarget, ResolveError, parse_cidrs, resolve_host
+from inplace_extension.runs.status import StatusBoard
 from inplace_extension.runs.steps import StepTracker, blocked_outcome
 from inplace_extension.runs.waiters import EndWaiters
 from inplace_extension.runs.windows import NO_WINDOWS, Schedule
@@ -98,12 +99,15 @@ class RunService:
         self._host_checks_timeout = settings.health_gate_timeout_seconds
         self._prune()
         self._retry_after = settings.retry_after_seconds
+        self._budget = settings.max_failed_attempts
         self._registry: RunRegistry[_Pending] = RunRegistry(
             settings.max_parallel_runs, self._run_batch, window=BATCH_WINDOW_SECONDS
         )
         self._metrics = metrics
+        self._board = StatusBoard(clock)
         if metrics is not None:
             metrics.bind_run_gauges(self._registry.running_count, self._registry.queued_count)
+            metrics.bind_update_status(self._board.counts)
         self._cache_lock = threading.Lock()
         self._attempts: dict[str, list[Attempt]] = {}  # ident -> attempts on disk (cache)
         self._ends = EndWaiters()
@@ -114,6 +118,13 @@ class RunService:
         problem = validate.problem(request)
         if problem is not None:
             return Progress(ProgressState.FAILED, f"InvalidRequest: {problem}")
+        answer = await self._answer(request)
+        attempts = self._cached(request.ident) or ()
+        started = min((a.started for a in attempts if a.started > 0), default=None)
+        self._board.record(request.ident, answer, started)
+        return answer
+
+    async def _answer(self, request: RunRequest) -> Progress:
         view = self._registry.view(request.ident)
         if view is not None:
             # hold the call briefly: a run ending meanwhile is answered now, not a retryAfterSeconds later
@@ -126,7 +137,7 @@ class RunService:
             attempts = await anyio.to_thread.run_sync(self._load, request)
         token = retry_token(request.annotations.get(RETRY_ANNOTATION))
         now = self._clock()
-        decision = decide(attempts, token, now, self._retry_after)
+        decision = decide(attempts, token, now, self._retry_after, self._budget)
         if decision.verdict is Verdict.DONE:
             return await self._settle(request, attempts)
         if decision.verdict is Verdict.FAILED:
@@ -134,7 +145,7 @@ class RunService:
             if reported not in self._reported and self._hooks is not NO_MACHINE_HOOKS:
                 await anyio.to_thread.run_sync(self._hooks.failed, request, decision.message)
                 self._reported.add(reported)
-            return Progress(ProgressState.FAILED, decision.message)
+            return Progress(ProgressState.FAILED, decision.message, blocked=decision.blocked)
         if decision.verdict is Verdict.WAIT:
             return Progress(ProgressState.IN_PROGRESS, decision.message, decision.wait_seconds, retrying=True)
         closed = None if attempts else self._windows.closed(request.labels, now)
@@ -235,6 +246,7 @@ class RunService:
             ref = BatchRef(batch_dir, batch_ident, request.ident)  # the ident is the inventory host name
             meta = {
                 "attempt": number,
+                "started": self._clock(),
                 "retry_token": job.payload.token,
                 "machine": request.machine,
                 "address": target.address,

@@ -20,7 +20,7 @@ HEALTH_TASK = "Health gate, run the command checks on the host"
 def blocked_outcome(failure: Blocked, now: float) -> Outcome:
     """The outcome of a Machine the cluster hooks kept out of the play (not drained)."""
     if failure.retriable:  # retried with backoff, like an unreachable host
-        return Outcome(OutcomeKind.INTERRUPTED, detail=failure.message, finished=now)
+        return Outcome(OutcomeKind.INTERRUPTED, detail=failure.message, finished=now, message=failure.message)
     # remembered until the retry annotation changes, like a failed task
     return Outcome(OutcomeKind.TASK_FAILED, capability="drain", message=failure.message, finished=now)
 

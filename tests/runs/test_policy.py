@@ -95,3 +95,39 @@ def test_a_new_retry_token_skips_the_backoff() -> None:
     assert decide(attempts, "", NOW, 10).verdict is Verdict.WAIT
     d = decide(attempts, retry_token("now"), NOW, 10)
     assert (d.verdict, d.next_attempt) == (Verdict.START, 2)
+
+
+def test_the_retry_budget_blocks_after_n_failed_attempts_with_the_last_reason() -> None:
+    two = [
+        att(1, OutcomeKind.UNREACHABLE, finished=NOW - 999),
+        att(2, OutcomeKind.INTERRUPTED, finished=NOW - 999),
+    ]
+    assert decide(two, "", NOW, 10, budget=3).verdict is Verdict.START
+    three = [*two, att(3, OutcomeKind.UNREACHABLE, finished=NOW - 999)]
+    blocked = decide(three, "", NOW, 10, budget=3)
+    assert (blocked.verdict, blocked.blocked) == (Verdict.FAILED, True)
+    assert blocked.message == "blocked after 3 failed attempts: host unreachable"
+    assert decide(three, "", NOW + 9999, 10, budget=3) == blocked, "stays blocked"
+    assert decide(three, "", NOW, 10).verdict is Verdict.START, "no budget: retried for ever"
+
+
+def test_a_drain_that_could_not_reach_the_api_server_is_named_as_the_reason() -> None:
+    drained = Outcome(OutcomeKind.INTERRUPTED, finished=NOW, message="drain: the API server is unreachable")
+    attempts = [att(1, OutcomeKind.UNREACHABLE), Attempt(2, Path("/x/attempt-0002"), "", drained)]
+    blocked = decide(attempts, "", NOW, 10, budget=2)
+    assert blocked.message == "blocked after 2 failed attempts: drain: the API server is unreachable"
+
+
+def test_a_new_retry_token_resets_the_budget_and_host_busy_does_not_spend_it() -> None:
+    old = [att(n, OutcomeKind.UNREACHABLE, finished=NOW - 999) for n in (1, 2, 3)]
+    assert decide(old, "", NOW, 10, budget=3).verdict is Verdict.FAILED
+    token = retry_token("again")
+    assert decide(old, token, NOW, 10, budget=3).verdict is Verdict.START
+    retried = [
+        *old,
+        att(4, OutcomeKind.UNREACHABLE, token, NOW - 999),
+        att(5, OutcomeKind.UNREACHABLE, token, NOW - 999),
+    ]
+    assert decide(retried, token, NOW, 10, budget=3).verdict is Verdict.START, "2 of 3 with this token"
+    busy = [att(n, OutcomeKind.HOST_BUSY, finished=NOW - 999) for n in (1, 2, 3, 4)]
+    assert decide(busy, "", NOW, 10, budget=3).verdict is Verdict.START

@@ -410,3 +410,60 @@ async def test_windows_apply_by_machine_labels(settings: Settings, fake: FakeRun
         assert (fake.count("m2"), fake.count("m3")) == (1, 0)
     finally:
         service.close()
+
+
+async def test_the_retry_budget_blocks_and_the_retry_annotation_resets_it(
+    settings: Settings, fake: FakeRunner
+) -> None:
+    metrics = Metrics()
+    fake.scripts["m1"] = [lambda spec: ("failed", 4, unreachable_events())] * 2
+    clock = Clock(time.time())
+    service = RunService(settings.model_copy(update={"max_failed_attempts": 2}), metrics, clock=clock)
+    try:
+        assert (await settle(service, req())).message == "host unreachable, retrying (attempt 2)"
+        clock.now += 60  # past the backoff
+        blocked = await settle(service, req())
+        assert blocked == Progress(
+            ProgressState.FAILED, "blocked after 2 failed attempts: host unreachable", blocked=True
+        )
+        clock.now += 3600
+        assert await service.poll(req()) == blocked
+        assert fake.count("m1") == 2
+        assert _sample(metrics, "inplace_extension_updates_blocked") == 1
+        retried = req(annotations={RETRY_ANNOTATION: "now"})
+        assert (await settle(service, retried)).state is ProgressState.DONE
+        assert fake.count("m1") == 3
+        assert _sample(metrics, "inplace_extension_updates_blocked") == 0
+    finally:
+        service.close()
+
+
+async def test_update_status_metrics_count_waiting_failed_and_the_oldest_update(
+    settings: Settings, fake: FakeRunner
+) -> None:
+    metrics = Metrics()
+    fake.gate = threading.Event()
+    fake.scripts["m2"] = [lambda spec: ("failed", 2, failed_events("users", "Create users"))]
+    clock = Clock(utc("2026-12-01T21:00:00"))
+    prod = Schedule((MaintenanceWindow("prod", "0 22 * * *", 3600, labels=(("env", "prod"),)),))
+    service = RunService(settings, metrics, windows=prod, clock=clock)
+    try:
+        held = RunRequest(**{**req("m3").__dict__, "labels": {"env": "prod"}})
+        assert (await service.poll(held)).waiting == "window"
+        await service.poll(req("m1"))
+        until(lambda: fake.count("m1") == 1)
+        clock.now += 600
+        assert _sample(metrics, "inplace_extension_updates_waiting", {"reason": "window"}) == 1
+        assert _sample(metrics, "inplace_extension_updates_waiting", {"reason": "health_check"}) == 0
+        assert _sample(metrics, "inplace_extension_oldest_update_age_seconds") == 600
+        fake.gate.set()
+        assert (await settle(service, req("m1"))).state is ProgressState.DONE
+        assert (await settle(service, req("m2"))).state is ProgressState.FAILED
+        assert _sample(metrics, "inplace_extension_oldest_update_age_seconds") == 0
+        assert _sample(metrics, "inplace_extension_updates_failed") == 1
+        clock.now += 3600  # nobody asked about m2 and m3 for an hour: CAPI stopped asking
+        assert _sample(metrics, "inplace_extension_updates_failed") == 0
+        assert _sample(metrics, "inplace_extension_updates_waiting", {"reason": "window"}) == 0
+    finally:
+        fake.gate.set()
+        service.close()
