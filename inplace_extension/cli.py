@@ -26,17 +26,16 @@ from pydantic import ValidationError
 from inplace_extension import schemas
 from inplace_extension.app import create_app, normalize_prefix
 from inplace_extension.auth import PeerCertH11Protocol, server_tls
-from inplace_extension.capabilities_file import FileConfig, load_file
+from inplace_extension.engine import build_engine, load_config
 from inplace_extension.errors import ExtensionError
 from inplace_extension.hooks.explain import explain_request
 from inplace_extension.hooks.table import HOOKS, find_hook
-from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kubeaware.cluster import connect_hooks
 from inplace_extension.logs import configure_logging
-from inplace_extension.mcm import main as mcm_main
+from inplace_extension.mcm.agent import AgentOptions
+from inplace_extension.mcm.main import Clusters, run_agent
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs.model import NO_MACHINE_HOOKS, HostCheck
-from inplace_extension.runs.service import RunService
+from inplace_extension.runs.model import NO_MACHINE_HOOKS
 from inplace_extension.settings import Settings
 from inplace_extension.tls import default_hosts, ensure_dev_certificate
 from inplace_extension.transport import CoalescingH11Protocol
@@ -126,15 +125,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_format, settings.log_level)
     host, port = parse_listen(settings.listen)
     tls_options = _tls_options(settings, host)
-    config_file = _file_config(settings.capabilities_file)  # a bad file stops the start here
+    config_file = load_config(settings.capabilities_file)  # a bad file stops the start here
     custom = config_file.custom
     metrics = Metrics()  # one registry shared by the hooks (app) and the runs (executor)
     # Kubernetes-aware mode: a management client (--kubeconfig or in-cluster); a bad config stops the start
     cluster = connect_hooks(settings, custom) if settings.kube_aware else None
-    checks = [HostCheck(c.name, c.command, c.timeout_seconds) for c in custom.command_checks]
-    executor = RunService(
-        settings, metrics, custom.roles_paths, cluster or NO_MACHINE_HOOKS, checks, config_file.windows
-    )
+    executor = build_engine(settings, config_file, metrics, cluster or NO_MACHINE_HOOKS)
     app = create_app(settings, executor, metrics, custom)  # mypy: RunService is an UpdateExecutor
     sock = _bind(host, port)
     scheme = "https" if tls_options else "http"
@@ -161,17 +157,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
             cluster.close()  # post the Events still queued
         sock.close()
     return 0
-
-
-def _file_config(path: Path | None) -> FileConfig:
-    """What ``--capabilities-file`` configures (nothing without one); logged by name only."""
-    if path is None:
-        return FileConfig(NO_CUSTOM)
-    config = load_file(path.expanduser())
-    names = ", ".join(config.custom.names) or "no capabilities"
-    windows = ", ".join(window.name for window in config.windows.windows) or "none"
-    logger.info("capabilities file %s: %s; maintenance windows: %s", path, names, windows)
-    return config
 
 
 def load_document(path: str) -> Any:
@@ -227,7 +212,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     path = Path(args.capabilities_file) if args.capabilities_file else Settings().capabilities_file
-    custom = _file_config(path).custom
+    custom = load_config(path).custom
     lines, ok = explain_request(json.dumps(load_document(args.file)).encode(), custom)
     print("\n".join(lines))
     return 0 if ok else 1
@@ -245,6 +230,49 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     for path in schemas.write(directory):
         print(path)
     return 0
+
+
+def _add_agent_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target-kubeconfig", type=Path, help="kubeconfig of the cluster with the Nodes [in-cluster]"
+    )
+    parser.add_argument(
+        "--control-kubeconfig", type=Path, help="kubeconfig of MCM's cluster [--target-kubeconfig]"
+    )
+    parser.add_argument("--namespace", required=True, help="MCM's namespace in the control cluster")
+    parser.add_argument(
+        "--delete-pods",
+        action="store_true",
+        help="after a successful update, delete the Pods left on the Node",
+    )
+    parser.add_argument(
+        "--keep-critical-taint",
+        action="store_true",
+        help="do not remove node.gardener.cloud/critical-components-not-ready (inside Gardener, GRM does)",
+    )
+    parser.add_argument(
+        "--resync-seconds", type=float, default=30.0, help="re-check every Node this often [30]"
+    )
+    parser.add_argument(
+        "--poll-seconds", type=float, default=2.0, help="poll a running update this often [2]"
+    )
+    parser.add_argument(
+        "--claim-seconds", type=float, default=120.0, help="a replica's claim on a Node lasts this long [120]"
+    )
+
+
+def cmd_mcm_agent(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    options = AgentOptions(
+        namespace=args.namespace,
+        delete_pods=args.delete_pods,
+        remove_critical_taint=not args.keep_critical_taint,
+        poll_seconds=args.poll_seconds,
+        resync_seconds=args.resync_seconds,
+        claim_seconds=args.claim_seconds,
+    )
+    clusters = Clusters(args.target_kubeconfig, args.control_kubeconfig)
+    return run_agent(settings, options, clusters, parse_listen(settings.listen))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -281,7 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.set_defaults(func=cmd_plan)
 
-    mcm_main.add_command(sub, _add_settings_flags, settings_from_args, parse_listen)
+    agent = sub.add_parser("mcm-agent", help="update the Nodes of MCM in-place rollouts (see README)")
+    _add_settings_flags(agent)
+    _add_agent_flags(agent)
+    agent.set_defaults(func=cmd_mcm_agent)
     gen = sub.add_parser("schemas", help="write (or --check) the JSON Schemas generated from the models")
     gen.add_argument(
         "--write", dest="dir", default="schemas", metavar="DIR", help="target directory [schemas]"

@@ -20,8 +20,10 @@ import pytest
 from hostlab.lab import Host, Lab
 from hostlab.pytest_plugin import WriteInventory
 
-from inplace_extension.capabilities_file import parse_capabilities
-from inplace_extension.runs.model import HostCheck, Progress, ProgressState, RunRequest
+from inplace_extension.capabilities_file import parse_capabilities, parse_file
+from inplace_extension.engine import build_engine, host_checks
+from inplace_extension.metrics import Metrics
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 
@@ -55,12 +57,6 @@ def request(fingerprint: str) -> RunRequest:
     return RunRequest("lab", "m1", fingerprint, ("kubeadm_files",), inputs)
 
 
-def host_checks(capabilities_yaml: str) -> list[HostCheck]:
-    """The checks exactly as ``serve`` builds them from the capabilities file."""
-    table = parse_capabilities(capabilities_yaml)
-    return [HostCheck(c.name, c.command, c.timeout_seconds) for c in table.command_checks]
-
-
 async def settle(service: RunService, req: RunRequest, within: float = 180) -> Progress:
     deadline = time.monotonic() + within
     while (progress := await service.poll(req)).state is ProgressState.IN_PROGRESS:
@@ -69,7 +65,8 @@ async def settle(service: RunService, req: RunRequest, within: float = 180) -> P
     return progress
 
 
-def service(lab: Lab, inventory: Path, tmp_path: Path, checks: list[HostCheck], gate: int) -> RunService:
+def service(lab: Lab, inventory: Path, tmp_path: Path, capabilities_yaml: str, gate: int) -> RunService:
+    """The engine exactly as ``serve`` and ``mcm-agent`` build it from the capabilities file."""
     settings = Settings(
         inventory=inventory,
         allowed_cidrs=[str(lab.network)],
@@ -77,7 +74,7 @@ def service(lab: Lab, inventory: Path, tmp_path: Path, checks: list[HostCheck], 
         retry_after_seconds=1,
         health_gate_timeout_seconds=gate,
     )
-    return RunService(settings, host_checks=checks)
+    return build_engine(settings, parse_file(capabilities_yaml), Metrics())
 
 
 def stamped(lab: Lab, host: Host) -> str | None:
@@ -96,7 +93,7 @@ async def test_a_passing_check_gets_its_arguments_literally_and_lets_the_update_
         f"{{{{ lookup('pipe', 'touch {sentinel}-jinja') }}}}",
         f"; touch {sentinel}",
     ]
-    checks = host_checks(
+    checks = (
         "health_checks:\n"
         f"  - name: literal\n    command: {json.dumps(RECORD_ARGV + payloads)}\n"
         "  - name: present\n    command: [test, -e, /etc/health.conf]\n"
@@ -122,13 +119,13 @@ async def test_a_failing_check_fails_the_update_with_a_stable_message_and_no_sta
     lab: Lab, lab_hosts: list[Host], lab_inventory: WriteInventory, tmp_path: Path
 ) -> None:
     host = lab_hosts[0]
-    checks = host_checks(
+    checks = (
         "health_checks:\n"
         "  - name: present\n    command: [test, -e, /etc/health.conf]\n"
         "  - name: absent\n    command: [test, -e, /nonexistent]\n"
         "  - name: app\n    url: http://{address}:1/never-run-in-plain-mode\n"
     )
-    assert [c.name for c in checks] == ["present", "absent"]
+    assert [c.name for c in host_checks(parse_capabilities(checks))] == ["present", "absent"]
     runs = service(lab, lab_inventory(["m1"]), tmp_path, checks, gate=3)
     try:
         req = request("b2" * 32)

@@ -1,0 +1,58 @@
+"""The engine both entry points run updates with: the one place that turns the settings, the capabilities
+file and the cluster access into a ready :class:`~inplace_extension.runs.service.RunService`.
+
+``serve`` (the CAPI Runtime Extension) and ``mcm-agent`` (MCM's node-side updater) build it here, so
+what the capabilities file says (its roles, the health gate's command checks, the maintenance windows)
+holds in every mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from inplace_extension.capabilities_file import FileConfig, load_file
+from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
+from inplace_extension.metrics import Metrics
+from inplace_extension.runs.model import NO_MACHINE_HOOKS, HostCheck, MachineHooks
+from inplace_extension.runs.service import RunService
+from inplace_extension.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def load_config(path: Path | None) -> FileConfig:
+    """What ``--capabilities-file`` configures (nothing without one), logged by name only; a bad file
+    raises :class:`~inplace_extension.capabilities_file.CapabilitiesFileError` naming the line and field."""
+    if path is None:
+        return FileConfig(NO_CUSTOM)
+    config = load_file(path.expanduser())
+    names = ", ".join(config.custom.names) or "no capabilities"
+    windows = ", ".join(window.name for window in config.windows.windows) or "none"
+    log.info("capabilities file %s: %s; maintenance windows: %s", path, names, windows)
+    return config
+
+
+def host_checks(custom: CustomTable) -> tuple[HostCheck, ...]:
+    """The health gate's command checks, which the play runs on the host before it writes the stamp."""
+    return tuple(HostCheck(c.name, c.command, c.timeout_seconds) for c in custom.command_checks)
+
+
+def build_engine(
+    settings: Settings,
+    config: FileConfig,
+    metrics: Metrics,
+    cluster: MachineHooks = NO_MACHINE_HOOKS,
+) -> RunService:
+    """The run service for ``settings`` and what the capabilities file configures (its roles, the health
+    gate's command checks, the maintenance windows); ``cluster`` is what a run does in the cluster around
+    its play (the Kubernetes-aware mode of ``serve``), nothing otherwise."""
+    custom = config.custom
+    return RunService(
+        settings,
+        metrics,
+        custom.roles_paths,
+        cluster,
+        host_checks(custom),
+        config.windows,
+    )
