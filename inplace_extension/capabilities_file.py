@@ -1,8 +1,7 @@
 """The ``--capabilities-file`` of user-defined capabilities (docs/capabilities.md): model, loading, errors.
 
-Read once at start-up by ``inplace_extension.cli`` (``serve`` and ``plan``); a bad file stops the service
-with a
-message naming the file, the line and the field. The result is a pure
+Read once at start-up (``inplace_extension.engine.load_config``: ``serve``, ``mcm-agent``, ``plan``); a
+bad file stops the service with a message naming the file, the line and the field. The result is a pure
 :class:`inplace_extension.inplace.custom.CustomTable` that the hooks pass to the decision and plan functions.
 Its JSON Schema (``schemas/capabilities.schema.json``) is generated from :class:`CapabilitiesFile`.
 """

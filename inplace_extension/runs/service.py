@@ -4,7 +4,7 @@ Each poll: a run in flight here -> queued/running; else the attempts on disk dec
 remembered failure, backoff wait, or resolve the host and queue a new attempt. Attempts run in worker
 threads (registry.py) through the ansible-runner adapter (runner.py); their outcome is summarised into
 the attempt directory, so a restarted service answers from disk. Request checks: validate.py; held
-polls: waiters.py; phases: steps.py. Built by ``inplace_extension.cli serve``.
+polls: waiters.py; phases: steps.py. Built by ``inplace_extension.engine`` (for ``serve`` and ``mcm-agent``).
 """
 
 from __future__ import annotations

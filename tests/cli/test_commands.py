@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from inplace_extension.cli import build_parser, parse_listen, settings_from_args
+from inplace_extension.cli import build_parser
+from inplace_extension.cli.flags import parse_listen, settings_from_args
 
 from .conftest import FIXTURES, ROOT, clean_env, run_cli
 

@@ -13,7 +13,8 @@ import pytest
 import trustme
 
 from inplace_extension.app import create_app
-from inplace_extension.cli import build_parser, cmd_serve, settings_from_args
+from inplace_extension.cli import build_parser, serve
+from inplace_extension.cli.flags import settings_from_args
 from inplace_extension.settings import Settings
 
 from .support import DOCKERFILE, ROOT, Stage, dockerfile_stages, exec_form, parse_dockerfile, serve_tls, tool
@@ -106,7 +107,7 @@ def test_entrypoint_is_the_console_script_and_cmd_is_serve(monkeypatch: pytest.M
     cmd = exec_form(_final().last("CMD").args)
     args = build_parser().parse_args(cmd)
     assert args.command == "serve"
-    assert args.func is cmd_serve
+    assert args.func is serve.run
     # the image configures serve through INPLACE_* variables; each one reaches the Settings it names
     env = _final().env()
     for key, value in env.items():

@@ -1,0 +1,36 @@
+"""What every command of the CLI is made of (:class:`Command`) and what several read: request documents.
+
+Each command lives in its own module of this package and exports one ``COMMAND``; ``cli/__init__.py``
+puts them under one parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, one line of help, the flags it adds to its parser, and what it runs."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def load_document(path: str) -> Any:
+    """A JSON or YAML file (``-`` = stdin) as plain data."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return yaml.safe_load(text)

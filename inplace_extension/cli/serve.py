@@ -1,0 +1,116 @@
+"""``inplace-extension serve``: the CAPI Runtime SDK hooks over HTTPS (TLS unless ``--plain-http``).
+
+Builds the engine (engine.py), the Starlette app and uvicorn's server on a socket bound here; runs until
+a signal, then lets the running plays end (they are never killed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import socket
+from typing import Any
+
+import uvicorn
+
+from inplace_extension.app import create_app, normalize_prefix
+from inplace_extension.auth import PeerCertH11Protocol, server_tls
+from inplace_extension.cli.command import Command
+from inplace_extension.cli.flags import add_settings_flags, parse_listen, settings_from_args
+from inplace_extension.engine import build_engine, load_config
+from inplace_extension.kubeaware.cluster import connect_hooks
+from inplace_extension.logs import configure_logging
+from inplace_extension.metrics import Metrics
+from inplace_extension.runs.model import NO_MACHINE_HOOKS
+from inplace_extension.settings import Settings
+from inplace_extension.tls import default_hosts, ensure_dev_certificate
+from inplace_extension.transport import CoalescingH11Protocol
+
+
+def tls_options(settings: Settings, host: str) -> dict[str, Any]:
+    """uvicorn's TLS keyword arguments (empty for --plain-http); mTLS per inplace_extension/auth.py."""
+    if settings.plain_http:
+        if settings.tls_cert or settings.self_signed:
+            raise ValueError("--plain-http cannot be combined with --tls-cert or --self-signed")
+        return {}
+    if settings.tls_cert or settings.tls_key:
+        if not (settings.tls_cert and settings.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together")
+        certfile, keyfile = settings.tls_cert, settings.tls_key
+    elif settings.self_signed:
+        paths, created = ensure_dev_certificate(settings.tls_dir, [*default_hosts(host), *settings.tls_hosts])
+        print(
+            f"inplace-extension: {'generated' if created else 'reusing'} dev certificate {paths.cert}; "
+            f"trust {paths.ca_cert} (call --cacert {paths.ca_cert})",
+            flush=True,
+        )
+        certfile, keyfile = paths.cert, paths.key
+    else:
+        raise ValueError(
+            "TLS needs --tls-cert/--tls-key (or --self-signed for development, --plain-http for tests)"
+        )
+    tls = server_tls(certfile, keyfile, settings.client_ca)
+    return {
+        "ssl_certfile": tls.certfile,
+        "ssl_keyfile": tls.keyfile,
+        "ssl_ca_certs": tls.ca_certs,
+        "ssl_cert_reqs": tls.cert_reqs,
+        # puts the verified client certificate into the request scope for AuthMiddleware
+        "http": PeerCertH11Protocol,
+    }
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto must say TCP: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto is IPPROTO_TCP,
+    # and with Nagle on, a response written in two parts waits ~40 ms for the client's delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    configure_logging(settings.log_format, settings.log_level)
+    host, port = parse_listen(settings.listen)
+    tls = tls_options(settings, host)
+    config_file = load_config(settings.capabilities_file)  # a bad file stops the start here
+    custom = config_file.custom
+    metrics = Metrics()  # one registry shared by the hooks (app) and the runs (executor)
+    # Kubernetes-aware mode: a management client (--kubeconfig or in-cluster); a bad config stops the start
+    cluster = connect_hooks(settings, custom) if settings.kube_aware else None
+    executor = build_engine(settings, config_file, metrics, cluster or NO_MACHINE_HOOKS)
+    app = create_app(settings, executor, metrics, custom)  # mypy: RunService is an UpdateExecutor
+    sock = bind(host, port)
+    scheme = "https" if tls else "http"
+    shown = f"[{host}]" if ":" in host else host
+    url = f"{scheme}://{shown}:{sock.getsockname()[1]}{normalize_prefix(settings.path_prefix)}"
+    print(f"inplace-extension: serving {url}", flush=True)  # tests and scripts read the port from here
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=5,
+        server_header=False,
+        **({"http": CoalescingH11Protocol} | tls),
+    )
+    # everything built so far lives as long as the process: move it out of the collector's sight, so a
+    # full collection (tens of ms over ~60k start-up objects) never lands in a hook's latency
+    gc.collect()
+    gc.freeze()
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        executor.close()  # admit no more runs, give running plays time to end (they are never killed)
+        if cluster is not None:
+            cluster.close()  # post the Events still queued
+        sock.close()
+    return 0
+
+
+COMMAND = Command(
+    "serve", "serve the CAPI Runtime SDK hooks (TLS unless --plain-http)", add_settings_flags, run
+)
