@@ -1,0 +1,103 @@
+"""scripts/release renders files that validate, ask for the allowed networks and match deploy/."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .support import KUBERNETES_VERSIONS, ROOT, kustomize, validation_errors
+
+VARIABLE = re.compile(r"\$\{([A-Z_]+)(?::=([^}]*))?\}")
+
+
+def render(tmp_path: Path, **env: str) -> Path:
+    out = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, ROOT / "scripts" / "release", "v0.1.0", "--out", out],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={"PATH": str(Path(sys.executable).parent), **env},
+    )
+    return out
+
+
+def substitute(text: str, values: dict[str, str]) -> str:
+    """What clusterctl does with ${VAR} and ${VAR:=default}; an unset variable without default is an error."""
+
+    def one(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in values:
+            return values[name]
+        assert default is not None, f"{name} has no default and is not set"
+        return default
+
+    return VARIABLE.sub(one, text)
+
+
+def test_components_have_clusterctl_variables_and_no_default_network(tmp_path: Path) -> None:
+    out = render(tmp_path)
+    text = (out / "runtime-extension-inplace-extension/v0.1.0/runtime-extension-components.yaml").read_text()
+    variables = {m.group(1): m.group(2) for m in VARIABLE.finditer(text)}
+    assert variables == {
+        "INPLACE_NAMESPACE": "inplace-extension-system",
+        "INPLACE_IMAGE": "inplace-extension:0.1.0",
+        "INPLACE_ALLOWED_CIDRS": None,  # required: clusterctl refuses to install without it
+    }
+    with pytest.raises(AssertionError, match="INPLACE_ALLOWED_CIDRS has no default"):
+        substitute(text, {})
+    docs = [
+        d
+        for d in yaml.safe_load_all(
+            substitute(text, {"INPLACE_ALLOWED_CIDRS": "10.1.0.0/16", "INPLACE_NAMESPACE": "infra"})
+        )
+        if d
+    ]
+    base = [
+        (d["kind"], d["metadata"]["name"].replace("inplace-extension-system", "infra"))
+        for d in kustomize(ROOT / "deploy")
+    ]
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == base
+    for version in KUBERNETES_VERSIONS:
+        for doc in docs:
+            assert validation_errors(doc, version) == [], doc["kind"]
+    assert {d["metadata"].get("namespace", "infra") for d in docs} == {"infra"}
+    config = next(d for d in docs if d["kind"] == "ExtensionConfig")
+    assert config["spec"]["clientConfig"]["service"]["namespace"] == "infra"
+    metadata = yaml.safe_load((out / "runtime-extension-inplace-extension/v0.1.0/metadata.yaml").read_text())
+    assert metadata["releaseSeries"] == [{"major": 0, "minor": 1, "contract": "v1beta2"}]
+    assert "type: RuntimeExtensionProvider" in (out / "clusterctl.yaml").read_text()
+
+
+def test_mcm_agent_manifest_takes_the_values_and_validates(tmp_path: Path) -> None:
+    out = render(tmp_path, INPLACE_ALLOWED_CIDRS="10.2.0.0/16", INPLACE_MCM_NAMESPACE="shoot--a")
+    docs = [d for d in yaml.safe_load_all((out / "mcm-agent.yaml").read_text()) if d]
+    for doc in docs:
+        assert validation_errors(doc, KUBERNETES_VERSIONS[-1]) == [], doc["kind"]
+    env = {
+        e["name"]: e["value"]
+        for d in docs
+        if d["kind"] == "Deployment"
+        for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["INPLACE_ALLOWED_CIDRS"] == "10.2.0.0/16" and env["INPLACE_MCM_NAMESPACE"] == "shoot--a"
+    binding = next(d for d in docs if d["kind"] == "RoleBinding")
+    assert binding["metadata"]["namespace"] == "shoot--a"
+    unset = [
+        d for d in yaml.safe_load_all((render(tmp_path / "b").joinpath("mcm-agent.yaml")).read_text()) if d
+    ]
+    assert "INPLACE_ALLOWED_CIDRS" not in str(unset)
+
+
+def test_shipped_base_allows_no_network_and_examples_set_one() -> None:
+    config = next(d for d in kustomize(ROOT / "deploy") if d["kind"] == "ConfigMap")
+    assert "INPLACE_ALLOWED_CIDRS" not in config["data"]
+    for example in ("kube-aware", "client-auth"):
+        rendered = kustomize(ROOT / "examples" / "overlays" / example)
+        data = next(d for d in rendered if d["kind"] == "ConfigMap")["data"]
+        assert data["INPLACE_ALLOWED_CIDRS"] == "10.1.0.0/16"
