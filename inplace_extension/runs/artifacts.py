@@ -5,13 +5,19 @@ Machine attempt; ``<runs_dir>/.batches/<batch>/artifacts/<batch>/`` is the ansib
 dir of the one play that carried one or more attempts (fresh every time, never reused: a reused
 dir's stale ``env/`` files override new envvars, and a reused ident mixes two runs' stats);
 ``meta.json`` points to it. ``outcome.json`` is our one-file summary written when an attempt ends; without it
-(the service died) the batch's ``status`` file and this host's ``job_events`` are classified again. Plain file
-reading only; :mod:`inplace_extension.runs.outcomes` reads what attempts ended as.
+(the service died) the batch's ``status`` file and this host's ``job_events`` are classified again.
+``<batch dir>/play.lease`` is flock()ed by ``detach.py`` (and inherited by ansible-playbook) for as long as
+the play lives: the kernel drops it when they die, however they die, so a free lease says the play is
+over, even across a restart of the service. ``meta.json`` records the host lock token each attempt's play
+holds, so a later attempt of the same Machine can take over a lock its own dead play left
+(:func:`ended_lock_tokens`). Plain file reading only; :mod:`inplace_extension.runs.outcomes` reads what
+attempts ended as.
 """
 
 from __future__ import annotations
 
 import enum
+import fcntl
 import json
 import os
 import re
@@ -22,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 ATTEMPT_RE = re.compile(r"^attempt-(\d{4,})$")
+PLAY_LEASE = "play.lease"  # in a batch dir: held by the play's processes while they live
+PLAY_LEASE_ENV = "INPLACE_EXTENSION_PLAY_LEASE"  # tells detach.py where the lease is
 
 
 class OutcomeKind(enum.Enum):
@@ -171,3 +179,36 @@ def mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def play_ended(batch_dir: Path) -> bool:
+    """True when the play of ``batch_dir`` started and none of its processes is alive any more.
+
+    False while it runs, and when it never started or its artifacts were pruned: nothing is known then,
+    and a lock it might have left goes stale the usual way.
+    """
+    try:
+        fd = os.open(batch_dir / PLAY_LEASE, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the flock if we got it
+    return True
+
+
+def ended_lock_tokens(ident_dir: Path) -> tuple[str, ...]:
+    """The host lock tokens of this ident's attempts whose plays have ended: a lock still held with one
+    of them was left by a dead play of this very Machine (killed with its service) and nobody will ever
+    release it, so the next attempt may take it over without waiting for it to go stale."""
+    tokens = []
+    for _, path in sorted(attempt_dirs(ident_dir)):
+        meta = read_json(path / "meta.json") or {}
+        token = meta.get("lock_token")
+        batch = BatchRef.from_meta(meta)
+        if isinstance(token, str) and token and batch is not None and play_ended(batch.dir):
+            tokens.append(token)
+    return tuple(tokens)

@@ -6,11 +6,15 @@ then wedges the host until the lock counts as stale. Run through this wrapper (`
 it under the runs dir and passes it as ansible-runner's ``binary``), ansible-playbook lives in its own
 session and writes into a pipe we drain: when the pty goes away the wrapper keeps draining, the play
 finishes and releases the lock, and the restarted service's next attempt finds the stamp.
+When the whole pod dies, the play dies too: the play lease (``INPLACE_EXTENSION_PLAY_LEASE``, a file
+we flock() and hand down to ansible-playbook) is then free, and the next attempt of the same Machine
+takes over the lock its dead play left at once (artifacts.py).
 Standard library only: it runs as a script, not as part of the package.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -20,8 +24,12 @@ import sys
 def main(argv: list[str]) -> int:
     # the pty hanging up must not end us: we are the pipe's only reader
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    lease = _hold_lease(os.environ.get("INPLACE_EXTENSION_PLAY_LEASE", ""))
     proc = subprocess.Popen(
         ["ansible-playbook", *argv],
+        # ansible-playbook (and the workers it forks) hold the lease too, so it is free only once the
+        # play's last process is gone, whichever of us dies first
+        pass_fds=lease,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -42,6 +50,15 @@ def main(argv: list[str]) -> int:
             except OSError:
                 forwarding = False  # the service is gone; keep draining so the play is never blocked
     return proc.wait()
+
+
+def _hold_lease(path: str) -> tuple[int, ...]:
+    """flock() the play lease for as long as this process (and whoever inherits the fd) lives."""
+    if not path:
+        return ()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return (fd,)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from typing import Any
 import ansible_runner
 
 import inplace_extension
-from inplace_extension.runs.artifacts import write_json
+from inplace_extension.runs.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, write_json
 from inplace_extension.runs.model import HostCheck
 from inplace_extension.runs.resolve import HostTarget
 
@@ -54,6 +54,8 @@ class HostRun:
     target: HostTarget
     attempt_dir: Path  # this Machine's attempt: inputs.json, known_hosts, meta.json, outcome.json
     roles: Mapping[str, str] = field(default_factory=dict)  # user-defined capability -> role (ours, checked)
+    lock_token: str = ""  # the host lock token this attempt's play holds ("" = the module picks one)
+    takeover_tokens: tuple[str, ...] = ()  # this Machine's dead plays' lock tokens: taken over at once
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,13 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
 
 def run_parameters(run: HostRun, inputs_file: Path) -> dict[str, Any]:
     """The play's ``update_machine_*`` variables for one Machine: all ours, no request string among them."""
+    lock: dict[str, Any] = {}
+    if run.lock_token:
+        lock["update_machine_lock_token"] = run.lock_token
+    if run.takeover_tokens:
+        lock["update_machine_lock_takeover_tokens"] = list(run.takeover_tokens)
     return {
+        **lock,
         "update_machine_ident": run.ident,
         "update_machine_fingerprint": run.fingerprint,
         "update_machine_capabilities": list(run.capabilities),
@@ -261,6 +269,7 @@ def _envvars(spec: BatchSpec) -> dict[str, str]:
         "ANSIBLE_HOME": str(home),
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp_dir),
         "ANSIBLE_NOCOLOR": "1",
+        PLAY_LEASE_ENV: str(spec.batch_dir / PLAY_LEASE),  # detach.py holds it while the play lives
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         # Each host of a batch goes through the play on its own. With the default linear strategy every
         # host waits for all the others at each task, and two plays that each hold the lock of a host

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
 import uuid
@@ -28,6 +29,7 @@ from inplace_extension.runs.artifacts import (
     BatchRef,
     Outcome,
     OutcomeKind,
+    ended_lock_tokens,
     new_attempt_dir,
     prune_batches,
     write_json,
@@ -241,6 +243,9 @@ class RunService:
         hosts: list[runner.HostRun] = []
         for job in jobs:
             request, target = job.payload.request, job.payload.target
+            # before the new attempt exists: the lock tokens of this Machine's plays that have ended
+            takeover_tokens = ended_lock_tokens(self._runs_dir / request.ident)
+            lock_token = secrets.token_hex(16)
             number, attempt_dir = new_attempt_dir(self._runs_dir / request.ident)
             job.attempt = number
             ref = BatchRef(batch_dir, batch_ident, request.ident)  # the ident is the inventory host name
@@ -250,6 +255,8 @@ class RunService:
                 "retry_token": job.payload.token,
                 "machine": request.machine,
                 "address": target.address,
+                # recorded before the play starts, so a later attempt can tell a lock left by this one
+                "lock_token": lock_token,
             }
             write_json(attempt_dir / "meta.json", {**meta, "pid": os.getpid(), **ref.to_meta()})
             log.info(
@@ -272,6 +279,8 @@ class RunService:
                     target=target,
                     attempt_dir=attempt_dir,
                     roles=request.roles,
+                    lock_token=lock_token,
+                    takeover_tokens=takeover_tokens,
                 )
             )
         played = [job for job in jobs if job.payload.request.ident in {run.ident for run in hosts}]

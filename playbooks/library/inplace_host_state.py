@@ -20,7 +20,10 @@ do costs one module execution; ``state=stamped`` with ``release=true`` writes th
 lock back in one execution too (the playbook's ``always:`` release then has nothing left to do).
 
 The lock survives between tasks (each task is its own process), hence the directory; a run that is
-killed keeps it until it is older than ``stale_seconds``, then the next run takes it over.
+killed keeps it until it is older than ``stale_seconds``, then the next run takes it over. Sooner when
+the service knows better: it names the lock token of each earlier attempt of the same Machine whose
+play it has seen end (``takeover_tokens``), and a lock held by the same ident with one of those tokens
+is its own dead attempt's, taken over at once. Any other holder is waited for.
 Lock bookkeeping reports ``changed: false``: it is transient and released by the same run.
 """
 
@@ -43,9 +46,9 @@ DOCUMENTATION = r"""
 module: inplace_host_state
 short_description: Host lock and applied-fingerprint stamp for inplace-extension
 description:
-  - C(state=locked) waits for the exclusive host lock (taking over a stale one), then reads the
-    stamp; if the stamp already holds I(fingerprint) it releases the lock and returns
-    C(up_to_date=true).
+  - C(state=locked) waits for the exclusive host lock (taking over a stale one, or at once one held
+    by this ident with a token in I(takeover_tokens)), then reads the stamp; if the stamp already
+    holds I(fingerprint) it releases the lock and returns C(up_to_date=true).
   - C(state=stamped) writes the stamp (only while this run holds the lock); with I(release) it then
     releases the lock in the same execution.
   - C(state=unlocked) releases the lock if this run holds it, and does nothing otherwise.
@@ -53,7 +56,11 @@ options:
   state: {description: What to do., type: str, required: true, choices: [locked, unlocked, stamped]}
   ident: {description: Run ident for the lock owner, the logs and the stamp., type: str, required: true}
   fingerprint: {description: Fingerprint of the inputs of this run (locked and stamped)., type: str}
-  token: {description: The token returned by state=locked (unlocked and stamped)., type: str}
+  token: {description: The token returned by state=locked (unlocked and stamped); for locked, the token to
+           hold the lock with (a random one when empty)., type: str}
+  takeover_tokens: {description: Lock tokens of this ident's earlier attempts whose plays are known to have
+                    ended; a lock left with one of them is taken over without waiting (locked)., type: list,
+                    elements: str, default: []}
   state_dir: {description: Directory holding lock and stamp., type: path, default: /var/lib/inplace-extension}
   wait_seconds: {description: How long state=locked waits for another run's lock., type: float, default: 300}
   stale_seconds: {description: Age after which a lock counts as left behind by a dead run., type: float,
@@ -166,13 +173,14 @@ def acquire(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
             "applied_fingerprint": applied,
             "took_over_from": None,
         }
-    token = secrets.token_hex(16)
+    token = p["token"] or secrets.token_hex(16)
+    own_dead = frozenset(t for t in p["takeover_tokens"] if t)
     deadline = time.monotonic() + p["wait_seconds"]
     took_over_from = None
     announced = False
     while True:
         with _guard(state_dir):
-            holder, displaced = _try_take(state_dir, ident, token, p["stale_seconds"])
+            holder, displaced = _try_take(state_dir, ident, token, p["stale_seconds"], own_dead)
             took_over_from = displaced or took_over_from
             if holder is None:
                 return _taken(state_dir, ident, token, fingerprint, took_over_from)
@@ -196,20 +204,30 @@ def acquire(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _try_take(
-    state_dir: Path, ident: str, token: str, stale_seconds: float
+    state_dir: Path, ident: str, token: str, stale_seconds: float, own_dead: frozenset[str]
 ) -> tuple[dict[str, Any] | None, str | None]:
-    """Under the guard: take the lock if it is free or stale.
+    """Under the guard: take the lock if it is free, stale, or left by a dead attempt of this ident.
 
-    Returns (the live holder when the lock could not be taken, the ident of a displaced stale holder).
+    Returns (the live holder when the lock could not be taken, the ident of a displaced holder).
     """
     lock_dir = state_dir / "lock"
     _remove_leftover_staging(state_dir)
     holder = _holder(lock_dir)
     displaced = None
-    if holder is not None and _now() - holder["acquired_at"] > stale_seconds:
+    reason = None
+    if holder is not None:
+        if holder["ident"] == ident and holder["token"] in own_dead:
+            reason = "own-dead-attempt"  # the service saw the play holding it end: nobody will release it
+        elif _now() - holder["acquired_at"] > stale_seconds:
+            reason = "stale"
+    if holder is not None and reason is not None:
         shutil.rmtree(lock_dir)
         displaced = holder["ident"]
-        _append_log(state_dir, "lock.log", {"event": "took-over", "ident": ident, "previous": displaced})
+        _append_log(
+            state_dir,
+            "lock.log",
+            {"event": "took-over", "ident": ident, "previous": displaced, "reason": reason},
+        )
         holder = None
     if holder is not None:
         return holder, displaced
@@ -293,6 +311,7 @@ def main() -> None:
             "fingerprint": {"type": "str"},
             # Not a secret: a per-run nonce so a run never releases a lock it lost to a takeover.
             "token": {"type": "str", "default": ""},
+            "takeover_tokens": {"type": "list", "elements": "str", "default": []},
             "state_dir": {"type": "path", "default": "/var/lib/inplace-extension"},
             "wait_seconds": {"type": "float", "default": 300.0},
             "stale_seconds": {"type": "float", "default": 1800.0},

@@ -27,6 +27,11 @@ def lock_events(lab: Lab, host: Host) -> list[str]:
     return [entry["event"] for entry in _json_lines(lab, host, "lock.log")]
 
 
+def lock_log(lab: Lab, host: Host) -> list[dict[str, Any]]:
+    """The host lock's history with every field (time, ident, previous, reason)."""
+    return _json_lines(lab, host, "lock.log")
+
+
 def overlapping_holders(events: list[str]) -> bool:
     """True when the lock was ever acquired (or taken over) while someone else held it."""
     held = False

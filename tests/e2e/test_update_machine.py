@@ -7,7 +7,11 @@ is a stand-in.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,7 @@ from inplace_extension.runs import progress
 
 from .capi import BOOTSTRAP_TOKEN, NodeSpec, Polled, can_update_machine_set, poll_update_machine
 from .conftest import NEXT_VERSION, START_VERSION, StartService
-from .hostcheck import lock_events, overlapping_holders, run_on, stamp_writes
+from .hostcheck import STATE_DIR, lock_events, lock_log, overlapping_holders, run_on, stamp_writes
 
 pytestmark = pytest.mark.lab
 
@@ -186,6 +190,69 @@ def test_sigkill_mid_run_then_restart_applies_exactly_once(
         assert len(writes) == 1, writes  # exactly one successful apply per fingerprint
         assert not overlapping_holders(lock_events(lab, host))
         assert NEXT_VERSION in run_on(lab, host, ["kubelet", "--version"])
+
+
+def _kill_plays(runs_dir: Path) -> int:
+    """SIGKILL every process group of a play of ``runs_dir`` (detach.py and ansible-playbook with its
+    forked workers), as the end of a pod does: returns how many groups were killed."""
+    groups = set()
+    for pid_dir in Path("/proc").iterdir():
+        try:
+            cmdline = (pid_dir / "cmdline").read_bytes() if pid_dir.name.isdigit() else b""
+        except OSError:
+            continue
+        if b"ansible-playbook" in cmdline and str(runs_dir).encode() in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                groups.add(os.getpgid(int(pid_dir.name)))
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    return len(groups)
+
+
+def test_a_play_killed_with_its_service_is_taken_over_at_once_by_the_next_attempt(
+    lab: Lab, nodes: list[Host], lab_inventory: WriteInventory, start_service: StartService, tmp_path: Path
+) -> None:
+    """The pod dies with its play mid-role: the lock it held is not waited out (300 s wait, 1800 s stale),
+    the restarted service's attempt of the same Machine takes it over at once and applies it once."""
+    name, host = MACHINES[0], nodes[0]
+    inventory = lab_inventory([name])
+    runs_dir = tmp_path / "runs-shared"
+    first = start_service(inventory, runs_dir, name="first")
+    can_update_machine_set(first.client, OLD, FULL)
+    running = re.compile(r"running: (" + "|".join(CAPABILITIES) + ")")
+    seen = poll_update_machine(
+        first.client, name, FULL, within=120, until=lambda m: bool(running.fullmatch(m))
+    )
+    assert running.fullmatch(seen.message), seen.messages
+    first.kill()
+    assert _kill_plays(runs_dir) >= 1
+    # the dead play took the lock and never stamped: without a takeover the host stays locked
+    assert lab.exec_in(host, ["test", "-d", f"{STATE_DIR}/lock"]).returncode == 0
+    assert stamp_writes(lab, host) == []
+
+    second = start_service(inventory, runs_dir, name="second")
+    restarted = time.monotonic()
+    done = poll_update_machine(second.client, name, FULL, within=120)
+    elapsed = time.monotonic() - restarted
+    assert (done.status, done.message) == ("Success", "update applied"), done.messages
+    assert len(stamp_writes(lab, host)) == 1
+    entries = lock_log(lab, host)
+    takeover = [e for e in entries if e["event"] == "took-over"]
+    assert [(e["reason"], e["previous"]) for e in takeover] == [
+        ("own-dead-attempt", e2e_ident(runs_dir, name))
+    ]
+    # the new attempt never queued behind the dead one's lock: it took it on its first look
+    assert [e["event"] for e in entries[-3:]] == ["took-over", "acquired", "released"], entries
+    assert not any(e["event"] == "waiting" for e in entries), entries
+    # one retry interval (1 s here) plus the play: the second play's own span on the host bounds it
+    play = entries[-1]["time"] - entries[-3]["time"]
+    assert elapsed < 1 + play + 30, (elapsed, play)
+
+
+def e2e_ident(runs_dir: Path, name: str) -> str:
+    (ident_dir,) = runs_dir.glob(f"e2e.{name}.*")
+    return ident_dir.name
 
 
 def test_two_services_never_update_one_host_at_once(

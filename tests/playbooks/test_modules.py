@@ -155,6 +155,42 @@ def test_a_stale_lock_is_taken_over_and_its_owner_cannot_stamp(tmp_path: Path) -
     assert lock_log(sd)[-2:] == [("took-over", "new"), ("acquired", "new")]
 
 
+def test_a_lock_left_by_a_dead_attempt_of_the_same_machine_is_taken_over_at_once(tmp_path: Path) -> None:
+    """The service names the tokens of this ident's plays that it saw end; only those are taken over."""
+    sd = tmp_path / "state"
+    dead_token, live_token = "d" * 32, "e" * 32
+    dead = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "ns.m.fp", fingerprint="fp", token=dead_token))
+    assert (dead["locked"], dead["token"]) == (True, dead_token)
+    # another Machine with that token, or this Machine naming another token: the holder may be alive
+    other = lock_args(
+        sd, "locked", "ns.other.fp", fingerprint="fp", wait_seconds=0.3, takeover_tokens=[dead_token]
+    )
+    assert run(HOST_STATE, tmp_path, other)["failed"] is True
+    unknown = lock_args(
+        sd, "locked", "ns.m.fp", fingerprint="fp", wait_seconds=0.3, takeover_tokens=[live_token]
+    )
+    assert run(HOST_STATE, tmp_path, unknown)["failed"] is True
+    # this Machine naming the dead play's token: no wait, not even for stale_seconds
+    mine = lock_args(
+        sd,
+        "locked",
+        "ns.m.fp",
+        fingerprint="fp",
+        wait_seconds=0,
+        token=live_token,
+        takeover_tokens=[dead_token],
+    )
+    got = run(HOST_STATE, tmp_path, mine)
+    assert (got["locked"], got["took_over_from"], got["token"]) == (True, "ns.m.fp", live_token)
+    entries = [json.loads(line) for line in (sd / "lock.log").read_text().splitlines()]
+    assert [(e["event"], e.get("reason")) for e in entries[-2:]] == [
+        ("took-over", "own-dead-attempt"),
+        ("acquired", None),
+    ]
+    late = run(HOST_STATE, tmp_path, lock_args(sd, "stamped", "ns.m.fp", fingerprint="fp", token=dead_token))
+    assert late["failed"] is True  # the dead play, were it alive after all, could not stamp
+
+
 def test_bad_timings_are_refused(tmp_path: Path) -> None:
     got = run(HOST_STATE, tmp_path, lock_args(tmp_path, "locked", "a", fingerprint="f", stale_seconds=0))
     assert got["failed"] is True

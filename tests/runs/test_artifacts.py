@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from inplace_extension.runs.artifacts import (
+    PLAY_LEASE,
     BatchRef,
     Outcome,
     OutcomeKind,
+    ended_lock_tokens,
     new_attempt_dir,
     prune_batches,
     write_json,
@@ -119,6 +123,39 @@ def test_attempts_are_numbered_and_loaded_in_order(tmp_path: Path) -> None:
     assert attempts[1].outcome is not None and attempts[1].outcome.capability == "ntp"
     assert attempts[2].outcome is None
     assert load_attempts(tmp_path / "absent", FP) == []
+
+
+def test_only_lock_tokens_of_plays_known_to_have_ended_are_offered_for_takeover(tmp_path: Path) -> None:
+    ident_dir = tmp_path / IDENT
+    plays = {}
+    for name in ("ended", "alive", "never-started", "no-token"):
+        _, attempt = new_attempt_dir(ident_dir)
+        batch = tmp_path / name
+        batch.mkdir()
+        plays[name] = batch
+        token = {} if name == "no-token" else {"lock_token": f"token-{name}"}
+        write_json(attempt / "meta.json", {**token, **BatchRef(batch, name, IDENT).to_meta()})
+    for name in ("ended", "alive", "no-token"):
+        (plays[name] / PLAY_LEASE).touch()
+    # a live play's process holds its lease (detach.py and ansible-playbook do)
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD_LEASE, str(plays["alive"] / PLAY_LEASE)], stdout=subprocess.PIPE
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+            assert ended_lock_tokens(ident_dir) == ("token-ended",)
+        finally:
+            holder.kill()
+    assert ended_lock_tokens(ident_dir) == ("token-ended", "token-alive")
+
+
+HOLD_LEASE = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('held', flush=True)\n"
+    "time.sleep(60)\n"
+)
 
 
 def host_state(event: str, res: dict[str, Any], task: str = "Take the host lock") -> dict[str, Any]:

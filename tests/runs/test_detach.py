@@ -1,14 +1,17 @@
-"""detach.py: ansible-playbook keeps going when the pty of a killed service hangs up."""
+"""detach.py: ansible-playbook keeps going when the pty of a killed service hangs up, and holds the play
+lease while it lives."""
 
 from __future__ import annotations
 
 import os
 import pty
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from inplace_extension.runs.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, play_ended
 from inplace_extension.runs.runner import install_wrapper
 
 
@@ -62,3 +65,42 @@ def test_play_outlives_the_pty_hanging_up(tmp_path: Path) -> None:
         time.sleep(0.02)
     assert (tmp_path / "done").read_text() == "play.yml"
     assert proc.wait(10) == 3
+
+
+def test_the_play_lease_is_held_while_ansible_playbook_lives_and_freed_when_it_is_killed(
+    tmp_path: Path,
+) -> None:
+    """A restarted service tells a dead play from a live one by the lease (ended_lock_tokens)."""
+    wrapper = install_wrapper(tmp_path / "runs")
+    fake_playbook(tmp_path, tmp_path / "done")
+    batch_dir = tmp_path / "batch"
+    batch_dir.mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+        PLAY_LEASE_ENV: str(batch_dir / PLAY_LEASE),
+    }
+    assert not play_ended(batch_dir)  # never started: nothing known
+    with subprocess.Popen([str(wrapper), "play.yml"], env=env, stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stdout.readline() == b"started\n"
+        assert not play_ended(batch_dir)
+        proc.kill()  # the wrapper dies first; ansible-playbook inherited the lease and still holds it
+        proc.wait(10)
+    assert not play_ended(batch_dir)
+    playbook = next(
+        int(pid.name)
+        for pid in Path("/proc").iterdir()
+        if pid.name.isdigit() and _cmdline(pid).startswith(f"{sys.executable}\0{tmp_path}/ansible-playbook")
+    )
+    os.kill(playbook, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not play_ended(batch_dir):  # the kernel drops the flock once the last holder is gone
+        assert time.monotonic() < deadline, "the lease stayed held after the play was killed"
+        time.sleep(0.02)
+
+
+def _cmdline(pid_dir: Path) -> str:
+    try:
+        return (pid_dir / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
