@@ -26,9 +26,9 @@ from inplace_extension.auth import AuthMiddleware, AuthPolicy
 from inplace_extension.errors import RequestTooLarge, answer_for
 from inplace_extension.hooks.context import HookContext
 from inplace_extension.hooks.table import HOOKS, Hook
-from inplace_extension.hooks.update_machine import UpdateExecutor
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.metrics import HookStatus, Metrics
+from inplace_extension.runs.model import Executor
 from inplace_extension.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class ExtensionApp(Starlette):
 
 def create_app(
     settings: Settings,
-    executor: UpdateExecutor | None = None,
+    executor: Executor | None = None,
     metrics: Metrics | None = None,
     custom: CustomTable = NO_CUSTOM,
 ) -> Starlette:

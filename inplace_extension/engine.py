@@ -14,7 +14,7 @@ from pathlib import Path
 from inplace_extension.capabilities_file import FileConfig, load_file
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs.model import NO_MACHINE_HOOKS, HostCheck, MachineHooks
+from inplace_extension.runs.model import NO_CLUSTER_SIDE, ClusterSide, HostCheck
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 
@@ -42,7 +42,7 @@ def build_engine(
     settings: Settings,
     config: FileConfig,
     metrics: Metrics,
-    cluster: MachineHooks = NO_MACHINE_HOOKS,
+    cluster: ClusterSide = NO_CLUSTER_SIDE,
 ) -> RunService:
     """The run service for ``settings`` and what the capabilities file configures (its roles, the health
     gate's command checks, the maintenance windows); ``cluster`` is what a run does in the cluster around

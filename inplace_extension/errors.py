@@ -1,39 +1,77 @@
-"""The error model of the service and the one place that maps an error to what CAPI sees.
+"""The error model of the package: the two bases every deliberate error builds on, and the one place
+that maps an error to what CAPI sees (:func:`answer_for`).
+
+Every error class of ``inplace_extension``, by base:
 
 ```
-ExtensionError            .reason (stable CamelCase), .message (deterministic, secret-free)
-├── RequestTooLarge       transport: the body passes the cap -> HTTP 413
-└── InvalidRequest        hook: the body is not JSON or does not fit the hook's model -> 200 Failure
+ExtensionError            .reason (stable CamelCase), .message (deterministic, secret-free): "reason: message"
+├── RequestTooLarge       app: the body passes the cap -> HTTP 413
+├── InvalidRequest        api, hooks: the body is not JSON or does not fit the hook's model -> 200 Failure
+│                         (also a LocatedError: .where is the request field path)
+├── ResolveError          runs.resolve: no usable SSH target (reason per instance: HostNotAllowed, ...)
+├── DesiredStateError     mcm.desired: no usable desired state (NoDesiredState, InvalidDesiredState)
+├── KubeConfigError       kube.client: no usable client configuration
+└── KubeError             kube.errors: a Kubernetes API call failed
+LocatedError              .where (a field path or key), .problem; str "where: problem"
+├── InvalidRequest        (above)
+├── PlanError             inplace.inputs: a desired value the plan cannot turn into role inputs
+├── EntryInvalid          inplace.entries: a malformed list entry (.where relative to the entry)
+└── CustomValueError      inplace.custom: a claimed value a shipped capability's rule refuses
+ValueError                configuration refused at start-up, the message says which file and where:
+├── AuthConfigError       auth
+├── CapabilitiesFileError capabilities_file
+├── InventoryError        runs.inventory
+└── RunConfigError        runs.runner
+Exception                 control flow inside one package, never seen outside it:
+├── EntrySkipped          inplace.entries: an entry that is not ours to carry out
+├── DrainError            kube.drain: the drain did not finish (its message goes to CAPI as is)
+├── Conflict              kube.node_watch: the Node changed since it was read
+└── RunStartError         runs.runner: ansible-runner refused to start a play
 anything else             a bug: logged with its traceback -> 200 Failure "InternalError: see extension logs"
 ```
 
-Host errors are not exceptions here: the run engine reports them as values (``runs.model.Progress``):
-an unreachable host as "in progress, retry later", a failed task as a remembered ``Failure`` message
-("not yet" and "can't do it" are values, not errors).
+Host errors are not exceptions: the run engine reports them as values (``runs.model.Progress``): an
+unreachable host as "in progress, retry later", a failed task as a remembered ``Failure`` message.
+"Not yet" and "cannot do it" are answers, not errors.
 
-Unknown paths (404) and wrong methods (405) are answered by the router itself (docs/capi-hooks.md §1.2: any
-non-200 is a transport error for CAPI, so only these three transport cases may leave 200).
+Unknown paths (404) and wrong methods (405) are answered by the router itself: CAPI treats any status
+but 200 as a transport error, so only those two and 413 may leave anything but 200.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 INTERNAL_ERROR_MESSAGE = "InternalError: see extension logs"
 
 
 class ExtensionError(Exception):
-    """Base of every error we raise on purpose. ``message`` never contains request values."""
+    """Base of every error we answer with on purpose. ``message`` never contains request values.
 
-    reason: ClassVar[str] = "ExtensionError"
+    ``reason`` is the class's CamelCase name for it; a class whose errors have several reasons passes
+    one per instance.
+    """
 
-    def __init__(self, message: str) -> None:
+    reason: str = "ExtensionError"
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if reason is not None:
+            self.reason = reason
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.message}"
+
+
+class LocatedError(Exception):
+    """A problem at a place: ``where`` (a field path, a key; "" for the whole value) and ``problem``
+    (what is wrong there, never the value itself, which may be a secret)."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}" if where else problem)
+        self.where = where
+        self.problem = problem
 
 
 class RequestTooLarge(ExtensionError):
@@ -44,15 +82,10 @@ class RequestTooLarge(ExtensionError):
         self.limit = limit
 
 
-class InvalidRequest(ExtensionError):
-    """The request does not fit the hook: ``field_path`` names where (``desired.machine.metadata.name``)."""
+class InvalidRequest(LocatedError, ExtensionError):
+    """The request does not fit the hook: ``where`` names the field (``desired.machine.metadata.name``)."""
 
     reason = "InvalidRequest"
-
-    def __init__(self, field_path: str, problem: str) -> None:
-        super().__init__(f"{field_path}: {problem}")
-        self.field_path = field_path
-        self.problem = problem
 
 
 @dataclass(frozen=True)
@@ -65,7 +98,7 @@ class ErrorAnswer:
 
 
 def answer_for(exc: BaseException) -> ErrorAnswer:
-    """The single mapping from an exception to the answer: transport, hook and bug errors."""
+    """The single mapping from an exception to the answer."""
     if isinstance(exc, RequestTooLarge):
         return ErrorAnswer(413, str(exc), is_bug=False)
     if isinstance(exc, ExtensionError):

@@ -18,10 +18,10 @@ from inplace_extension.auth import PeerCertH11Protocol, server_tls
 from inplace_extension.cli.command import Command
 from inplace_extension.cli.flags import add_settings_flags, parse_listen, settings_from_args
 from inplace_extension.engine import build_engine, load_config
-from inplace_extension.kubeaware.cluster import connect_hooks
+from inplace_extension.kubeaware.cluster_side import connect_cluster_side
 from inplace_extension.logs import configure_logging
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs.model import NO_MACHINE_HOOKS
+from inplace_extension.runs.model import NO_CLUSTER_SIDE
 from inplace_extension.settings import Settings
 from inplace_extension.tls import default_hosts, ensure_dev_certificate
 from inplace_extension.transport import CoalescingH11Protocol
@@ -81,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
     custom = config_file.custom
     metrics = Metrics()  # one registry shared by the hooks (app) and the runs (executor)
     # Kubernetes-aware mode: a management client (--kubeconfig or in-cluster); a bad config stops the start
-    cluster = connect_hooks(settings, custom) if settings.kube_aware else None
-    executor = build_engine(settings, config_file, metrics, cluster or NO_MACHINE_HOOKS)
-    app = create_app(settings, executor, metrics, custom)  # mypy: RunService is an UpdateExecutor
+    cluster = connect_cluster_side(settings, custom) if settings.kube_aware else None
+    executor = build_engine(settings, config_file, metrics, cluster or NO_CLUSTER_SIDE)
+    app = create_app(settings, executor, metrics, custom)  # mypy: RunService is an Executor
     sock = bind(host, port)
     scheme = "https" if tls else "http"
     shown = f"[{host}]" if ":" in host else host

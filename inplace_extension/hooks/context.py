@@ -15,14 +15,14 @@ from inplace_extension.settings import Settings
 
 if TYPE_CHECKING:
     from inplace_extension.hooks.table import Hook
-    from inplace_extension.hooks.update_machine import UpdateExecutor
+    from inplace_extension.runs.model import Executor
 
 
 @dataclass(frozen=True)
 class HookContext:
     settings: Settings
     hooks: tuple[Hook[Any, Any], ...]  # heterogeneous table: each row has its own models
-    executor: UpdateExecutor | None
+    executor: Executor | None
     custom: CustomTable = NO_CUSTOM  # user-defined capabilities, loaded once at start-up by the CLI
 
 

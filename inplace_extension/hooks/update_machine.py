@@ -1,14 +1,13 @@
 """UpdateMachine: validate, plan (pure core), hand the run to the executor, map its Progress to the answer.
 
 The executor (``inplace_extension.runs.service.RunService``) is injected and reached only through
-:class:`UpdateExecutor`. Every answer is deterministic for the same desired spec
+:class:`inplace_extension.runs.model.Executor`. Every answer is deterministic for the same desired spec
 (docs/capi-hooks.md §3.2, §7.5).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
 from inplace_extension.api.common import ResponseStatus
 from inplace_extension.api.inplace import UpdateMachineRequest, UpdateMachineResponse
@@ -16,7 +15,7 @@ from inplace_extension.errors import InvalidRequest
 from inplace_extension.hooks.context import HookContext, HookOptions
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.inplace.plan import Plan, PlanError, plan_update
-from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest, run_request
 
 logger = logging.getLogger(__name__)
 
@@ -31,36 +30,19 @@ NO_EXECUTOR_MESSAGE = (
 )
 
 
-class UpdateExecutor(Protocol):
-    """What the hook needs from the runs layer: where this update stands (starting it when new)."""
-
-    async def poll(self, request: RunRequest) -> Progress:
-        """Fast and non-blocking; raises ``errors.ExtensionError`` subclasses for known trouble."""
-        ...
-
-
 def plan_request(request: UpdateMachineRequest, custom: CustomTable = NO_CUSTOM) -> Plan:
     """The plan for the desired objects; an invalid value becomes ``InvalidRequest`` naming its field path."""
     try:
         return plan_update(request.desired.to_json(), custom)
     except PlanError as exc:
-        path = exc.field_path if exc.field_path.startswith("desired") else f"desired.{exc.field_path}"
-        raise InvalidRequest(path, exc.reason) from None
+        path = exc.where if exc.where.startswith("desired") else f"desired.{exc.where}"
+        raise InvalidRequest(path, exc.problem) from None
 
 
 def to_run_request(plan: Plan, request: UpdateMachineRequest) -> RunRequest:
+    """The run of ``plan`` for the request's Machine (its annotations and labels)."""
     metadata = request.desired.machine.metadata
-    return RunRequest(
-        namespace=plan.namespace,
-        name=plan.name,
-        fingerprint=plan.fingerprint,
-        capabilities=tuple(step.capability for step in plan.steps),
-        inputs={step.capability: step.inputs for step in plan.steps},
-        # role names of user-defined steps come from the capabilities file (via the plan), never a request
-        roles={step.capability: step.role for step in plan.steps if step.role is not None},
-        annotations=dict(metadata.annotations or {}),
-        labels=dict(metadata.labels or {}),
-    )
+    return run_request(plan, metadata.annotations or {}, metadata.labels or {})
 
 
 def to_response(progress: Progress, default_retry_after: int) -> UpdateMachineResponse:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from inplace_extension.errors import LocatedError
 from inplace_extension.inplace.entries import TEMPLATE_PROBLEM, holds_template
 from inplace_extension.inplace.pointers import MISSING, get_in, is_under, parse_pointer
 
@@ -193,13 +194,8 @@ def removal_problem(desired: Any, kind: str) -> str | None:
     return None
 
 
-class CustomValueError(ValueError):
+class CustomValueError(LocatedError):
     """A claimed value a shipped capability's rule refuses; ``where`` names the field, never the value."""
-
-    def __init__(self, where: str, reason: str) -> None:
-        super().__init__(f"{where}: {reason}")
-        self.where = where
-        self.reason = reason
 
 
 def extract_values(

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from inplace_extension.errors import LocatedError
 from inplace_extension.inplace.pointers import MISSING, get_in, is_object
 
 _USER_KEYS: Final[Mapping[str, str]] = {  # KubeadmConfig v1beta2 User JSON name -> users role input name
@@ -54,13 +55,8 @@ class EntrySkipped(Exception):
     """Not ours to carry out (needs a Secret, not text, unknown field): never claimed, left out of plans."""
 
 
-class EntryInvalid(Exception):
-    """Malformed value; ``field`` is the key at fault relative to the entry ("" for the entry itself)."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}" if field else reason)
-        self.field = field
-        self.reason = reason
+class EntryInvalid(LocatedError):
+    """Malformed value; ``where`` is the key at fault relative to the entry ("" for the entry itself)."""
 
 
 def describe_key(key: object) -> str:

@@ -202,4 +202,4 @@ def _canonical(entry: Any) -> str:
 
 
 def _invalid(subject: str, exc: EntryInvalid) -> str:
-    return f"{subject} {exc.field} {exc.reason}" if exc.field else f"{subject} {exc.reason}"
+    return f"{subject} {exc.where} {exc.problem}" if exc.where else f"{subject} {exc.problem}"

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from inplace_extension.errors import LocatedError
 from inplace_extension.inplace.entries import (
     EntryInvalid,
     EntrySkipped,
@@ -51,13 +52,8 @@ class InputSpec:
         return spec
 
 
-class PlanError(ValueError):
-    """A desired value the plan cannot turn into role inputs. The message names the field, never its value."""
-
-    def __init__(self, field_path: str, reason: str) -> None:
-        super().__init__(f"{field_path}: {reason}")
-        self.field_path = field_path
-        self.reason = reason
+class PlanError(LocatedError):
+    """A desired value the plan cannot turn into role inputs: ``where`` names the field, never its value."""
 
 
 @dataclass(frozen=True)
@@ -159,8 +155,8 @@ def _entries(value: Any, path: str) -> list[Any]:
     try:
         return entries_of(value)
     except EntryInvalid as exc:
-        raise PlanError(path, exc.reason) from None
+        raise PlanError(path, exc.problem) from None
 
 
 def _plan_error(path: str, exc: EntryInvalid) -> PlanError:
-    return PlanError(f"{path}.{exc.field}" if exc.field else path, exc.reason)
+    return PlanError(f"{path}.{exc.where}" if exc.where else path, exc.problem)

@@ -84,7 +84,7 @@ def plan_update(desired: Mapping[str, Any], custom: CustomTable = NO_CUSTOM) -> 
                     extra, specs, annotations if isinstance(annotations, Mapping) else None
                 )
             except CustomValueError as exc:
-                raise PlanError(exc.where, exc.reason) from None
+                raise PlanError(exc.where, exc.problem) from None
             if values is not None:
                 steps.append(PlanStep(extra.name, values, extra.role))
     return Plan(namespace, name, tuple(steps), fingerprint({step.capability: step.inputs for step in steps}))

@@ -38,12 +38,12 @@ def load_config(kubeconfig: Path | None, context: str | None = None) -> KubeConf
 
 
 def connect(kubeconfig: Path | None, context: str | None = None) -> Client:
-    """A synchronous client (CLI commands, the MCM agent's worker thread)."""
+    """A synchronous client (``serve``'s Kubernetes-aware steps, run in the service's worker threads)."""
     config = load_config(kubeconfig, context)
     return Client(config=config.get(context) if context else config, field_manager=FIELD_MANAGER)
 
 
 def connect_async(kubeconfig: Path | None, context: str | None = None) -> AsyncClient:
-    """An asynchronous client (the HTTP service's event loop)."""
+    """An asynchronous client (the MCM agent's event loop)."""
     config = load_config(kubeconfig, context)
     return AsyncClient(config=config.get(context) if context else config, field_manager=FIELD_MANAGER)

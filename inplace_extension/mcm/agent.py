@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from inplace_extension.errors import ExtensionError
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
@@ -30,17 +30,13 @@ from inplace_extension.kube import node_watch as nodes
 from inplace_extension.kube.client import KubeClient
 from inplace_extension.mcm import node_state as ns
 from inplace_extension.mcm.metrics import AgentMetrics
-from inplace_extension.mcm.source import DesiredStateError, desired_plan
-from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.mcm.source import desired_plan
+from inplace_extension.runs.model import Executor, Progress, ProgressState, run_request
 from inplace_extension.runs.policy import RETRY_ANNOTATION
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "inplace-extension-mcm-agent"
-
-
-class Executor(Protocol):
-    async def poll(self, request: RunRequest) -> Progress: ...
 
 
 @dataclass(frozen=True)
@@ -165,7 +161,7 @@ class Agent:
         token = ns.node_annotations(node).get(RETRY_ANNOTATION, "")
         try:
             plan = await desired_plan(self._control, self.options.namespace, node, self._custom)
-        except (DesiredStateError, ExtensionError) as exc:
+        except ExtensionError as exc:  # a DesiredStateError, or the control cluster's
             key = f"{exc}|{token}"
             if not ns.answered(node, key):
                 await self._answer(node, successful=False, reason=str(exc), answered_key=key)
@@ -174,16 +170,7 @@ class Agent:
         if ns.answered(node, key):
             return False
         node = await self._claim(node)
-        request = RunRequest(
-            namespace=self.options.namespace,
-            name=name,
-            fingerprint=plan.fingerprint,
-            capabilities=plan.capabilities,
-            inputs=plan.inputs,
-            roles={s.capability: s.role for s in plan.steps if s.role is not None},
-            annotations=ns.node_annotations(node),
-            labels=ns.node_labels(node),
-        )
+        request = run_request(plan, ns.node_annotations(node), ns.node_labels(node))
         progress = await self._executor.poll(request)
         if progress.waiting is not None and progress.state is ProgressState.IN_PROGRESS:
             # not started (outside its maintenance window): no result, so MCM keeps the Node waiting

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from inplace_extension.errors import ExtensionError
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.inplace.entries import INIT_ARGS, JOIN_ARGS, TEMPLATE_PROBLEM, holds_template
 from inplace_extension.inplace.plan import Plan, PlanError, plan_update
@@ -43,13 +44,11 @@ _PATHS: Final = (
 )
 
 
-class DesiredStateError(Exception):
+class DesiredStateError(ExtensionError):
     """No usable desired state; ``reason`` is stable CamelCase, the message names objects, never values."""
 
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message, reason)
 
 
 class InfrastructureSpec(BaseModel):
@@ -146,12 +145,12 @@ def plan_for(spec: InPlaceUpdateSpec, namespace: str, node: str, custom: CustomT
     try:
         return plan_update(desired_objects(spec, namespace, node), custom)
     except PlanError as exc:
-        path = exc.field_path
+        path = exc.where
         for capi, ours in _PATHS:
             if path.startswith(capi):
                 path = ours + path[len(capi) :]
                 break
-        raise DesiredStateError("InvalidDesiredState", f"{path}: {exc.reason}") from None
+        raise DesiredStateError("InvalidDesiredState", f"{path}: {exc.problem}") from None
 
 
 # -- the path from a Machine to its MachineClass --------------------------------------------------

@@ -1,5 +1,5 @@
-"""Values exchanged between the hooks layer and the runs layer: what to run, how far it got, and the
-cluster-side hooks a run calls around its play (:class:`MachineHooks`)."""
+"""Values exchanged between the engine's callers and the runs layer: what to run, how far it got, and
+the cluster side of a run, the steps it takes in the cluster around its play (:class:`ClusterSide`)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from inplace_extension.inplace.plan import Plan
 from inplace_extension.metrics import WaitReason
 from inplace_extension.runs import progress
 
 
 @dataclass(frozen=True)
 class RunRequest:
-    """One UpdateMachine call, reduced to what a run needs. Built by ``hooks.update_machine``.
+    """One update, reduced to what a run needs: a plan for one machine (:func:`run_request`).
 
     ``inputs`` maps capability name (= role name) to that role's inputs; it never holds
     ``joinConfiguration.discovery`` or any other field no capability claims. ``roles`` names the role of
@@ -38,6 +39,23 @@ class RunRequest:
     @property
     def machine(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def run_request(plan: Plan, annotations: Mapping[str, str], labels: Mapping[str, str]) -> RunRequest:
+    """The run of ``plan`` (the UpdateMachine hook's and the MCM agent's alike). ``annotations`` and
+    ``labels`` are the machine's (the Machine's, or the Node's): the address annotation, the retry token,
+    the inventory's label selectors."""
+    return RunRequest(
+        namespace=plan.namespace,
+        name=plan.name,
+        fingerprint=plan.fingerprint,
+        capabilities=plan.capabilities,
+        inputs=plan.inputs,
+        # role names of user-defined steps come from the capabilities file (via the plan), never a request
+        roles={step.capability: step.role for step in plan.steps if step.role is not None},
+        annotations=dict(annotations),
+        labels=dict(labels),
+    )
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,16 @@ class Progress:
     blocked: bool = False  # FAILED only: the retry budget is spent (not a task failure)
 
 
+class Executor(Protocol):
+    """What the engine's callers (the UpdateMachine hook, the MCM agent) need of the runs layer: where
+    an update stands, starting it when new. Implemented by :class:`inplace_extension.runs.service.RunService`.
+    """
+
+    async def poll(self, request: RunRequest) -> Progress:
+        """Fast and non-blocking; raises ``errors.ExtensionError`` subclasses for known trouble."""
+        ...
+
+
 @dataclass(frozen=True)
 class Blocked:
     """Why the play may not start (the drain did not finish): a stable message; ``retriable`` when it
@@ -78,9 +106,9 @@ class Blocked:
     retriable: bool = False
 
 
-class MachineHooks(Protocol):
+class ClusterSide(Protocol):
     """What a run does in the cluster around the play (the Kubernetes-aware mode, ``inplace_extension.
-    kubeaware``); :data:`NO_MACHINE_HOOKS` when the service has no cluster access. Every method may block
+    kubeaware``); :data:`NO_CLUSTER_SIDE` when the service has no cluster access. Every method may block
     on the API server: the service calls them from worker threads, never from the event loop.
     """
 
@@ -113,7 +141,7 @@ class MachineHooks(Protocol):
         ...
 
 
-class NoMachineHooks:
+class NoClusterSide:
     """No cluster access: the run is the play alone, done when the host carries the stamp."""
 
     def addresses(self, request: RunRequest) -> Sequence[tuple[str, str]]:
@@ -138,4 +166,4 @@ class NoMachineHooks:
         return None
 
 
-NO_MACHINE_HOOKS: Final[MachineHooks] = NoMachineHooks()
+NO_CLUSTER_SIDE: Final[ClusterSide] = NoClusterSide()

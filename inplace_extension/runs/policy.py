@@ -34,7 +34,9 @@ class Verdict(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Decision:
+class Standing:
+    """Where an update stands by its attempts on disk, and so what this poll does (``verdict``)."""
+
     verdict: Verdict
     message: str = ""  # FAILED and WAIT: what CAPI shows
     wait_seconds: int = 0  # WAIT: retryAfterSeconds
@@ -66,34 +68,34 @@ def last_reason(outcome: Outcome) -> str:
 
 def decide(
     attempts: Sequence[Attempt], token: str, now: float, base_backoff: int, budget: int | None = None
-) -> Decision:
-    """The verdict for one poll; a run in flight in this process answers before this is asked.
+) -> Standing:
+    """The standing for one poll; a run in flight in this process answers before this is asked.
     ``budget``: how many failed attempts (of :data:`BUDGETED` kinds) with this retry token may end
     before the update is blocked instead of retried (None: retried for ever)."""
     if any(a.outcome is not None and a.outcome.kind is OutcomeKind.SUCCESSFUL for a in attempts):
-        return Decision(Verdict.DONE)
+        return Standing(Verdict.DONE)
     if not attempts:
-        return Decision(Verdict.START)
+        return Standing(Verdict.START)
     last = attempts[-1]
     next_attempt = last.number + 1
     outcome = last.outcome
     if outcome is None:
         # no summary and no final status: the process running it died; restart it (the host lock and
         # stamp make a second run safe even if the old ansible-playbook still lives)
-        return Decision(Verdict.START, next_attempt=next_attempt)
+        return Standing(Verdict.START, next_attempt=next_attempt)
     if outcome.kind is OutcomeKind.TASK_FAILED:
         if last.retry_token == token:
             message = outcome.message or failure_message(outcome.capability, outcome.task)
-            return Decision(Verdict.FAILED, message)
-        return Decision(Verdict.START, next_attempt=next_attempt)
+            return Standing(Verdict.FAILED, message)
+        return Standing(Verdict.START, next_attempt=next_attempt)
     if last.retry_token != token:
-        return Decision(Verdict.START, next_attempt=next_attempt)  # the user asked to retry now
+        return Standing(Verdict.START, next_attempt=next_attempt)  # the user asked to retry now
     spent = [
         a.outcome for a in attempts if a.retry_token == token and a.outcome and a.outcome.kind in BUDGETED
     ]
     if budget is not None and len(spent) >= budget:
         message = BLOCKED_MESSAGE.format(count=len(spent), reason=last_reason(spent[-1]))
-        return Decision(Verdict.FAILED, message, blocked=True)
+        return Standing(Verdict.FAILED, message, blocked=True)
     failures = 0
     for attempt in reversed(attempts):
         if attempt.outcome is None or attempt.outcome.kind not in RETRIABLE:
@@ -101,8 +103,8 @@ def decide(
         failures += 1
     remaining = outcome.finished + backoff_seconds(failures, base_backoff) - now
     if remaining <= 0:
-        return Decision(Verdict.START, next_attempt=next_attempt)
-    return Decision(
+        return Standing(Verdict.START, next_attempt=next_attempt)
+    return Standing(
         Verdict.WAIT,
         progress.retrying(outcome.kind, next_attempt),
         wait_seconds=max(1, math.ceil(remaining)),

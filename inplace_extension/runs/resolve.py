@@ -16,19 +16,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from inplace_extension.errors import ExtensionError
 from inplace_extension.runs.inventory import HostDefaults, HostEntry, Inventory, parse_ip, parse_known_hosts
 
 ADDRESS_ANNOTATION = "inplace-extension.io/address"
 DEFAULT_ADDRESS_TYPES = ("InternalIP", "ExternalIP")
 
 
-class ResolveError(Exception):
-    """No usable SSH target. ``reason`` is stable CamelCase; ``detail`` is deterministic and value-free."""
+class ResolveError(ExtensionError):
+    """No usable SSH target. ``reason`` is stable CamelCase; the message is deterministic and value-free."""
 
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message, reason)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from inplace_extension.runs.artifacts import (
     write_json,
 )
 from inplace_extension.runs.inventory import InventorySource
-from inplace_extension.runs.model import NO_MACHINE_HOOKS, MachineHooks, Progress, ProgressState, RunRequest
+from inplace_extension.runs.model import NO_CLUSTER_SIDE, ClusterSide, Progress, ProgressState, RunRequest
 from inplace_extension.runs.outcomes import classify, load_attempts
 from inplace_extension.runs.policy import RETRY_ANNOTATION, Verdict, decide, retry_token
 from inplace_extension.runs.registry import Job, RunRegistry
@@ -70,19 +70,19 @@ class _Pending:
 
 
 class RunService:
-    """Implements ``UpdateExecutor`` (inplace_extension/hooks/update_machine.py): fast, durable, bounded."""
+    """The :class:`~inplace_extension.runs.model.Executor`: fast, durable, bounded."""
 
     def __init__(
         self,
         settings: Settings,
         metrics: Metrics | None = None,
         roles_paths: Sequence[Path | str] = (),
-        hooks: MachineHooks = NO_MACHINE_HOOKS,
+        cluster: ClusterSide = NO_CLUSTER_SIDE,
         host_checks: Sequence[model.HostCheck] = (),
         windows: Schedule = NO_WINDOWS,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``roles_paths``: user-defined roles' directories; ``hooks``: what a run does in the cluster
+        """``roles_paths``: user-defined roles' directories; ``cluster``: what a run does in the cluster
         around its play (Kubernetes-aware mode); ``host_checks``: command checks run before the stamp;
         ``windows``: when a new update may start; ``clock``: wall-clock seconds (tests pass their own)."""
         self._clock = clock
@@ -90,9 +90,9 @@ class RunService:
         self._runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._allowed = parse_cidrs(settings.allowed_cidrs)
         self._address_types = tuple(settings.address_types)
-        self._hooks = hooks
+        self._cluster = cluster
         self._settled: set[str] = set()  # idents whose settle() answered done (health gate passed)
-        self._reported: set[tuple[str, str]] = set()  # (ident, failure) already handed to hooks.failed
+        self._reported: set[tuple[str, str]] = set()  # (ident, failure) already handed to cluster.failed
         self._inventory = InventorySource(settings.inventory)
         self._playbook, self._ansible_cfg = runner.locate_playbook(settings.playbooks_dir)
         self._wrapper = runner.install_wrapper(self._runs_dir)
@@ -139,17 +139,17 @@ class RunService:
             attempts = await anyio.to_thread.run_sync(self._load, request)
         token = retry_token(request.annotations.get(RETRY_ANNOTATION))
         now = self._clock()
-        decision = decide(attempts, token, now, self._retry_after, self._budget)
-        if decision.verdict is Verdict.DONE:
+        standing = decide(attempts, token, now, self._retry_after, self._budget)
+        if standing.verdict is Verdict.DONE:
             return await self._settle(request, attempts)
-        if decision.verdict is Verdict.FAILED:
-            reported = (request.ident, decision.message)
-            if reported not in self._reported and self._hooks is not NO_MACHINE_HOOKS:
-                await anyio.to_thread.run_sync(self._hooks.failed, request, decision.message)
+        if standing.verdict is Verdict.FAILED:
+            reported = (request.ident, standing.message)
+            if reported not in self._reported and self._cluster is not NO_CLUSTER_SIDE:
+                await anyio.to_thread.run_sync(self._cluster.failed, request, standing.message)
                 self._reported.add(reported)
-            return Progress(ProgressState.FAILED, decision.message, blocked=decision.blocked)
-        if decision.verdict is Verdict.WAIT:
-            return Progress(ProgressState.IN_PROGRESS, decision.message, decision.wait_seconds, retrying=True)
+            return Progress(ProgressState.FAILED, standing.message, blocked=standing.blocked)
+        if standing.verdict is Verdict.WAIT:
+            return Progress(ProgressState.IN_PROGRESS, standing.message, standing.wait_seconds, retrying=True)
         closed = None if attempts else self._windows.closed(request.labels, now)
         if closed is not None:  # only a first attempt waits: an update that has started finishes
             return self._waiting(request, closed.message(), closed.retry_after(now), "window")
@@ -159,19 +159,19 @@ class RunService:
         """Not started, and not now: an Event the first time this Machine waits for this."""
         if (request.ident, message) not in self._announced:
             self._announced.add((request.ident, message))
-            self._hooks.state(request, "Waiting", message)
+            self._cluster.state(request, "Waiting", message)
         return Progress(ProgressState.IN_PROGRESS, message, retry_after, waiting=why)
 
     async def _settle(self, request: RunRequest, attempts: list[Attempt]) -> Progress:
-        """Applied on the host; with cluster hooks the health gate decides (once passed, remembered)."""
-        if self._hooks is NO_MACHINE_HOOKS or request.ident in self._settled:
+        """Applied on the host; with a cluster side the health gate decides (once passed, remembered)."""
+        if self._cluster is NO_CLUSTER_SIDE or request.ident in self._settled:
             return Progress(ProgressState.DONE, progress.APPLIED)
         applied = max(
             (a for a in attempts if a.outcome and a.outcome.kind is OutcomeKind.SUCCESSFUL),
             key=lambda a: a.outcome.finished if a.outcome else 0.0,
         )
         applied_at = applied.outcome.finished if applied.outcome else 0.0
-        settled = await anyio.to_thread.run_sync(self._hooks.settle, request, applied_at, applied.address)
+        settled = await anyio.to_thread.run_sync(self._cluster.settle, request, applied_at, applied.address)
         if settled.state is ProgressState.DONE:
             self._settled.add(request.ident)
         elif settled.state is ProgressState.IN_PROGRESS:
@@ -215,13 +215,15 @@ class RunService:
                 request.annotations,
                 inventory,
                 self._allowed,
-                None if self._hooks is NO_MACHINE_HOOKS else lambda: self._hooks.addresses(request),
+                None if self._cluster is NO_CLUSTER_SIDE else lambda: self._cluster.addresses(request),
                 self._address_types,
             )
 
         try:
             # the live Machine is read (blocking) only in the Kubernetes-aware mode, and only when needed
-            target = resolve() if self._hooks is NO_MACHINE_HOOKS else await anyio.to_thread.run_sync(resolve)
+            target = (
+                resolve() if self._cluster is NO_CLUSTER_SIDE else await anyio.to_thread.run_sync(resolve)
+            )
         except ResolveError as exc:
             log.warning("machine=%s run=%s: %s", request.machine, request.ident, exc)
             return Progress(ProgressState.FAILED, str(exc))
@@ -229,7 +231,7 @@ class RunService:
         self._registry.submit(
             Job(request.ident, request.machine, pending, on_done=partial(self._ends.ended, request.ident))
         )
-        self._hooks.state(request, "Queued", "queued")
+        self._cluster.state(request, "Queued", "queued")
         view = self._registry.view(request.ident)
         if view is None:  # it already ended (or the service is closing): the next poll reads the result
             return self._in_progress(progress.running(progress.STARTING))
@@ -263,9 +265,9 @@ class RunService:
                 "machine=%s run=%s state=started attempt=%d host=%s source=%s batch=%s",
                 request.machine, request.ident, number, target.address, target.source, batch_ident,
             )  # fmt: skip
-            self._hooks.state(request, "Started", f"started on host {target.address} ({target.source})")
-            # the cluster hooks report progress (``draining: 3 pods left``) as the job's phase
-            failure = self._hooks.before_play(request, partial(self._registry.set_phase, request.ident))
+            self._cluster.state(request, "Started", f"started on host {target.address} ({target.source})")
+            # the cluster side reports progress (``draining: 3 pods left``) as the job's phase
+            failure = self._cluster.before_play(request, partial(self._registry.set_phase, request.ident))
             if failure is not None:  # not drained: this Machine stays out of the play
                 self._finish(job, attempt_dir, blocked_outcome(failure, self._clock()), "not started")
                 continue
@@ -298,7 +300,7 @@ class RunService:
             host_checks=self._host_checks,
             host_checks_timeout_seconds=self._host_checks_timeout,
         )
-        steps = StepTracker([job.payload.request for job in played], self._registry.set_phase, self._hooks)
+        steps = StepTracker([job.payload.request for job in played], self._registry.set_phase, self._cluster)
 
         started = time.monotonic()
         try:
@@ -326,7 +328,7 @@ class RunService:
 
     def _finish(self, job: Job[_Pending], attempt_dir: Path, outcome: Outcome, status: str) -> None:
         request = job.payload.request
-        self._hooks.after_play(request)  # before the outcome: a restart in between cleans up on its poll
+        self._cluster.after_play(request)  # before the outcome: a restart in between cleans up on its poll
         write_json(attempt_dir / "outcome.json", outcome.to_json())
         log.info(
             "machine=%s run=%s state=%s attempt=%d runner_status=%s %s",

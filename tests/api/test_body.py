@@ -44,7 +44,7 @@ def test_field_path_joins_names_and_indexes() -> None:
 def test_parse_json_refuses_what_go_refuses(body: bytes, path: str, words: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_json(body)
-    assert info.value.field_path == path
+    assert info.value.where == path
     assert words in info.value.problem
 
 
@@ -60,7 +60,7 @@ def test_parse_json_refuses_nesting_past_our_depth_bound() -> None:
     body = '{"a":' * (MAX_DEPTH + 1) + "1" + "}" * (MAX_DEPTH + 1)
     with pytest.raises(InvalidRequest) as info:
         parse_json(body.encode())
-    assert info.value.field_path.startswith("a.a.a")
+    assert info.value.where.startswith("a.a.a")
     assert "nested deeper" in info.value.problem
 
 
@@ -102,4 +102,4 @@ def test_parse_request_never_echoes_the_offending_value() -> None:
 def test_parse_request_refuses_an_array_body() -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_request(CanUpdateMachineRequest, b"[]")
-    assert info.value.field_path == "(body)"
+    assert info.value.where == "(body)"

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from inplace_extension.app import create_app
-from inplace_extension.hooks.update_machine import UpdateExecutor
+from inplace_extension.runs.model import Executor
 from inplace_extension.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "capi"
@@ -33,7 +33,7 @@ def fixture_json(name: str) -> dict[str, Any]:
     return data
 
 
-def client_for(settings: Settings, executor: UpdateExecutor | None = None) -> httpx.AsyncClient:
+def client_for(settings: Settings, executor: Executor | None = None) -> httpx.AsyncClient:
     app = create_app(settings, executor)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://capi.test")
 

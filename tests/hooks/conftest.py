@@ -10,8 +10,7 @@ import httpx
 import pytest
 
 from inplace_extension.app import create_app
-from inplace_extension.hooks.update_machine import UpdateExecutor
-from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.runs.model import Executor, Progress, ProgressState, RunRequest
 from inplace_extension.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "capi"
@@ -27,7 +26,7 @@ def load(name: str) -> dict[str, Any]:
     return data
 
 
-def client_for(executor: UpdateExecutor | None = None, **settings: Any) -> httpx.AsyncClient:
+def client_for(executor: Executor | None = None, **settings: Any) -> httpx.AsyncClient:
     app = create_app(Settings(plain_http=True, **settings), executor)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://capi.test")
 

@@ -107,8 +107,8 @@ def test_os_update_plan_puts_the_value_into_whole_argv_items_only() -> None:
 def test_os_update_plan_refuses_a_value_without_a_version_before_any_host() -> None:
     with pytest.raises(PlanError) as caught:
         plan_update(update_objects("https://img.example/latest.qcow2"), parse_capabilities(FILE))
-    assert caught.value.field_path == "Metal3Machine /image/url"
-    assert "holds no OS version" in caught.value.reason
+    assert caught.value.where == "Metal3Machine /image/url"
+    assert "holds no OS version" in caught.value.problem
 
 
 def test_kubelet_credentials_come_from_the_annotation_in_the_plan() -> None:

@@ -91,7 +91,7 @@ def test_parse_file_skips_entries_the_role_cannot_write(entry: dict[str, Any], w
 def test_parse_file_rejects_malformed_entries_naming_the_field(entry: Any, field: str) -> None:
     with pytest.raises(EntryInvalid) as caught:
         parse_file(entry)
-    assert caught.value.field == field
+    assert caught.value.where == field
 
 
 @pytest.mark.parametrize(

@@ -304,13 +304,13 @@ def test_plan_error_names_the_field_and_never_the_value(
     _set(desired, path, value)
     with pytest.raises(PlanError) as caught:
         plan_update(desired)
-    assert caught.value.field_path == field_path
-    assert reason in caught.value.reason
+    assert caught.value.where == field_path
+    assert reason in caught.value.problem
     if isinstance(value, str) and value:
         assert value not in str(caught.value)
     assert str(caught.value).startswith(field_path + ": ")
 
 
-def test_plan_error_is_a_value_error_when_machine_is_missing() -> None:
-    with pytest.raises(ValueError, match=r"^desired\.machine: must be an object$"):
+def test_plan_error_names_the_missing_machine() -> None:
+    with pytest.raises(PlanError, match=r"^desired\.machine: must be an object$"):
         plan_update({})

@@ -1,4 +1,4 @@
-"""The Kubernetes-aware mode around a run: RunService with ClusterHooks against the kubelab's real API
+"""The Kubernetes-aware mode around a run: RunService with KubeClusterSide against the kubelab's real API
 server (CAPI's Machine CRD, kwok Nodes and Pods, the real disruption controller). Only the play is a
 fake (tests/runs/fakes.py): these tests are about what happens in the cluster around it.
 """
@@ -25,7 +25,7 @@ from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.client import connect
 from inplace_extension.kube.drain import CORDONED_BY
 from inplace_extension.kube.machines import SKIP_REMEDIATION, SKIP_REMEDIATION_BY
-from inplace_extension.kubeaware.cluster import ClusterHooks
+from inplace_extension.kubeaware.cluster_side import KubeClusterSide
 from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.service import RunService
@@ -51,7 +51,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
 @pytest.fixture
 def service(
     with_machines: Lab, fake: FakeRunner, tmp_path: Path
-) -> Iterator[tuple[RunService, ClusterHooks]]:
+) -> Iterator[tuple[RunService, KubeClusterSide]]:
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(f'hosts: []\ndefaults: {{user: ansible, known_hosts: "{KEY}"}}\n')
     settings = Settings(
@@ -65,13 +65,13 @@ def service(
         drain_timeout_seconds=4,
         health_gate_timeout_seconds=3,
     )
-    hooks = ClusterHooks(connect(with_machines.kubeconfig), settings, NO_CUSTOM)
-    svc = RunService(settings, hooks=hooks)
-    yield svc, hooks
+    side = KubeClusterSide(connect(with_machines.kubeconfig), settings, NO_CUSTOM)
+    svc = RunService(settings, cluster=side)
+    yield svc, side
     assert fake.gate is not None
     fake.gate.set()
     svc.close()
-    hooks.close()
+    side.close()
 
 
 def machine_with_node(lab: Lab, ready: bool = True) -> tuple[str, str, str]:
@@ -123,7 +123,7 @@ def unschedulable(lab: Lab, node: str) -> bool:
 
 async def test_a_kubelet_restart_drains_marks_the_machine_and_cleans_up(
     with_machines: Lab,
-    service: tuple[RunService, ClusterHooks],
+    service: tuple[RunService, KubeClusterSide],
     fake: FakeRunner,
 ) -> None:
     svc, _ = service
@@ -166,7 +166,7 @@ async def test_a_kubelet_restart_drains_marks_the_machine_and_cleans_up(
 
 async def test_a_users_only_change_neither_drains_nor_marks(
     with_machines: Lab,
-    service: tuple[RunService, ClusterHooks],
+    service: tuple[RunService, KubeClusterSide],
     fake: FakeRunner,
 ) -> None:
     svc, _ = service
@@ -185,7 +185,7 @@ async def test_a_users_only_change_neither_drains_nor_marks(
 
 async def test_a_pdb_blocks_the_drain_the_update_fails_and_the_node_is_uncordoned(
     with_machines: Lab,
-    service: tuple[RunService, ClusterHooks],
+    service: tuple[RunService, KubeClusterSide],
     fake: FakeRunner,
 ) -> None:
     svc, _ = service
@@ -217,7 +217,7 @@ async def test_a_pdb_blocks_the_drain_the_update_fails_and_the_node_is_uncordone
 
 async def test_a_node_that_stays_not_ready_fails_the_health_gate(
     with_machines: Lab,
-    service: tuple[RunService, ClusterHooks],
+    service: tuple[RunService, KubeClusterSide],
     fake: FakeRunner,
 ) -> None:
     svc, _ = service
@@ -244,7 +244,7 @@ async def test_a_node_that_stays_not_ready_fails_the_health_gate(
 @pytest.mark.parametrize(("reported", "drains"), [("v1.30.2", False), ("v1.29.9", True)])
 async def test_a_version_step_drains_only_when_the_node_runs_another_version(
     with_machines: Lab,
-    service: tuple[RunService, ClusterHooks],
+    service: tuple[RunService, KubeClusterSide],
     fake: FakeRunner,
     reported: str,
     drains: bool,

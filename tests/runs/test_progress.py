@@ -7,7 +7,7 @@ import pytest
 
 from inplace_extension.runs import progress
 from inplace_extension.runs.artifacts import OutcomeKind
-from inplace_extension.runs.model import NO_MACHINE_HOOKS, RunRequest
+from inplace_extension.runs.model import NO_CLUSTER_SIDE, RunRequest
 from inplace_extension.runs.policy import Verdict, decide
 from inplace_extension.runs.registry import JobState, JobView
 from inplace_extension.runs.steps import HEALTH_TASK, StepTracker
@@ -21,7 +21,7 @@ MESSAGES = progress.pattern(CAPABILITIES)
 def test_every_phase_of_a_play_is_a_message_of_the_table() -> None:
     request = RunRequest("ns", "m1", "ab" * 32, CAPABILITIES, {c: {} for c in CAPABILITIES})
     phases: list[str] = []
-    tracker = StepTracker([request], lambda ident, phase: phases.append(phase), NO_MACHINE_HOOKS)
+    tracker = StepTracker([request], lambda ident, phase: phases.append(phase), NO_CLUSTER_SIDE)
     for role, task in [(None, "lock"), ("kubeadm_files", "write"), ("ntp", "configure"), (None, HEALTH_TASK)]:
         tracker.on_task(request.ident, role, task)
     tracker.on_task(request.ident, None, "stamp")

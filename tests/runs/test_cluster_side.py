@@ -1,5 +1,5 @@
-"""RunService with cluster hooks (the Kubernetes-aware mode's seam), a fake runner and fake hooks: the
-host from the live Machine, a drain failure as a remembered Failure, the health gate, the call order."""
+"""RunService with a fake cluster side (the Kubernetes-aware mode's seam) and a fake runner: the host
+from the live Machine, a drain failure as a remembered Failure, the health gate, the call order."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from .test_service import KEY, PLAYBOOKS, req, settle
 pytestmark = pytest.mark.anyio
 
 
-class FakeHooks:
+class FakeClusterSide:
     def __init__(self) -> None:
         self.addrs: list[tuple[str, str]] = []
         self.drain_failure: Blocked | None = None
@@ -72,12 +72,12 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
 
 
 @pytest.fixture
-def hooks() -> FakeHooks:
-    return FakeHooks()
+def side() -> FakeClusterSide:
+    return FakeClusterSide()
 
 
 @pytest.fixture
-def svc(tmp_path: Path, fake: FakeRunner, hooks: FakeHooks) -> Iterator[RunService]:
+def svc(tmp_path: Path, fake: FakeRunner, side: FakeClusterSide) -> Iterator[RunService]:
     inventory = tmp_path / "inventory.yaml"
     # no entry matches: the address must come from the Machine; the defaults give the SSH settings
     inventory.write_text(f'hosts: []\ndefaults: {{user: ansible, known_hosts: "{KEY}"}}\n')
@@ -88,7 +88,7 @@ def svc(tmp_path: Path, fake: FakeRunner, hooks: FakeHooks) -> Iterator[RunServi
         playbooks_dir=PLAYBOOKS,
         retry_after_seconds=1,
     )
-    service = RunService(settings, hooks=hooks)
+    service = RunService(settings, cluster=side)
     yield service
     service.close()
 
@@ -106,10 +106,10 @@ def test_the_first_ip_of_the_first_preferred_type_wins() -> None:
 
 
 async def test_the_host_comes_from_the_machine_status_and_the_run_is_wrapped(
-    svc: RunService, fake: FakeRunner, hooks: FakeHooks
+    svc: RunService, fake: FakeRunner, side: FakeClusterSide
 ) -> None:
-    hooks.addrs = [("ExternalIP", "10.79.9.77"), ("InternalIP", "10.79.9.66")]
-    hooks.gate = [Progress(ProgressState.IN_PROGRESS, "health gate: waiting for Node n1 to be Ready")]
+    side.addrs = [("ExternalIP", "10.79.9.77"), ("InternalIP", "10.79.9.66")]
+    side.gate = [Progress(ProgressState.IN_PROGRESS, "health gate: waiting for Node n1 to be Ready")]
     request = req("x1")
     progress = await settle(svc, request)
     assert progress.message == "health gate: waiting for Node n1 to be Ready"
@@ -117,7 +117,7 @@ async def test_the_host_comes_from_the_machine_status_and_the_run_is_wrapped(
     assert fake.started[0].target.address == "10.79.9.66"
     assert (await svc.poll(request)).state is ProgressState.DONE
     assert (await svc.poll(request)).state is ProgressState.DONE
-    assert hooks.calls == [
+    assert side.calls == [
         "addresses",
         "state Queued: queued",
         "state Started: started on host 10.79.9.66 (machine status)",
@@ -130,43 +130,43 @@ async def test_the_host_comes_from_the_machine_status_and_the_run_is_wrapped(
     ]
 
 
-async def test_no_address_anywhere_is_host_not_found(svc: RunService, hooks: FakeHooks) -> None:
+async def test_no_address_anywhere_is_host_not_found(svc: RunService, side: FakeClusterSide) -> None:
     progress = await svc.poll(req("x2"))
     assert progress.state is ProgressState.FAILED
     assert progress.message == (
         "HostNotFound: no inventory entry matches this Machine and it has no inplace-extension.io/address "
         "annotation, nor an InternalIP/ExternalIP address in its status"
     )
-    hooks.addrs = [("InternalIP", "192.0.2.1")]
+    side.addrs = [("InternalIP", "192.0.2.1")]
     refused = await svc.poll(req("x2"))
     assert refused.message == "HostNotAllowed: the address from the machine status is outside --allowed-cidrs"
 
 
 async def test_a_drain_failure_is_a_remembered_failure_and_the_play_never_starts(
-    svc: RunService, fake: FakeRunner, hooks: FakeHooks
+    svc: RunService, fake: FakeRunner, side: FakeClusterSide
 ) -> None:
-    hooks.addrs = [("InternalIP", "10.79.9.66")]
+    side.addrs = [("InternalIP", "10.79.9.66")]
     message = "drain: timed out after 3s with 1 pod left on Node n1"
-    hooks.drain_failure = Blocked(message)
+    side.drain_failure = Blocked(message)
     request = req("x3")
     first = await settle(svc, request)
     assert (first.state, first.message) == (ProgressState.FAILED, message)
     assert (await svc.poll(request)).message == message
     assert fake.count("x3") == 0
-    assert hooks.calls.count(f"failed {message}") == 1  # clean-up and Event once, not per poll
-    assert hooks.calls.index("after_play") < hooks.calls.index(f"failed {message}")
+    assert side.calls.count(f"failed {message}") == 1  # clean-up and Event once, not per poll
+    assert side.calls.index("after_play") < side.calls.index(f"failed {message}")
 
 
 async def test_an_unreachable_api_server_is_retried_with_backoff(
-    svc: RunService, fake: FakeRunner, hooks: FakeHooks
+    svc: RunService, fake: FakeRunner, side: FakeClusterSide
 ) -> None:
-    hooks.addrs = [("InternalIP", "10.79.9.66")]
-    hooks.drain_failure = Blocked("drain: the API server is unreachable (ConnectError)", retriable=True)
+    side.addrs = [("InternalIP", "10.79.9.66")]
+    side.drain_failure = Blocked("drain: the API server is unreachable (ConnectError)", retriable=True)
     request = req("x4")
     waiting = await settle(svc, request)
     assert (waiting.state, waiting.message) == (
         ProgressState.IN_PROGRESS,
         "run interrupted, retrying (attempt 2)",
     )
-    assert not any(call.startswith("failed") for call in hooks.calls)
+    assert not any(call.startswith("failed") for call in side.calls)
     assert fake.count("x4") == 0

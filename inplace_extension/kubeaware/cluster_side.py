@@ -1,4 +1,4 @@
-"""ClusterHooks: the runs layer's ``MachineHooks`` in a real cluster (drain, MHC, health gate, Events).
+"""KubeClusterSide: the runs layer's ``ClusterSide`` in a real cluster (drain, MHC, health gate, Events).
 
 Called from worker threads (never the event loop); every cluster error is turned into a stable message
 or a log line, never an exception into the runs layer. Which steps are disruptive comes from the one
@@ -37,8 +37,8 @@ def _why(exc: Exception) -> str:
     return f"the API server is unreachable ({type(exc).__name__})"
 
 
-class ClusterHooks:
-    """``MachineHooks`` over a management-cluster client (opaque here: only ``inplace_extension.kube``
+class KubeClusterSide:
+    """``ClusterSide`` over a management-cluster client (opaque here: only ``inplace_extension.kube``
     knows the client library)."""
 
     def __init__(self, management: Any, settings: Settings, custom: CustomTable) -> None:
@@ -209,6 +209,6 @@ class ClusterHooks:
             log.warning("machine=%s run=%s: clean-up: %s", request.machine, request.ident, _why(exc))
 
 
-def connect_hooks(settings: Settings, custom: CustomTable) -> ClusterHooks:
-    """The hooks for ``serve``: a management client from ``--kubeconfig`` or the in-cluster account."""
-    return ClusterHooks(connect(settings.kubeconfig), settings, custom)
+def connect_cluster_side(settings: Settings, custom: CustomTable) -> KubeClusterSide:
+    """The cluster side for ``serve``: a management client from ``--kubeconfig`` or the in-cluster account."""
+    return KubeClusterSide(connect(settings.kubeconfig), settings, custom)
