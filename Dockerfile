@@ -6,6 +6,10 @@
 #
 #   docker build -t inplace-extension:0.1.0 .
 #
+# BASE_IMAGE is the Python both stages start from. The default is the official slim image; any Debian
+# bookworm image with python3, python3-venv, python-is-python3 and passwd works the same (the tests
+# build one from Debian packages with mmdebstrap: tests/deploy/image.py).
+#
 # Mounts expected at run time (deploy/deployment.yaml wires each of them):
 #   /etc/inplace-extension/tls/        tls.crt + tls.key (cert-manager Secret)   INPLACE_TLS_CERT/KEY
 #   /etc/inplace-extension/ssh/        SSH private key named by the inventory     (inventory.yaml)
@@ -14,7 +18,9 @@
 #   /tmp                               scratch for Python and Ansible
 # The root filesystem can be read-only: everything written goes to the last two.
 
-FROM python:3.11-slim-bookworm AS build
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -24,7 +30,7 @@ COPY pyproject.toml README.md ./
 COPY inplace_extension/ inplace_extension/
 RUN /opt/inplace-extension/venv/bin/pip install .
 
-FROM python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 # openssh-client is what Ansible's ssh connection runs. Debian's bookworm security updates move its
 # version, so it is not pinned (DL3008): a rebuild picks up the patched client.
 # hadolint ignore=DL3008

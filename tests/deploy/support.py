@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shlex
 import shutil
 import socket
@@ -107,18 +108,34 @@ def parse_dockerfile(text: str) -> list[Stage]:
     if pending:
         raise AssertionError("Dockerfile ends inside a line continuation")
     stages: list[Stage] = []
+    global_args: dict[str, str] = {}  # ARGs before the first FROM: the only ones FROM may use
     for line in logical:
         keyword, _, args = line.partition(" ")
         instruction = Instruction(keyword.upper(), args.strip())
         if instruction.keyword == "FROM":
             words = instruction.args.split()
             alias = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
-            stages.append(Stage(words[0], alias))
+            stages.append(Stage(_substitute(words[0], global_args), alias))
+        elif not stages and instruction.keyword == "ARG":
+            name, _, default = instruction.args.partition("=")
+            global_args[name] = default
         elif not stages:
             raise AssertionError(f"{instruction.keyword} before the first FROM")
         else:
             stages[-1].instructions.append(instruction)
     return stages
+
+
+def _substitute(word: str, args: dict[str, str]) -> str:
+    """``${NAME}``/``$NAME`` replaced by the ARG's default (what a build without --build-arg uses)."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in args:
+            raise AssertionError(f"FROM uses ${name}, which no ARG before the first FROM declares")
+        return args[name]
+
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)", value, word)
 
 
 def exec_form(args: str) -> list[str]:

@@ -176,3 +176,14 @@ def test_parser_handles_continuations_comments_and_stages() -> None:
     assert [(s.base, s.alias) for s in stages] == [("a:1", "one"), ("b:2", None)]
     assert stages[0].env() == {"A": "1", "B": "2"}
     assert stages[1].last("USER").args == "1:1"
+    with_arg = parse_dockerfile("ARG BASE=c:3\nFROM ${BASE} AS one\nFROM $BASE\n")
+    assert [s.base for s in with_arg] == ["c:3", "c:3"]
+    with pytest.raises(AssertionError, match="OTHER"):
+        parse_dockerfile("ARG BASE=c:3\nFROM ${OTHER}\n")
+
+
+def test_both_stages_start_from_one_base_image_argument() -> None:
+    # the image tests (test_image.py) build on a local base through this argument
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    froms = [line.split()[1] for line in text.splitlines() if line.startswith("FROM ")]
+    assert froms and all(f == "${BASE_IMAGE}" for f in froms)
