@@ -24,11 +24,23 @@ from typing import Any
 # actions that run on the controller only (no SSH round trip, no Python on the host)
 CONTROLLER_ACTIONS = frozenset(
     {
-        "assert", "debug", "fail", "meta", "set_fact", "set_stats", "include_role", "include_tasks",
-        "import_role", "import_tasks", "include_vars", "validate_argument_spec", "add_host", "group_by",
+        "assert",
+        "debug",
+        "fail",
+        "meta",
+        "set_fact",
+        "set_stats",
+        "include_role",
+        "include_tasks",
+        "import_role",
+        "import_tasks",
+        "include_vars",
+        "validate_argument_spec",
+        "add_host",
+        "group_by",
         "pause",
     }
-)  # fmt: skip
+)
 RESULT_EVENTS = ("runner_on_ok", "runner_on_failed", "runner_on_unreachable")
 ITEM_EVENTS = ("runner_item_on_ok", "runner_item_on_failed")
 PLAY = "(play)"  # the "role" of the playbook's own tasks

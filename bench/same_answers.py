@@ -68,11 +68,20 @@ def answer_all(bodies: Path, hashes: Path, show: int | None) -> None:
 
     async def answer(path: str, body: bytes) -> bytes:
         scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"timeout=10s",
-            "root_path": "", "headers": [(b"host", b"x"), (b"content-length", str(len(body)).encode())],
-            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2), "state": {},
-        }  # fmt: skip
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"timeout=10s",
+            "root_path": "",
+            "headers": [(b"host", b"x"), (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 2),
+            "state": {},
+        }
         chunks: list[bytes] = []
         pending = [{"type": "http.request", "body": body, "more_body": False}]
 

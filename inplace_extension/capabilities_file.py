@@ -161,11 +161,19 @@ class OsUpdateEntry(_Strict):
 
     def rule(self) -> OsUpdateRule:
         return OsUpdateRule(
-            self.command, tuple(self.args), self.version_pattern, tuple(self.version_command),
-            tuple(self.retriable_exit_codes), tuple(self.retriable_patterns), tuple(self.terminal_patterns),
-            self.retries, self.retry_delay_seconds, self.reboot_exit_code, self.reboot_marker_file,
-            self.reboot_timeout_seconds,
-        )  # fmt: skip
+            command=self.command,
+            args=tuple(self.args),
+            version_pattern=self.version_pattern,
+            version_command=tuple(self.version_command),
+            retriable_exit_codes=tuple(self.retriable_exit_codes),
+            retriable_patterns=tuple(self.retriable_patterns),
+            terminal_patterns=tuple(self.terminal_patterns),
+            retries=self.retries,
+            retry_delay_seconds=self.retry_delay_seconds,
+            reboot_exit_code=self.reboot_exit_code,
+            reboot_marker_file=self.reboot_marker_file,
+            reboot_timeout_seconds=self.reboot_timeout_seconds,
+        )
 
 
 class KubeletCredentialsEntry(_Strict):

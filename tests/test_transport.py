@@ -97,7 +97,9 @@ async def test_an_answer_leaves_in_one_write_on_a_keep_alive_connection() -> Non
         await _settle()
     assert real.writes == [
         b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\ncontent-type: application/json\r\n\r\n"
-        + b'{"got":' + body + b"}"
+        + b'{"got":'
+        + body
+        + b"}"
         for body in (b"12", b"34")
-    ]  # fmt: skip
+    ]
     protocol.connection_lost(None)

@@ -95,8 +95,12 @@ def _log(hook: str, machine: str, answer: CanUpdateAnswer) -> None:
     affects = "-" if answer.affects_availability is None else str(answer.affects_availability).lower()
     logger.info(
         "hook=%s machine=%s decision=%s patches=%s affects_availability=%s",
-        hook, machine, answer.decision, targets, affects,
-    )  # fmt: skip
+        hook,
+        machine,
+        answer.decision,
+        targets,
+        affects,
+    )
 
 
 async def can_update_machine(

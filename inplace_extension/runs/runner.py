@@ -1,7 +1,7 @@
 """The ansible-runner adapter: the one module that imports ``ansible_runner``.
 
 It prepares a fresh private data dir for one batch of Machine attempts (per Machine: inputs file,
-pinned known_hosts, host variables), starts ``update_machine.yml`` once for all of them with
+host variables with the SSH settings of ssh.py), starts ``update_machine.yml`` once for all of them with
 ``run_async`` and reports live task starts per host. It never decides what an
 outcome means (that is :mod:`inplace_extension.runs.outcomes`); ansible-runner exceptions become
 :class:`RunStartError` here. Used by :mod:`inplace_extension.runs.service` from worker threads only.
@@ -9,15 +9,11 @@ outcome means (that is :mod:`inplace_extension.runs.outcomes`); ansible-runner e
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shlex
-import subprocess
 import sys
-import tempfile
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,16 +22,12 @@ from typing import Any
 import ansible_runner
 
 import inplace_extension
+from inplace_extension.runs import ssh
 from inplace_extension.runs.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, write_json
 from inplace_extension.runs.model import HostCheck
 from inplace_extension.runs.resolve import HostTarget
 
 log = logging.getLogger(__name__)
-
-HOST_KEY_ALIAS = "inplace-extension-target"  # known_hosts lines are written for this alias, see _ssh_args
-# ssh's ControlPath socket must fit in sun_path (107 bytes and a NUL): the directory, '/', the 40-char %C
-# hash and the 17-char suffix ('.' and 16 random characters) of the temporary name ssh binds first
-MAX_CONTROL_DIR_LEN = 49
 
 
 class RunStartError(Exception):
@@ -119,7 +111,10 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
         write_json(inputs_file, {cap: dict(run.inputs.get(cap, {})) for cap in run.capabilities})
         # the playbook's run parameters (architecture.md), as host variables so that one play can
         # carry several Machines, each with its own ident, fingerprint and inputs
-        hosts[run.host_name] = {**_host_vars(run.target, run.attempt_dir), **run_parameters(run, inputs_file)}
+        hosts[run.host_name] = {
+            **ssh.host_vars(run.target, run.attempt_dir),
+            **run_parameters(run, inputs_file),
+        }
         if spec.host_checks:
             # argv lists reach the play like request data: a file read with lookup(file)|from_json
             checks_file = run.attempt_dir / "health_checks.json"
@@ -187,78 +182,8 @@ def _check_json(check: HostCheck) -> dict[str, Any]:
     return {"name": check.name, "argv": list(check.argv), "timeout_seconds": check.timeout_seconds}
 
 
-def _host_vars(target: HostTarget, attempt_dir: Path) -> dict[str, Any]:
-    host: dict[str, Any] = {
-        "ansible_host": target.address,
-        "ansible_port": target.port,
-        "ansible_become": target.become,
-        "ansible_host_key_checking": not target.insecure_skip_host_key_check,
-        "ansible_ssh_common_args": _ssh_args(target, attempt_dir),
-    }
-    if target.user:
-        host["ansible_user"] = target.user
-    if target.private_key_file:
-        host["ansible_ssh_private_key_file"] = str(target.private_key_file)
-    if target.python_interpreter:
-        host["ansible_python_interpreter"] = target.python_interpreter
-    return host
-
-
-def _ssh_args(target: HostTarget, attempt_dir: Path) -> str:
-    if target.insecure_skip_host_key_check:
-        return "-o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no"
-    known_hosts = attempt_dir / "known_hosts"
-    # the alias pins the key to this target whatever address/port it has; the system files are ignored
-    known_hosts.write_text("".join(f"{HOST_KEY_ALIAS} {key}\n" for key in target.host_keys), encoding="utf-8")
-    return " ".join(
-        [
-            "-o",
-            shlex.quote(f"UserKnownHostsFile={known_hosts}"),
-            "-o GlobalKnownHostsFile=/dev/null",
-            "-o StrictHostKeyChecking=yes",
-            f"-o HostKeyAlias={HOST_KEY_ALIAS}",
-        ]
-    )
-
-
-def control_path_dir(state_dir: Path) -> Path:
-    """Where ssh ControlPersist sockets go: under the runs dir unless that path is too long for a socket."""
-    wanted = state_dir / "cp"
-    if len(str(wanted)) <= MAX_CONTROL_DIR_LEN:
-        return wanted
-    digest = hashlib.sha256(str(state_dir).encode()).hexdigest()[:10]
-    return Path(tempfile.gettempdir()) / f"inplace-cp-{os.getuid()}-{digest}"
-
-
-def close_control_masters(state_dir: Path) -> None:
-    """End the ssh ControlPersist masters our runs left (they would linger up to ControlPersist)."""
-    cp_dir = control_path_dir(state_dir)
-    if not cp_dir.is_dir():
-        return
-    for sock in cp_dir.iterdir():
-        if sock.is_socket():
-            subprocess.run(
-                ["ssh", "-O", "exit", "-o", f"ControlPath={sock}", "control-master"],
-                capture_output=True, timeout=10, check=False,
-            )  # fmt: skip
-    if cp_dir.parent != state_dir:
-        # the fallback under the temp dir: leave nothing behind. A master removes its socket just after
-        # "ssh -O exit" returns, so give the directory a moment to become empty.
-        deadline = time.monotonic() + 2.0
-        while True:
-            try:
-                cp_dir.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                if time.monotonic() > deadline or any(not p.is_socket() for p in cp_dir.iterdir()):
-                    return
-                time.sleep(0.05)
-
-
 def _envvars(spec: BatchSpec) -> dict[str, str]:
-    cp_dir = control_path_dir(spec.state_dir)
+    cp_dir = ssh.control_path_dir(spec.state_dir)
     cp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     home = spec.state_dir / ".ansible"
     home.mkdir(mode=0o700, parents=True, exist_ok=True)

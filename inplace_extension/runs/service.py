@@ -23,7 +23,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from inplace_extension.metrics import Metrics, WaitReason
-from inplace_extension.runs import model, progress, runner, validate
+from inplace_extension.runs import model, progress, runner, ssh, validate
 from inplace_extension.runs.artifacts import (
     Attempt,
     BatchRef,
@@ -189,7 +189,7 @@ class RunService:
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         if not any(thread.is_alive() for thread in threads):
-            runner.close_control_masters(self._runs_dir)  # a run still going needs its master
+            ssh.close_control_masters(self._runs_dir)  # a run still going needs its master
 
     def _in_progress(self, message: str) -> Progress:
         return Progress(ProgressState.IN_PROGRESS, message, self._retry_after)
@@ -263,8 +263,13 @@ class RunService:
             write_json(attempt_dir / "meta.json", {**meta, "pid": os.getpid(), **ref.to_meta()})
             log.info(
                 "machine=%s run=%s state=started attempt=%d host=%s source=%s batch=%s",
-                request.machine, request.ident, number, target.address, target.source, batch_ident,
-            )  # fmt: skip
+                request.machine,
+                request.ident,
+                number,
+                target.address,
+                target.source,
+                batch_ident,
+            )
             self._cluster.state(request, "Started", f"started on host {target.address} ({target.source})")
             # the cluster side reports progress (``draining: 3 pods left``) as the job's phase
             failure = self._cluster.before_play(request, partial(self._registry.set_phase, request.ident))
@@ -332,11 +337,20 @@ class RunService:
         write_json(attempt_dir / "outcome.json", outcome.to_json())
         log.info(
             "machine=%s run=%s state=%s attempt=%d runner_status=%s %s",
-            request.machine, request.ident, outcome.kind.value, job.attempt, status, outcome.detail,
-        )  # fmt: skip
+            request.machine,
+            request.ident,
+            outcome.kind.value,
+            job.attempt,
+            status,
+            outcome.detail,
+        )
         if outcome.kind is OutcomeKind.TASK_FAILED:
             log.warning(
                 "machine=%s run=%s failed: capability=%s task=%r (artifacts: %s)",
-                request.machine, request.ident, outcome.capability, outcome.task, attempt_dir,
-            )  # fmt: skip
+                request.machine,
+                request.ident,
+                outcome.capability,
+                outcome.task,
+                attempt_dir,
+            )
         self._load(request)

@@ -104,12 +104,17 @@ def host_facts(lab: Lab, host: Host, alice_key_file: Path) -> dict[str, str]:
     if stamp != "absent":
         with contextlib.suppress(ValueError, AttributeError):
             facts["stamp"] = "fingerprint " + str(json.loads(stamp).get("fingerprint", "?"))[:16] + "..."
-    login = subprocess.run(
-        ["ssh", "-i", str(alice_key_file), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-         "-o", f"UserKnownHostsFile={lab.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-         "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR", f"{DEMO_USER}@{host.address}", "whoami"],
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+    known_hosts = f"UserKnownHostsFile={lab.known_hosts}"
+    options = [
+        "IdentitiesOnly=yes",
+        "BatchMode=yes",
+        known_hosts,
+        "StrictHostKeyChecking=yes",
+        "ConnectTimeout=5",
+    ]
+    pairs = [arg for option in [*options, "LogLevel=ERROR"] for arg in ("-o", option)]
+    argv = ["ssh", "-i", str(alice_key_file), *pairs, f"{DEMO_USER}@{host.address}", "whoami"]
+    login = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     facts["login"] = "ok" if login.stdout.strip() == DEMO_USER else "refused"
     return facts
 
@@ -121,8 +126,11 @@ def rollout(lab: Lab, workdir: Path, clock: Clock, retry_after: int) -> int:
     hosts = lab.hosts()
     machine_to_host = dict(zip(MACHINES, hosts, strict=True))
     key_file = workdir / "ops-alice_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", DEMO_USER, "-f", str(key_file)],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", DEMO_USER, "-f", str(key_file)],
+        check=True,
+        capture_output=True,
+    )
     alice_key = key_file.with_suffix(".pub").read_text().strip()
     inventory = workdir / "inventory.yaml"
     inventory.write_text(render(lab, "service", list(MACHINES)))

@@ -32,9 +32,15 @@ class Service:
 @contextlib.contextmanager
 def running_service(inventory: Path, lab: Lab, workdir: Path, retry_after: int) -> Iterator[Service]:
     log_path = workdir / "service.log"
-    argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http",
-            "--inventory", str(inventory), "--allowed-cidrs", str(lab.network),
-            "--runs-dir", str(workdir / "runs"), "--retry-after-seconds", str(retry_after)]  # fmt: skip
+    flags = {
+        "--listen": "127.0.0.1:0",
+        "--inventory": str(inventory),
+        "--allowed-cidrs": str(lab.network),
+        "--runs-dir": str(workdir / "runs"),
+        "--retry-after-seconds": str(retry_after),
+    }
+    pairs = [arg for flag in flags.items() for arg in flag]
+    argv = [sys.executable, "-m", "inplace_extension", "serve", "--plain-http", *pairs]
     with log_path.open("ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
@@ -59,10 +65,7 @@ def running_service(inventory: Path, lab: Lab, workdir: Path, retry_after: int) 
 def _close_run_ssh_masters(runs_dir: Path) -> None:
     """End the service's ControlPersist ssh masters (they would linger for a minute after the runs)."""
     try:
-        from inplace_extension.runs.runner import control_path_dir
-    except ImportError:
+        from inplace_extension.runs.ssh import close_control_masters
+    except ImportError:  # hostlab runs without the service installed too
         return
-    cp_dir = control_path_dir(runs_dir)
-    for sock in cp_dir.glob("*") if cp_dir.is_dir() else ():
-        subprocess.run(["ssh", "-O", "exit", "-o", f"ControlPath={sock}", "lab"], capture_output=True,
-                       timeout=10, check=False)  # fmt: skip
+    close_control_masters(runs_dir)

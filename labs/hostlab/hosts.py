@@ -43,9 +43,10 @@ def start_host(host: Host, state: LabState, base: Path, client_key: Path) -> int
     if link_exists(host.veth):  # an unclean stop left the bridge end behind
         run(["ip", "link", "del", host.veth])
     gateway = str(slot_network(state.slot).network_address + 1)
-    argv = ["unshare", "--fork", "--kill-child=SIGKILL", "--pid", "--mount", "--uts", "--ipc", "--net",
-            "--propagation", "private", "/bin/sh", str(HOST_INIT), host.name, str(hd), str(base),
-            host.address, gateway, str(PROXY_PORT), str(state.disk_mb), str(GUEST_INIT)]  # fmt: skip
+    namespaces = ["--pid", "--mount", "--uts", "--ipc", "--net", "--propagation", "private"]
+    unshare = ["unshare", "--fork", "--kill-child=SIGKILL", *namespaces]
+    init = [str(HOST_INIT), host.name, str(hd), str(base), host.address, gateway]
+    argv = [*unshare, "/bin/sh", *init, str(PROXY_PORT), str(state.disk_mb), str(GUEST_INIT)]
     pid = spawn(
         argv, output=hd / "console.log", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     )
@@ -72,8 +73,9 @@ def _plug_and_go(host: Host, pid: int, fifo: Path, bridge: str) -> None:
     pid1 = children(pid)[0]
     # fixed MACs: after a reset the machine's neighbour cache still points at the right host
     # (with random ones, packets go to the old MAC for up to a minute and SSH times out)
-    run(["ip", "link", "add", host.veth, "address", host_mac(host, 1), "type", "veth",
-         "peer", "name", "eth0", "address", host_mac(host, 0), "netns", str(pid1)])  # fmt: skip
+    bridge_end = [host.veth, "address", host_mac(host, 1), "type", "veth"]
+    host_end = ["peer", "name", "eth0", "address", host_mac(host, 0), "netns", str(pid1)]
+    run(["ip", "link", "add", *bridge_end, *host_end])
     run(["ip", "link", "set", host.veth, "master", bridge, "up"])
     # an isolated bridge port forwards only to the bridge itself (the gateway), never to another
     # isolated port: hosts reach the gateway and nothing else, not even each other

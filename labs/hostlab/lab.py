@@ -1,10 +1,11 @@
 """A lab: a named set of hosts on one bridge and /24, with its apt proxy, keys and state file.
 
-This module owns :class:`Lab`'s lifecycle (up, reset, reboot, down, status, stale-lab reaping) under the
-lab's lock; the parts live beside it: :mod:`hostlab.state` (the state file, :class:`Host`),
-:mod:`hostlab.network` (slots, bridge, apt proxy), :mod:`hostlab.hosts` (a host's processes) and
-:mod:`hostlab.access` (SSH and nsenter into hosts). The names tests and tools import from here
-(``Lab``, ``Host``, ``banner_ready``, ``link_exists``, ``reap_stale``, ``all_labs``) stay here.
+This module owns :class:`Lab`: its lifecycle (up, reset, reboot, down, status, stale-lab reaping) under
+the lab's lock, and the access to its hosts from the controller (SSH with pinned host keys, nsenter,
+Ansible settings); the parts live beside it: :mod:`hostlab.state` (the state file, :class:`Host`),
+:mod:`hostlab.network` (slots, bridge, apt proxy) and :mod:`hostlab.hosts` (a host's processes). The
+names tests and tools import from here (``Lab``, ``Host``, ``banner_ready``, ``link_exists``,
+``reap_stale``, ``all_labs``) stay here.
 
 Layout of lab ``NAME`` with slot ``S`` (several labs coexist; each gets a free slot under a lock):
 
@@ -25,18 +26,19 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import shlex
 import shutil
 import signal
+import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from hostlab import prereqs
-from hostlab.access import LabAccess
 from hostlab.base import ensure_base
-from hostlab.config import DEFAULT_DISK_MB, MAX_HOSTS, NAME_RE, PROXY_PORT, Config
+from hostlab.config import DEFAULT_DISK_MB, LOGIN_USER, MAX_HOSTS, NAME_RE, PROXY_PORT, Config
 from hostlab.errors import LabError, LabUnavailable
 from hostlab.hosts import reboot_host, start_host, stop_host
 from hostlab.network import banner_ready, claim_slot, ensure_bridge, ensure_proxy, link_exists
@@ -46,13 +48,23 @@ from hostlab.state import Host, HostState, LabState, host_of, slot_network
 __all__ = ["Host", "Lab", "Log", "all_labs", "banner_ready", "link_exists", "reap_stale", "slot_network"]
 
 Log = Callable[[str], None]
+# ssh client options of every connection to a lab host: key only, no prompt, pinned host keys, no master
+SSH_OPTIONS = (
+    "IdentitiesOnly=yes",
+    "BatchMode=yes",
+    "StrictHostKeyChecking=yes",
+    "GlobalKnownHostsFile=/dev/null",
+    "ControlMaster=no",
+    "ControlPath=none",
+    "LogLevel=ERROR",
+)
 
 
 def _quiet(_: str) -> None:
     """Default logger of the Python API: silent (the CLI passes print)."""
 
 
-class Lab(LabAccess):
+class Lab:
     """Control one named lab. Every method that changes the lab holds the lab's lock."""
 
     def __init__(self, name: str = "default", cfg: Config | None = None) -> None:
@@ -121,6 +133,88 @@ class Lab(LabAccess):
                 return host
         raise LabError(f"lab {self.name!r} has no host {ref!r}")
 
+    # ----- access: SSH (pinned host keys), nsenter, Ansible settings ---------------------------------
+
+    @property
+    def private_key(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    @property
+    def control_path_dir(self) -> Path:
+        """Use as ANSIBLE_SSH_CONTROL_PATH_DIR so ``down`` can close Ansible's SSH masters first."""
+        return self.dir / "cp"
+
+    def known_hosts_line(self, host: Host) -> str:
+        key = (host.dir / "ssh_host_ed25519_key.pub").read_text().split()
+        return f"{host.address} {key[0]} {key[1]}"
+
+    def ssh_argv(self, host: Host, user: str = LOGIN_USER, *, connect_timeout: int = 5) -> list[str]:
+        """ssh client arguments for ``host`` with host-key verification ON (pinned known_hosts)."""
+        options = [
+            *SSH_OPTIONS,
+            f"UserKnownHostsFile={self.known_hosts}",
+            f"ConnectTimeout={connect_timeout}",
+        ]
+        pairs = [arg for option in options for arg in ("-o", option)]
+        return ["ssh", "-i", str(self.private_key), *pairs, f"{user}@{host.address}"]
+
+    def ssh(
+        self,
+        host: Host | str | int,
+        command: Sequence[str],
+        *,
+        user: str = LOGIN_USER,
+        timeout: float = 60,
+        connect_timeout: int = 5,
+        input_text: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` (an argv, quoted for the remote shell) on ``host`` over SSH; returns any exit."""
+        target = host if isinstance(host, Host) else self.host(host)
+        argv = [*self.ssh_argv(target, user, connect_timeout=connect_timeout), "--", shlex.join(command)]
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, input=input_text, check=False
+        )
+
+    def read_file(self, host: Host | str | int, path: str) -> str:
+        """Read a file on ``host`` over SSH (with sudo, so root-only files work too)."""
+        result = self.ssh(host, ["sudo", "-n", "cat", "--", path])
+        if result.returncode != 0:
+            raise LabError(f"cannot read {path}: {result.stderr.strip()}")
+        return result.stdout
+
+    def exec_in(
+        self,
+        host: Host | str | int,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60,
+        input_text: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` as root inside ``host``'s namespaces and root, without SSH (works with no sshd)."""
+        target = host if isinstance(host, Host) else self.host(host)
+        pid1 = target.pid1
+        if pid1 is None:
+            raise LabError(f"host {target.name} is not running")
+        nsenter = ["nsenter", "-t", str(pid1), "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+        return subprocess.run(
+            [*nsenter, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input_text,
+            check=False,
+            env=env,
+        )
+
+    def ansible_env(self) -> dict[str, str]:
+        """Environment for ansible-playbook/ansible-runner runs against this lab."""
+        return {"ANSIBLE_SSH_CONTROL_PATH_DIR": str(self.control_path_dir), "ANSIBLE_NOCOLOR": "1"}
+
     # ----- up --------------------------------------------------------------------------------------
 
     def up(
@@ -178,8 +272,8 @@ class Lab(LabAccess):
 
     def _ensure_keys(self) -> None:
         if not self.private_key.is_file():
-            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"hostlab-{self.name}",
-                 "-f", str(self.private_key)])  # fmt: skip
+            comment = f"hostlab-{self.name}"
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(self.private_key)])
         self.control_path_dir.mkdir(mode=0o700, exist_ok=True)
 
     def _write_known_hosts(self, state: LabState) -> None:

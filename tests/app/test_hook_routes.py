@@ -26,12 +26,20 @@ BODIES = {
 async def _call(app: Any, path: str, body: bytes, root_path: str = "", chunk: int = 0) -> list[Message]:
     """One POST straight through the ASGI interface: every message the app sends, in order."""
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": root_path + path, "raw_path": (root_path + path).encode(),
-        "root_path": root_path, "query_string": b"timeout=10s", "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 2), "state": {},
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": root_path + path,
+        "raw_path": (root_path + path).encode(),
+        "root_path": root_path,
+        "query_string": b"timeout=10s",
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+        "state": {},
         "headers": [(b"host", b"x"), (b"content-length", str(len(body)).encode())],
-    }  # fmt: skip
+    }
     parts = [body[i : i + chunk] for i in range(0, len(body), chunk)] if chunk else [body]
     pending = [
         {"type": "http.request", "body": part, "more_body": i < len(parts) - 1}

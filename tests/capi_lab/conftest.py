@@ -149,15 +149,27 @@ def capi_extension(
     runs_dir = work / "runs"
     port = kubelab_capi.free_port()  # outside CAPD's 19000 and 20000-30000
     argv = [
-        sys.executable, "-m", "inplace_extension", "serve",
-        "--listen", f"127.0.0.1:{port}",
-        "--tls-cert", str(cert.cert), "--tls-key", str(cert.key),
-        "--inventory", str(inventory),
-        "--allowed-cidrs", str(lab.network),
-        "--runs-dir", str(runs_dir),
-        "--playbooks-dir", str(e2e_playbooks),
-        "--retry-after-seconds", "1",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "inplace_extension",
+        "serve",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--tls-cert",
+        str(cert.cert),
+        "--tls-key",
+        str(cert.key),
+        "--inventory",
+        str(inventory),
+        "--allowed-cidrs",
+        str(lab.network),
+        "--runs-dir",
+        str(runs_dir),
+        "--playbooks-dir",
+        str(e2e_playbooks),
+        "--retry-after-seconds",
+        "1",
+    ]
     service = Service(argv, work / "service-1.log", runs_dir, kubelab_capi.ca)
     ext = Extension(kubelab_capi, lab, argv, kubelab_capi.ca, inventory, runs_dir, work, service)
     try:

@@ -193,9 +193,16 @@ def create_worker(ext: KubeExtension, host: Host, prefix: str, kwok: bool = True
     dev = machine["spec"]["infrastructureRef"]["name"]
     addresses = {"status": {"addresses": [{"type": "InternalIP", "address": host.address}]}}
     kube.kubectl(
-        "patch", DEV_MACHINES, dev, "-n", namespace, "--subresource=status", "--type=merge",
-        "-p", json.dumps(addresses),
-    )  # fmt: skip
+        "patch",
+        DEV_MACHINES,
+        dev,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(addresses),
+    )
 
     def has_address() -> bool:
         current = objects.get(kube, MACHINES, name, namespace) or {}

@@ -27,9 +27,12 @@ KCP = "kubeadmcontrolplanes.controlplane.cluster.x-k8s.io"
 PROVISION_TIMEOUT = 180.0
 # what KCP's preflight checks require before it touches a control plane Machine (preflight.go)
 CP_MACHINE_HEALTH_CONDITIONS = (
-    "APIServerPodHealthy", "ControllerManagerPodHealthy", "SchedulerPodHealthy",
-    "EtcdPodHealthy", "EtcdMemberHealthy",
-)  # fmt: skip
+    "APIServerPodHealthy",
+    "ControllerManagerPodHealthy",
+    "SchedulerPodHealthy",
+    "EtcdPodHealthy",
+    "EtcdMemberHealthy",
+)
 KCP_HEALTH_CONDITIONS = ("EtcdClusterHealthy", "ControlPlaneComponentsHealthy")
 ROLLOUT_TIMEOUT = 240.0
 HOST_FILE = "/etc/capi-lab/in-place.conf"  # what the rollouts write on the hosts

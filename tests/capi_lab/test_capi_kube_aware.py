@@ -29,7 +29,7 @@ from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 from playbooks.standins import install_standins, lab_run_on_host
 
-from inplace_extension.runs.runner import close_control_masters
+from inplace_extension.runs.ssh import close_control_masters
 
 from .conftest import registered
 from .kube_aware import (
@@ -65,19 +65,35 @@ def kube_extension(
     inventory.write_text("hosts: []\n")
     log_path = tmp_path_factory.mktemp("capi-kube-aware") / "service.log"  # kept after the run
     argv = [
-        sys.executable, "-m", "inplace_extension", "serve",
-        "--listen", f"127.0.0.1:{kubelab_capi.free_port()}",
-        "--tls-cert", str(cert.cert), "--tls-key", str(cert.key),
-        "--inventory", str(inventory),
-        "--allowed-cidrs", str(lab.network),
-        "--runs-dir", str(work / "runs"),
-        "--playbooks-dir", str(e2e_playbooks),
-        "--retry-after-seconds", "1",
-        "--kubeconfig", str(kubelab_capi.kubeconfig),
-        "--workload-kubeconfig", "management",
-        "--drain-timeout-seconds", str(DRAIN_SECONDS),
-        "--health-gate-timeout-seconds", str(GATE_SECONDS),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "inplace_extension",
+        "serve",
+        "--listen",
+        f"127.0.0.1:{kubelab_capi.free_port()}",
+        "--tls-cert",
+        str(cert.cert),
+        "--tls-key",
+        str(cert.key),
+        "--inventory",
+        str(inventory),
+        "--allowed-cidrs",
+        str(lab.network),
+        "--runs-dir",
+        str(work / "runs"),
+        "--playbooks-dir",
+        str(e2e_playbooks),
+        "--retry-after-seconds",
+        "1",
+        "--kubeconfig",
+        str(kubelab_capi.kubeconfig),
+        "--workload-kubeconfig",
+        "management",
+        "--drain-timeout-seconds",
+        str(DRAIN_SECONDS),
+        "--health-gate-timeout-seconds",
+        str(GATE_SECONDS),
+    ]
     ext = KubeExtension(kubelab_capi, lab, inventory, work / "runs", log_path, argv)
     try:
         ext.start()

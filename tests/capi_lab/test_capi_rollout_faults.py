@@ -78,8 +78,12 @@ def test_a_task_failure_stalls_the_rollout_until_the_retry_annotation(
     # a new retry value: the Machine update event makes CAPI reconcile (and call UpdateMachine) at once,
     # without waiting out its exponential backoff
     md_cluster.annotate(MACHINES, broken, RETRY, "1")
-    wait(lambda: rolled_out(md_cluster, template), ROLLOUT_TIMEOUT, "rollout finished after the retry",
-         lambda: co.conditions_text(md_cluster.md_machines()))  # fmt: skip
+    wait(
+        lambda: rolled_out(md_cluster, template),
+        ROLLOUT_TIMEOUT,
+        "rollout finished after the retry",
+        lambda: co.conditions_text(md_cluster.md_machines()),
+    )
     assert md_cluster.identities(md_cluster.md_machines()) == before
     for name, host in zip(names, hosts, strict=False):
         assert run_on(lab, host, ["cat", HOST_FILE]) == "after a failure\n", name
@@ -98,8 +102,12 @@ def test_a_service_killed_mid_update_finishes_after_restart_with_one_apply(
     wait(lambda: ext.log().count("state=started") > started, ROLLOUT_TIMEOUT, "an UpdateMachine run started")
     ext.kill()  # SIGKILL while the play runs (it goes on, detached, and releases the host lock)
     ext.restart()
-    wait(lambda: rolled_out(md_cluster, template), ROLLOUT_TIMEOUT, "rollout finished after the restart",
-         lambda: co.conditions_text(md_cluster.md_machines()))  # fmt: skip
+    wait(
+        lambda: rolled_out(md_cluster, template),
+        ROLLOUT_TIMEOUT,
+        "rollout finished after the restart",
+        lambda: co.conditions_text(md_cluster.md_machines()),
+    )
     assert md_cluster.identities(md_cluster.md_machines()) == before
     for name, host in zip(names, hosts, strict=False):
         assert run_on(lab, host, ["cat", HOST_FILE]) == "after a kill\n", name

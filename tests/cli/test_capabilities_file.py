@@ -55,9 +55,14 @@ def test_serve_refuses_a_bad_capabilities_file(tmp_path: Path) -> None:
     caps = capabilities_file(tmp_path, pointer="/ntp")
     caps.write_text(caps.read_text().replace("Metal3Machine", "KubeadmConfig"))
     result = run_cli(
-        "serve", "--plain-http", "--listen", "127.0.0.1:0", "--capabilities-file", str(caps),
+        "serve",
+        "--plain-http",
+        "--listen",
+        "127.0.0.1:0",
+        "--capabilities-file",
+        str(caps),
         env=clean_env(tmp_path),
-    )  # fmt: skip
+    )
     assert result.returncode == 2
     assert "serving" not in result.stdout
     assert result.stderr.strip() == (

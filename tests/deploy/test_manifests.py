@@ -327,8 +327,13 @@ def test_kube_aware_component_validates_and_grants_only_what_the_mode_uses(
     for item in pod["containers"][0]["env"]:
         monkeypatch.setenv(item["name"], item["value"])
     assert Settings().kube_aware
-    rules = {(g, r, v) for rule in by_kind["ClusterRole"]["rules"] for g in rule["apiGroups"]
-             for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
+    rules = {
+        (g, r, v)
+        for rule in by_kind["ClusterRole"]["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
     assert rules == {
         ("cluster.x-k8s.io", "machines", "get"),
         ("cluster.x-k8s.io", "machines", "patch"),

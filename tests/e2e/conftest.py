@@ -19,7 +19,7 @@ from hostlab.lab import Host, Lab
 from playbooks.standins import install_standins, lab_run_on_host
 from playbooks.support import ReleaseServer
 
-from inplace_extension.runs.runner import close_control_masters
+from inplace_extension.runs.ssh import close_control_masters
 
 from .service import Service
 
@@ -65,16 +65,27 @@ def start_service(tmp_path: Path, e2e_playbooks: Path, lab: Lab) -> Iterator[Sta
     ) -> Service:
         runs = runs_dir or tmp_path / f"runs-{name}"
         argv = [
-            sys.executable, "-m", "inplace_extension", "serve",
-            "--listen", "127.0.0.1:0", "--plain-http",
-            "--inventory", str(inventory),
-            "--allowed-cidrs", str(lab.network),
-            "--runs-dir", str(runs),
-            "--playbooks-dir", str(e2e_playbooks),
-            "--retry-after-seconds", "1",
-            "--max-parallel-runs", str(max_parallel),
+            sys.executable,
+            "-m",
+            "inplace_extension",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--plain-http",
+            "--inventory",
+            str(inventory),
+            "--allowed-cidrs",
+            str(lab.network),
+            "--runs-dir",
+            str(runs),
+            "--playbooks-dir",
+            str(e2e_playbooks),
+            "--retry-after-seconds",
+            "1",
+            "--max-parallel-runs",
+            str(max_parallel),
             *extra_args,
-        ]  # fmt: skip
+        ]
         service = Service(argv, tmp_path / f"{name}.log", runs)
         started.append(service)
         return service

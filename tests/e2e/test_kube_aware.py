@@ -92,9 +92,13 @@ def test_a_service_killed_while_the_node_is_cordoned_uncordons_it_once_after_res
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(yaml.safe_dump(defaults_only_inventory(lab, host)))
     kube_args = [
-        "--kubeconfig", str(cluster.kubeconfig), "--workload-kubeconfig", "management",
-        "--drain-timeout-seconds", "300",
-    ]  # fmt: skip
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        "--workload-kubeconfig",
+        "management",
+        "--drain-timeout-seconds",
+        "300",
+    ]
     spec = NodeSpec(START_VERSION, {"joinConfiguration": kubelet_args(("max-pods", "120"))})
 
     first = start_service(inventory, extra_args=kube_args, name="first")

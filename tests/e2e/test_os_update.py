@@ -26,10 +26,13 @@ def node(url: str) -> NodeSpec:
     return NodeSpec(START_VERSION, infrastructure={"kind": "Metal3Machine", "spec": {"image": {"url": url}}})
 
 
-@pytest.mark.parametrize(("mode", "status", "message"), [
-    ("ok", "Success", "update applied"),
-    ("rollback", "Failure", 'os_update: task "Rolled back to 1.0.0" failed on host'),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mode", "status", "message"),
+    [
+        ("ok", "Success", "update applied"),
+        ("rollback", "Failure", 'os_update: task "Rolled back to 1.0.0" failed on host'),
+    ],
+)
 def test_os_update_through_the_service(
     lab: Lab,
     nodes: list[Host],

@@ -53,30 +53,47 @@ def make_pool(kube: Lab, pool: str, *machines: str) -> None:
     Machines still owned by the old MachineSet (as during MCM's update)."""
     api = "machine.sapcloud.io/v1alpha1"
     classes = [
-        {"apiVersion": api, "kind": "MachineClass", "metadata": meta(f"{pool}-{v}"),
-         "provider": "static-hosts", "providerSpec": {"inPlaceUpdate": spec}}
+        {
+            "apiVersion": api,
+            "kind": "MachineClass",
+            "metadata": meta(f"{pool}-{v}"),
+            "provider": "static-hosts",
+            "providerSpec": {"inPlaceUpdate": spec},
+        }
         for v, spec in (("v1", OLD), ("v2", NEW))
-    ]  # fmt: skip
+    ]
     selector = {"matchLabels": {"name": "pool"}}
     deployment = {
-        "apiVersion": api, "kind": "MachineDeployment", "metadata": meta(pool),
+        "apiVersion": api,
+        "kind": "MachineDeployment",
+        "metadata": meta(pool),
         "spec": {"replicas": 1, "selector": selector, "template": _template(f"{pool}-v2")},
-    }  # fmt: skip
+    }
     objects.apply(kube, *classes, deployment)
     owner = _owner("MachineDeployment", pool, _uid(kube, mcm_objects.MACHINE_DEPLOYMENTS, pool))
     sets = [
-        {"apiVersion": api, "kind": "MachineSet",
-         "metadata": meta(f"{pool}-{h}") | {"ownerReferences": [owner]},
-         "spec": {"replicas": 1, "selector": selector, "template": _template(f"{pool}-{v}", h)}}
+        {
+            "apiVersion": api,
+            "kind": "MachineSet",
+            "metadata": meta(f"{pool}-{h}") | {"ownerReferences": [owner]},
+            "spec": {"replicas": 1, "selector": selector, "template": _template(f"{pool}-{v}", h)},
+        }
         for v, h in (("v1", "h1"), ("v2", "h2"))
-    ]  # fmt: skip
+    ]
     objects.apply(kube, *sets)
     old_set = _owner("MachineSet", f"{pool}-h1", _uid(kube, mcm_objects.MACHINE_SETS, f"{pool}-h1"))
     objects.apply(
         kube,
-        *({"apiVersion": api, "kind": "Machine", "metadata": meta(machine) | {"ownerReferences": [old_set]},
-           "spec": {"class": {"kind": "MachineClass", "name": f"{pool}-v1"}}} for machine in machines),
-    )  # fmt: skip
+        *(
+            {
+                "apiVersion": api,
+                "kind": "Machine",
+                "metadata": meta(machine) | {"ownerReferences": [old_set]},
+                "spec": {"class": {"kind": "MachineClass", "name": f"{pool}-v1"}},
+            }
+            for machine in machines
+        ),
+    )
 
 
 def make_node(

@@ -41,6 +41,8 @@ def test_rbac_is_what_the_agent_needs() -> None:
         (target, "nodes"): ("get", "list", "watch", "patch"),
         (target, "pods"): ("list", "delete"),
         (target, "events"): ("create",),
-        **{(control, r): ("get", "list", "watch") for r in
-           ("machines", "machinesets", "machinedeployments", "machineclasses")},
-    }  # fmt: skip
+        **{
+            (control, r): ("get", "list", "watch")
+            for r in ("machines", "machinesets", "machinedeployments", "machineclasses")
+        },
+    }

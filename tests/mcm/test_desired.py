@@ -116,12 +116,25 @@ def test_user_defined_capabilities_read_the_infrastructure_object() -> None:
 @pytest.mark.parametrize(
     ("kubeadm", "where"),
     [
-        ({"files": [{"path": "/a", "content": "x"}, {"path": "/b", "content": "id={{ ds.meta_data.uuid }}"}]},
-         "kubeadmConfigSpec.files[1]"),
-        ({"joinConfiguration": {"nodeRegistration": {"kubeletExtraArgs": [{"name": "n", "value": "{%x%}"}]}}},
-         "kubeadmConfigSpec.joinConfiguration.nodeRegistration.kubeletExtraArgs"),
+        (
+            {
+                "files": [
+                    {"path": "/a", "content": "x"},
+                    {"path": "/b", "content": "id={{ ds.meta_data.uuid }}"},
+                ]
+            },
+            "kubeadmConfigSpec.files[1]",
+        ),
+        (
+            {
+                "joinConfiguration": {
+                    "nodeRegistration": {"kubeletExtraArgs": [{"name": "n", "value": "{%x%}"}]}
+                }
+            },
+            "kubeadmConfigSpec.joinConfiguration.nodeRegistration.kubeletExtraArgs",
+        ),
     ],
-)  # fmt: skip
+)
 def test_cloud_init_templates_are_refused_not_left_out(kubeadm: dict[str, Any], where: str) -> None:
     with pytest.raises(DesiredStateError) as caught:
         plan_for(parse_spec(machine_class({"kubeadmConfigSpec": kubeadm})), "machines", "a")

@@ -79,14 +79,20 @@ class AgentProcess:
 def agent_argv(
     lab: Lab, hostlab: HostLab, inventory: Path, runs: Path, playbooks: Path, port: int
 ) -> list[str]:
-    return [
-        sys.executable, "-m", "inplace_extension", "mcm-agent",
-        "--target-kubeconfig", str(lab.kubeconfig), "--namespace", mcm.NAMESPACE,
-        "--inventory", str(inventory), "--allowed-cidrs", str(hostlab.network),
-        "--runs-dir", str(runs), "--playbooks-dir", str(playbooks),
-        "--retry-after-seconds", "1", "--listen", f"127.0.0.1:{port}",
-        "--poll-seconds", "0.5", "--resync-seconds", "2", "--claim-seconds", "30",
-    ]  # fmt: skip
+    flags = {
+        "--target-kubeconfig": str(lab.kubeconfig),
+        "--namespace": mcm.NAMESPACE,
+        "--inventory": str(inventory),
+        "--allowed-cidrs": str(hostlab.network),
+        "--runs-dir": str(runs),
+        "--playbooks-dir": str(playbooks),
+        "--retry-after-seconds": "1",
+        "--listen": f"127.0.0.1:{port}",
+        "--poll-seconds": "0.5",
+        "--resync-seconds": "2",
+        "--claim-seconds": "30",
+    }
+    return [sys.executable, "-m", "inplace_extension", "mcm-agent", *(a for f in flags.items() for a in f)]
 
 
 class Pool:

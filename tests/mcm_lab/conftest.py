@@ -13,7 +13,7 @@ from e2e.conftest import _wait_for_orphans, e2e_playbooks, nodes, release_server
 from hostlab.lab import Lab as HostLab
 from kubelab.lab import Lab
 
-from inplace_extension.runs.runner import close_control_masters
+from inplace_extension.runs.ssh import close_control_masters
 
 from .agentproc import AgentProcess, agent_argv, write_inventory
 

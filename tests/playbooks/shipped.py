@@ -122,10 +122,14 @@ def run_plan(
     """Run ``plan`` (or other ``inputs`` under its steps) through the real playbook, as the service does."""
     custom = [{"capability": step.capability, "role": step.role} for step in plan.steps if step.role]
     spec = RunSpec(
-        lab, host, workdir, inputs if inputs is not None else plan.inputs,
-        capabilities=list(plan.capabilities), fingerprint=plan.fingerprint,
+        lab,
+        host,
+        workdir,
+        inputs if inputs is not None else plan.inputs,
+        capabilities=list(plan.capabilities),
+        fingerprint=plan.fingerprint,
         extravars={"update_machine_custom": custom},
-    )  # fmt: skip
+    )
     return run_update(spec)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from inplace_extension.runs import runner
+from inplace_extension.runs import runner, ssh
 from inplace_extension.runs.resolve import HostTarget
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJAm/+qD5i6Qm8kDm+Qr9ygOJL1jDRtSlh6jlxmhLn0T"
@@ -44,25 +44,25 @@ def host_run(tmp_path: Path, insecure: bool = False) -> runner.HostRun:
 
 def test_host_key_is_pinned_under_an_alias(tmp_path: Path) -> None:
     run = host_run(tmp_path)
-    host = runner._host_vars(run.target, run.attempt_dir)
+    host = ssh.host_vars(run.target, run.attempt_dir)
     assert (host["ansible_host"], host["ansible_port"], host["ansible_user"]) == ("10.9.0.5", 2222, "ops")
     assert host["ansible_host_key_checking"] is True
     args = host["ansible_ssh_common_args"]
     assert "StrictHostKeyChecking=yes" in args and "GlobalKnownHostsFile=/dev/null" in args
-    assert f"HostKeyAlias={runner.HOST_KEY_ALIAS}" in args
-    assert (run.attempt_dir / "known_hosts").read_text() == f"{runner.HOST_KEY_ALIAS} {KEY}\n"
-    insecure = runner._host_vars(target(insecure=True), run.attempt_dir)
+    assert f"HostKeyAlias={ssh.HOST_KEY_ALIAS}" in args
+    assert (run.attempt_dir / "known_hosts").read_text() == f"{ssh.HOST_KEY_ALIAS} {KEY}\n"
+    insecure = ssh.host_vars(target(insecure=True), run.attempt_dir)
     assert insecure["ansible_host_key_checking"] is False
     assert "StrictHostKeyChecking=no" in insecure["ansible_ssh_common_args"]
 
 
 def test_control_path_dir_stays_short(tmp_path: Path) -> None:
-    assert runner.control_path_dir(Path("/var/lib/x")) == Path("/var/lib/x/cp")
+    assert ssh.control_path_dir(Path("/var/lib/x")) == Path("/var/lib/x/cp")
     long_dir = tmp_path / ("d" * 80)
-    short = runner.control_path_dir(long_dir)
-    assert len(str(short)) <= runner.MAX_CONTROL_DIR_LEN and short == runner.control_path_dir(long_dir)
+    short = ssh.control_path_dir(long_dir)
+    assert len(str(short)) <= ssh.MAX_CONTROL_DIR_LEN and short == ssh.control_path_dir(long_dir)
     short.mkdir()
-    runner.close_control_masters(long_dir)  # nothing to close; the empty fallback dir goes away
+    ssh.close_control_masters(long_dir)  # nothing to close; the empty fallback dir goes away
     assert not short.exists()
 
 
@@ -83,7 +83,7 @@ def test_inputs_file_holds_only_the_run_capabilities_and_start_refusals_are_tran
         with pytest.raises(runner.RunStartError, match="could not start"):
             runner.start(spec, lambda host, role, task: None)
     finally:
-        runner.close_control_masters(tmp_path)  # removes the control path dir start() made
+        ssh.close_control_masters(tmp_path)  # removes the control path dir start() made
     inputs_file = run.attempt_dir / "inputs.json"
     assert json.loads(inputs_file.read_text()) == {"ntp": {"ntp_servers": ["{{ lookup('pipe', 'id') }}"]}}
     assert inputs_file.stat().st_mode & 0o777 == 0o600
@@ -92,23 +92,34 @@ def test_inputs_file_holds_only_the_run_capabilities_and_start_refusals_are_tran
 def test_user_defined_steps_become_role_parameters_and_their_roles_path_is_searched(tmp_path: Path) -> None:
     run = host_run(tmp_path)
     run = runner.HostRun(
-        run.ident, run.host_name, run.fingerprint, ("ntp", "os_image"),
+        run.ident,
+        run.host_name,
+        run.fingerprint,
+        ("ntp", "os_image"),
         {**run.inputs, "os_image": {"os_image_values": {"/image/url": "x"}}},
-        run.target, run.attempt_dir, roles={"os_image": "bootc_image"},
-    )  # fmt: skip
+        run.target,
+        run.attempt_dir,
+        roles={"os_image": "bootc_image"},
+    )
     params = runner.run_parameters(run, run.attempt_dir / "inputs.json")
     assert params["update_machine_capabilities"] == ["ntp", "os_image"]
     assert params["update_machine_custom"] == [{"capability": "os_image", "role": "bootc_image"}]
     assert "x" not in json.dumps(params)  # values travel in the inputs file only
     spec = runner.BatchSpec(
-        "batch-x", tmp_path, (run,), PLAYBOOK, None, tmp_path, tmp_path / "wrapper",
+        "batch-x",
+        tmp_path,
+        (run,),
+        PLAYBOOK,
+        None,
+        tmp_path,
+        tmp_path / "wrapper",
         roles_paths=(Path("/srv/roles"), Path("/opt/more")),
-    )  # fmt: skip
+    )
     env = runner._envvars(spec)
     assert env["ANSIBLE_ROLES_PATH"] == f"{PLAYBOOK.parent / 'roles'}:/srv/roles:/opt/more"
     plain = runner._envvars(runner.BatchSpec("b", tmp_path, (run,), PLAYBOOK, None, tmp_path, tmp_path / "w"))
     assert "ANSIBLE_ROLES_PATH" not in plain  # ansible.cfg's roles_path stays in charge
-    runner.close_control_masters(tmp_path)
+    ssh.close_control_masters(tmp_path)
 
 
 def test_control_path_sockets_fit_at_the_limit_and_beyond() -> None:
@@ -117,8 +128,8 @@ def test_control_path_sockets_fit_at_the_limit_and_beyond() -> None:
     base = Path(tempfile.mkdtemp(prefix="cp", dir="/tmp"))
     try:
         for extra in (0, 1):
-            state_dir = base / ("s" * (runner.MAX_CONTROL_DIR_LEN - len(str(base)) - 4 + extra))
-            cp_dir = runner.control_path_dir(state_dir)
+            state_dir = base / ("s" * (ssh.MAX_CONTROL_DIR_LEN - len(str(base)) - 4 + extra))
+            cp_dir = ssh.control_path_dir(state_dir)
             assert (cp_dir == state_dir / "cp") is (extra == 0)
             cp_dir.mkdir(parents=True, exist_ok=True)
             with socket.socket(socket.AF_UNIX) as sock:

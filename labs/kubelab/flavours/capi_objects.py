@@ -229,9 +229,16 @@ def machine_with_status(
     if node is not None:
         status["nodeRef"] = {"name": node}
     lab.kubectl(
-        "patch", "machine.cluster.x-k8s.io", name, "-n", namespace, "--subresource=status",
-        "--type=merge", "-p", json.dumps({"status": status}),
-    )  # fmt: skip
+        "patch",
+        "machine.cluster.x-k8s.io",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
     machine = objects.get(lab, "machine.cluster.x-k8s.io", name, namespace)
     if machine is None:
         raise LabError(f"Machine {namespace}/{name} is gone right after it was created")

@@ -55,12 +55,18 @@ disabled: {description: Users that left the list and were disabled., type: list,
 # the role's argument spec (meta/argument_specs.yml), so that Ansible masks the hash in what it returns
 STR, BOOL = {"type": "str"}, {"type": "bool"}
 USER_OPTIONS = {
-    "name": {"type": "str", "required": True}, "gecos": STR, "home_dir": STR, "shell": STR,
+    "name": {"type": "str", "required": True},
+    "gecos": STR,
+    "home_dir": STR,
+    "shell": STR,
     "groups": {"type": "raw"},  # a list, or a comma-separated string as cloud-init takes it
-    "inactive": BOOL, "lock_password": BOOL, "primary_group": STR, "sudo": STR,
+    "inactive": BOOL,
+    "lock_password": BOOL,
+    "primary_group": STR,
+    "sudo": STR,
     "passwd": {"type": "str", "no_log": True},
     "ssh_authorized_keys": {"type": "list", "elements": "str", "required": True},
-}  # fmt: skip
+}
 EXPIRED = "1970-01-02"  # day 1: an account expired for good (day 0 means "never" to some tools)
 SHADOW = Path("/etc/shadow")
 
