@@ -1,8 +1,8 @@
 """Where the lab keeps things and how it names them; every knob can be overridden by an environment variable.
 
 - ``HOSTLAB_CACHE_DIR`` (default ``/var/cache/inplace-extension/hostlab``): the Debian base rootfs built
-  once per machine, its build log and lock, and the apt proxy's package cache. Outside any clone, so
-  every checkout and CI run on the machine reuses it.
+  once per machine (and the nodes' root filesystem), its build log and lock, and the apt proxy's package
+  cache. Outside any clone, so every checkout and CI run on the machine reuses it.
 - ``HOSTLAB_RUN_DIR`` (default ``/run/hostlab``): one directory per running lab (state file, SSH keys,
   known_hosts, host consoles, proxy log) plus the slot lock.
 - ``HOSTLAB_SUITE`` (default ``bookworm``), ``HOSTLAB_MIRROR`` (default: the machine's own apt mirror),
@@ -20,6 +20,7 @@ from pathlib import Path
 # Bump when the base rootfs recipe changes: the base directory name carries it, so an old base is
 # never reused with a new recipe and a live lab's lower layer is never replaced under it.
 BASE_FORMAT = 1
+NODE_BASE_FORMAT = 1  # the same for the nodes' root filesystem (hostlab.node_base)
 
 LAB_NETWORK_PREFIX = "10.77"  # each lab gets 10.77.<slot>.0/24
 MIN_SLOT = 1
@@ -58,6 +59,11 @@ class Config:
         if self.base_override is not None:
             return self.base_override
         return self.cache_dir / f"base-{self.suite}-v{BASE_FORMAT}"
+
+    @property
+    def node_base_dir(self) -> Path:
+        """The nodes' root filesystem (systemd, containerd): shared read-only by every node of every lab."""
+        return self.cache_dir / f"node-{self.suite}-v{NODE_BASE_FORMAT}"
 
     @property
     def apt_cache_dir(self) -> Path:

@@ -31,17 +31,7 @@ REBOOT_TIMEOUT = 30.0
 def start_host(host: Host, state: LabState, base: Path, client_key: Path) -> int:
     """Start ``host`` (its directory keeps the host key); return the PID of its ``unshare``."""
     hd = host.dir
-    (hd / "rw").mkdir(parents=True, exist_ok=True)
-    (hd / "root").mkdir(exist_ok=True)
-    host_key = hd / "ssh_host_ed25519_key"
-    if not host_key.is_file():  # generated here so the controller can pin it in known_hosts
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(host_key)])
-    shutil.copyfile(client_key.with_suffix(".pub"), hd / "authorized_keys")
-    fifo = hd / "go.fifo"
-    fifo.unlink(missing_ok=True)
-    os.mkfifo(fifo, 0o600)
-    if link_exists(host.veth):  # an unclean stop left the bridge end behind
-        run(["ip", "link", "del", host.veth])
+    fifo = prepare_host_dir(host, client_key)
     gateway = str(slot_network(state.slot).network_address + 1)
     namespaces = ["--pid", "--mount", "--uts", "--ipc", "--net", "--propagation", "private"]
     unshare = ["unshare", "--fork", "--kill-child=SIGKILL", *namespaces]
@@ -51,7 +41,11 @@ def start_host(host: Host, state: LabState, base: Path, client_key: Path) -> int
         argv, output=hd / "console.log", env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     )
     try:
-        _plug_and_go(host, pid, fifo, f"hlb{state.slot}")
+        if not wait_until(lambda: bool(children(pid)) or not alive(pid), 10):
+            raise LabError(f"{host.name}: unshare started no PID 1 within 10s")
+        if not alive(pid):
+            raise LabError(f"{host.name}: unshare exited at start:\n{console_tail(host)}")
+        plug_and_go(host, pid, children(pid)[0], fifo, f"hlb{state.slot}", SSH_START_TIMEOUT)
     except BaseException:
         kill_and_wait(pid)
         if link_exists(host.veth):
@@ -65,16 +59,30 @@ def console_tail(host: Host, lines: int = 15) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _plug_and_go(host: Host, pid: int, fifo: Path, bridge: str) -> None:
-    if not wait_until(lambda: bool(children(pid)) or not alive(pid), 10):
-        raise LabError(f"{host.name}: unshare started no PID 1 within 10s")
-    if not alive(pid):
-        raise LabError(f"{host.name}: unshare exited at start:\n{console_tail(host)}")
-    pid1 = children(pid)[0]
+def prepare_host_dir(host: Host, client_key: Path) -> Path:
+    """The host's directory with its mount points, host key and authorized key; returns its new go fifo."""
+    hd = host.dir
+    (hd / "rw").mkdir(parents=True, exist_ok=True)
+    (hd / "root").mkdir(exist_ok=True)
+    host_key = hd / "ssh_host_ed25519_key"
+    if not host_key.is_file():  # generated here so the controller can pin it in known_hosts
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(host_key)])
+    shutil.copyfile(client_key.with_suffix(".pub"), hd / "authorized_keys")
+    fifo = hd / "go.fifo"
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo, 0o600)
+    if link_exists(host.veth):  # an unclean stop left the bridge end behind
+        run(["ip", "link", "del", host.veth])
+    return fifo
+
+
+def plug_and_go(host: Host, pid: int, netns_pid: int, fifo: Path, bridge: str, ssh_timeout: float) -> None:
+    """Give the network namespace of ``netns_pid`` its eth0 on ``bridge``, tell the host's start script
+    (``pid``) to go on, and wait until sshd answers (or the host ends)."""
     # fixed MACs: after a reset the machine's neighbour cache still points at the right host
     # (with random ones, packets go to the old MAC for up to a minute and SSH times out)
     bridge_end = [host.veth, "address", host_mac(host, 1), "type", "veth"]
-    host_end = ["peer", "name", "eth0", "address", host_mac(host, 0), "netns", str(pid1)]
+    host_end = ["peer", "name", "eth0", "address", host_mac(host, 0), "netns", str(netns_pid)]
     run(["ip", "link", "add", *bridge_end, *host_end])
     run(["ip", "link", "set", host.veth, "master", bridge, "up"])
     # an isolated bridge port forwards only to the bridge itself (the gateway), never to another
@@ -82,7 +90,7 @@ def _plug_and_go(host: Host, pid: int, fifo: Path, bridge: str) -> None:
     run(["ip", "link", "set", "dev", host.veth, "type", "bridge_slave", "isolated", "on"])
     # no default route: the host can address only its /24, and the bridge lets it reach only the gateway
     batch = f"link set lo up\naddr add {host.address}/24 dev eth0\nlink set eth0 up\n"
-    run(["nsenter", "-t", str(pid1), "-n", "ip", "-batch", "-"], input_text=batch)
+    run(["nsenter", "-t", str(netns_pid), "-n", "ip", "-batch", "-"], input_text=batch)
     fd = -1
 
     def open_fifo() -> bool:
@@ -101,10 +109,8 @@ def _plug_and_go(host: Host, pid: int, fifo: Path, bridge: str) -> None:
         os.write(fd, b"go\n")
     finally:
         os.close(fd)
-    if not wait_until(lambda: not alive(pid) or banner_ready(host.address), SSH_START_TIMEOUT):
-        raise LabError(
-            f"{host.name}: sshd not answering within {SSH_START_TIMEOUT:g}s:\n{console_tail(host)}"
-        )
+    if not wait_until(lambda: not alive(pid) or banner_ready(host.address), ssh_timeout):
+        raise LabError(f"{host.name}: sshd not answering within {ssh_timeout:g}s:\n{console_tail(host)}")
     if not alive(pid):
         raise LabError(f"{host.name}: host exited at start:\n{console_tail(host)}")
 

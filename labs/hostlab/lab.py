@@ -42,8 +42,10 @@ from hostlab.config import DEFAULT_DISK_MB, LOGIN_USER, MAX_HOSTS, NAME_RE, PROX
 from hostlab.errors import LabError, LabUnavailable
 from hostlab.hosts import reboot_host, start_host, stop_host
 from hostlab.network import banner_ready, claim_slot, ensure_bridge, ensure_proxy, link_exists
+from hostlab.node_base import ensure_node_base
+from hostlab.nodes import DEFAULT_NODE_DISK_MB, reboot_node, start_node, stop_node
 from hostlab.proc import alive, file_lock, is_ours, kill_and_wait, run
-from hostlab.state import Host, HostState, LabState, host_of, slot_network
+from hostlab.state import HOST, NODE, Host, HostState, LabState, host_of, slot_network
 
 __all__ = ["Host", "Lab", "Log", "all_labs", "banner_ready", "link_exists", "reap_stale", "slot_network"]
 
@@ -58,6 +60,21 @@ SSH_OPTIONS = (
     "ControlPath=none",
     "LogLevel=ERROR",
 )
+
+
+Start = Callable[[Host, LabState, Path, Path], int]
+
+
+def _start(kind: str) -> Start:
+    return start_node if kind == NODE else start_host
+
+
+def _stop(host: Host) -> None:
+    stop_node(host) if host.kind == NODE else stop_host(host)
+
+
+def _base(cfg: Config, kind: str, log: Log) -> Path:
+    return ensure_node_base(cfg, log) if kind == NODE else ensure_base(cfg, log)
 
 
 def _quiet(_: str) -> None:
@@ -222,29 +239,39 @@ class Lab:
         count: int,
         *,
         slot: int | None = None,
-        disk_mb: int = DEFAULT_DISK_MB,
+        disk_mb: int | None = None,
         owner_pid: int | None = None,
         log: Log = _quiet,
+        kind: str = HOST,
     ) -> list[Host]:
-        """Make hosts 1..count run (starting the missing ones, stopping any beyond count)."""
+        """Make hosts 1..count run (starting the missing ones, stopping any beyond count).
+
+        ``kind`` is fixed when the lab is created: chroot hosts (``host``, the default) or nodes that boot
+        systemd (``node``, :mod:`hostlab.nodes`)."""
+        if kind not in (HOST, NODE):
+            raise LabError(f"lab kind must be {HOST} or {NODE}, got {kind!r}")
+        if disk_mb is None:
+            disk_mb = DEFAULT_NODE_DISK_MB if kind == NODE else DEFAULT_DISK_MB
         if not 1 <= count <= MAX_HOSTS:
             raise LabError(f"host count must be 1..{MAX_HOSTS}, got {count}")
         if not 64 <= disk_mb <= 65536:
             raise LabError(f"per-host disk size must be 64..65536 MB, got {disk_mb}")
-        why = prereqs.missing(self.cfg)
+        why = prereqs.missing(self.cfg, kind)
         if why:
             raise LabUnavailable(why)
-        base = ensure_base(self.cfg, log)
+        base = _base(self.cfg, kind, log)
         with self._locked():
-            state = self._load() if self.exists() else self._claim_slot(slot, disk_mb, owner_pid)
+            state = self._load() if self.exists() else self._claim_slot(slot, disk_mb, owner_pid, kind)
             if slot is not None and slot != state.slot:
                 raise LabError(f"lab {self.name!r} already uses slot {state.slot}; down it to change")
+            if kind != state.kind:
+                raise LabError(f"lab {self.name!r} runs {state.kind}s, not {kind}s; down it to change")
             self._ensure_keys()
             ensure_bridge(state, self._save)
             ensure_proxy(self.cfg, self.dir, state, self._save)
             wanted = {f"hl{state.slot}h{n}" for n in range(1, count + 1)}
             for name in sorted(set(state.hosts) - wanted):
-                stop_host(self._host(state, name))
+                _stop(self._host(state, name))
                 shutil.rmtree(self.dir / "hosts" / name, ignore_errors=True)
                 del state.hosts[name]
                 self._save(state)
@@ -254,17 +281,17 @@ class Lab:
                 host = self._host(state, name)
                 if host.running and banner_ready(host.address):
                     continue
-                stop_host(host)  # running but unreachable (e.g. its link was removed): start afresh
+                _stop(host)  # running but unreachable (e.g. its link was removed): start afresh
                 started = time.monotonic()
-                state.hosts[name].unshare_pid = start_host(host, state, base, self.private_key)
+                state.hosts[name].unshare_pid = _start(kind)(host, state, base, self.private_key)
                 self._save(state)
                 log(f"hostlab: {name} up at {host.address} ({time.monotonic() - started:.2f}s)")
             self._write_known_hosts(state)
             return self.hosts()
 
-    def _claim_slot(self, slot: int | None, disk_mb: int, owner_pid: int | None) -> LabState:
+    def _claim_slot(self, slot: int | None, disk_mb: int, owner_pid: int | None, kind: str) -> LabState:
         def record(chosen: int) -> LabState:
-            state = LabState(name=self.name, slot=chosen, disk_mb=disk_mb, owner_pid=owner_pid)
+            state = LabState(name=self.name, slot=chosen, disk_mb=disk_mb, owner_pid=owner_pid, kind=kind)
             self._save(state)
             return state
 
@@ -285,14 +312,14 @@ class Lab:
     def reset(self, ref: str | int, log: Log = _quiet) -> Host:
         """Restart a host from an empty writable layer: undoes every change and every fault."""
         host = self.host(ref)
-        base = self.cfg.base_dir
         with self._locked():
             state = self._load()
+            base = self.cfg.node_base_dir if state.kind == NODE else self.cfg.base_dir
             started = time.monotonic()
-            stop_host(host)
+            _stop(host)
             state.hosts[host.name].unshare_pid = None
             self._save(state)
-            state.hosts[host.name].unshare_pid = start_host(host, state, base, self.private_key)
+            state.hosts[host.name].unshare_pid = _start(state.kind)(host, state, base, self.private_key)
             self._save(state)
             log(f"hostlab: {host.name} reset ({time.monotonic() - started:.2f}s)")
         return self.host(host.name)
@@ -302,7 +329,7 @@ class Lab:
         host = self.host(ref)
         with self._locked():
             started = time.monotonic()
-            reboot_host(host)
+            reboot_node(host) if host.kind == NODE else reboot_host(host)
             log(f"hostlab: {host.name} rebooted ({time.monotonic() - started:.2f}s)")
         return host
 
@@ -324,7 +351,7 @@ class Lab:
             self._close_control_masters()
             if state is not None:
                 for name in list(state.hosts):
-                    stop_host(self._host(state, name))
+                    _stop(self._host(state, name))
                 if state.proxy_pid is not None and is_ours(state.proxy_pid, str(self.dir)):
                     kill_and_wait(state.proxy_pid, signal.SIGTERM)
                 bridge = f"hlb{state.slot}"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hostlab.base import base_ready
 from hostlab.config import Config
+from hostlab.state import NODE
 
 CAPS = {
     21: "CAP_SYS_ADMIN (mounts, unshare)",
@@ -38,13 +39,18 @@ def _probe(argv: list[str]) -> str | None:
     return (proc.stderr or proc.stdout).strip() or f"exit {proc.returncode}"
 
 
-def missing(cfg: Config) -> str | None:
-    """None if a lab can start here, else one line saying what is missing and how to get it."""
+def missing(cfg: Config, kind: str = "host") -> str | None:
+    """None if a lab of ``kind`` can start here, else one line saying what is missing and how to get it."""
     if os.geteuid() != 0:
         return "needs root (network namespaces, overlay mounts, chroot)"
     for tool, package in TOOLS.items():
         if shutil.which(tool) is None:
             return f"missing command {tool} (apt-get install {package})"
+    if kind == NODE:
+        if shutil.which("systemd-nspawn") is None:
+            return "missing command systemd-nspawn to boot the nodes (apt-get install systemd-container)"
+        if not base_ready(cfg.node_base_dir) and shutil.which("mmdebstrap") is None:
+            return f"no node root at {cfg.node_base_dir} and no mmdebstrap (apt-get install mmdebstrap)"
     if not base_ready(cfg.base_dir):
         tool = cfg.bootstrap or ("mmdebstrap" if shutil.which("mmdebstrap") else "debootstrap")
         if shutil.which(tool) is None:

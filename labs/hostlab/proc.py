@@ -119,6 +119,23 @@ def children(pid: int) -> list[int]:
     return [int(part) for part in text.split()]
 
 
+def namespace_init(pid: int) -> int | None:
+    """The first process at or below ``pid`` (breadth first) that is PID 1 of a PID namespace of its own:
+    a chroot host's init under its ``unshare``, a node's systemd under its ``systemd-nspawn``."""
+    queue = [pid]
+    while queue:
+        current = queue.pop(0)
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+        except OSError:
+            continue
+        ns_pids = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if len(ns_pids) > 1 and ns_pids[-1] == "1":
+            return current
+        queue.extend(children(current))
+    return None
+
+
 def _parent(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

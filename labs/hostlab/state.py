@@ -14,7 +14,9 @@ from typing import Any
 
 from hostlab.config import DEFAULT_DISK_MB, LAB_NETWORK_PREFIX
 from hostlab.errors import LabError
-from hostlab.proc import children, is_ours
+from hostlab.proc import is_ours, namespace_init
+
+HOST, NODE = "host", "node"  # a lab's kind of machine: chroot hosts (hostlab.hosts) or nodes (hostlab.nodes)
 
 
 @dataclass
@@ -31,6 +33,7 @@ class LabState:
     owner_pid: int | None = None  # set by the pytest plugin: a lab whose owner died is stale
     proxy_pid: int | None = None
     bridge_created: bool = False
+    kind: str = HOST
     hosts: dict[str, HostState] = field(default_factory=dict)
 
     @classmethod
@@ -54,15 +57,15 @@ class Host:
     address: str
     veth: str
     dir: Path
-    unshare_pid: int | None
+    unshare_pid: int | None  # the process the lab started: unshare (a host) or node_init.sh (a node)
+    kind: str = HOST
 
     @property
     def pid1(self) -> int | None:
         """PID (in the machine's PID namespace) of the host's PID 1, or None if the host is down."""
         if self.unshare_pid is None or not is_ours(self.unshare_pid, str(self.dir)):
             return None
-        kids = children(self.unshare_pid)
-        return kids[0] if kids else None
+        return namespace_init(self.unshare_pid)
 
     @property
     def running(self) -> bool:
@@ -89,4 +92,5 @@ def host_of(state: LabState, lab_dir: Path, lab_name: str, name: str) -> Host:
         veth=f"{name}v",
         dir=lab_dir / "hosts" / name,
         unshare_pid=hstate.unshare_pid,
+        kind=state.kind,
     )

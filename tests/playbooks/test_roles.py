@@ -315,6 +315,36 @@ def test_kubernetes_version_minor_upgrade_on_a_worker(lab: Lab, host: Host, tmp_
         assert again.changed_tasks == [STAMP_TASK]
 
 
+def test_kubernetes_version_appends_the_extra_kubeadm_flags_as_argv_items(
+    lab: Lab, host: Host, tmp_path: Path
+) -> None:
+    flags = ["--ignore-preflight-errors=SystemVerification", "--certificate-renewal=false"]
+    with ReleaseServer(lab.gateway) as server:
+        extra = {**_binary_source(server), "kubernetes_version_kubeadm_upgrade_args": flags}
+        ok(run_update(RunSpec(lab, host, tmp_path, _version("v1.31.0"), extravars=extra)))
+    assert f"kubeadm@v1.31.0 upgrade node {' '.join(flags)}" in calls(lab, host)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "--ignore-preflight-errors=all",  # a string, not a list
+        ["-v=5"],  # not a --flag
+        ["--patches=/tmp/x\n--config=/tmp/y"],  # a control character
+        [5],
+    ],
+)
+def test_kubernetes_version_refuses_malformed_kubeadm_flags_before_any_change(
+    lab: Lab, host: Host, tmp_path: Path, bad: Any
+) -> None:
+    extra = {"kubernetes_version_package_source": "binary", "kubernetes_version_kubeadm_upgrade_args": bad}
+    result = run_update(RunSpec(lab, host, tmp_path, _version("v1.31.0"), extravars=extra))
+    assert result.status == "failed"
+    assert result.failed_roles == ["kubernetes_version"]
+    assert not any(line.startswith("kubeadm") and "upgrade" in line for line in calls(lab, host))
+    assert host_root(lab, host, ["kubelet", "--version"]).strip() == "Kubernetes v1.30.2"
+
+
 def test_kubernetes_version_upgrade_from_a_signed_apt_repository(
     lab: Lab, host: Host, tmp_path: Path
 ) -> None:
