@@ -9,9 +9,10 @@ Its JSON Schema (``schemas/capabilities.schema.json``) is generated from :class:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -33,6 +34,7 @@ from inplace_extension.inplace.shipped import (
     KubeletCredentialsRule,
     OsUpdateRule,
 )
+from inplace_extension.runs.role_settings import RoleSettings
 from inplace_extension.runs.windows import NO_WINDOWS, MaintenanceWindow, Schedule
 from inplace_extension.yamlfile import locate, parse_model, read_file
 
@@ -301,6 +303,11 @@ class CapabilitiesFile(_Strict):
     maintenance_windows: list[MaintenanceWindowEntry] = Field(
         default_factory=list, description="new updates start only while one of a Machine's windows is open"
     )
+    role_settings: RoleSettings = Field(
+        default_factory=RoleSettings,
+        description="the shipped roles' settings to change from their defaults (an internal mirror, "
+        "another package source, longer health waits), handed to every play as extra vars",
+    )
 
     @field_validator("maintenance_windows")
     @classmethod
@@ -313,10 +320,12 @@ class CapabilitiesFile(_Strict):
 
 @dataclass(frozen=True)
 class FileConfig:
-    """Everything the capabilities file configures: the capabilities table and the maintenance windows."""
+    """Everything the capabilities file configures: the capabilities table, the maintenance windows and
+    the roles' settings (as the Ansible variables they set)."""
 
     custom: CustomTable
     windows: Schedule = NO_WINDOWS
+    role_vars: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _shipped(model: CapabilitiesFile) -> tuple[CustomCapability, ...]:
@@ -395,4 +404,5 @@ def parse_file(text: str, source: str = "<capabilities>") -> FileConfig:
             problems.append(locate(node, ("capabilities", index, "role"), f"no role at {tasks.parent}"))
     if problems:
         raise CapabilitiesFileError(f"capabilities file {source}: " + "; ".join(problems))
-    return FileConfig(table, Schedule(tuple(entry.window() for entry in model.maintenance_windows)))
+    windows = Schedule(tuple(entry.window() for entry in model.maintenance_windows))
+    return FileConfig(table, windows, model.role_settings.extra_vars())

@@ -55,4 +55,5 @@ def build_engine(
         cluster,
         host_checks(custom),
         config.windows,
+        role_vars=config.role_vars,
     )

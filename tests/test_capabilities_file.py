@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from inplace_extension.capabilities_file import (
     CapabilitiesFileError,
@@ -14,6 +15,7 @@ from inplace_extension.capabilities_file import (
     parse_file,
 )
 from inplace_extension.inplace.custom import CustomClaim, HealthCheck
+from inplace_extension.runs.role_settings import RoleSettings
 from inplace_extension.runs.windows import MaintenanceWindow
 
 
@@ -237,3 +239,65 @@ def test_bad_windows_are_refused_with_line_and_field(entry: str, problem: str) -
 def test_window_names_are_unique() -> None:
     text = "maintenance_windows:\n" + "  - {name: w, cron: '0 22 * * *', duration: 1h}\n" * 2
     assert "line 2: maintenance_windows: Value error, window names must be unique" in refused(text)
+
+
+def test_role_settings_become_the_roles_ansible_variables() -> None:
+    text = (
+        "role_settings:\n"
+        "  kubernetes_version:\n"
+        "    package_source: binary\n"
+        "    binary_base_url: https://mirror.example.internal/kubernetes/release\n"
+        "    health_delay_seconds: 5\n"
+        "  users: {default_lock_password: false}\n"
+    )
+    assert parse_file(text, "caps.yaml").role_vars == {
+        "kubernetes_version_package_source": "binary",
+        "kubernetes_version_binary_base_url": "https://mirror.example.internal/kubernetes/release",
+        "kubernetes_version_health_delay_seconds": 5,
+        "users_default_lock_password": False,
+    }
+    assert parse_file("", "caps.yaml").role_vars == {}
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        (
+            "kubernetes_version: {package_source: yum}",
+            "line 2: role_settings.kubernetes_version.package_source: ",
+        ),
+        (
+            'kubernetes_version: {binary_base_url: \'https://m/{{ lookup("pipe", "id") }}\'}',
+            "line 2: role_settings.kubernetes_version.binary_base_url: String should match pattern",
+        ),
+        (
+            "kubernetes_version: {binary_base_url: 'https://mirror/release/'}",
+            "line 2: role_settings.kubernetes_version.binary_base_url: String should match pattern",
+        ),
+        (
+            "kubernetes_version: {health_retries: 0}",
+            "role_settings.kubernetes_version.health_retries: Input should",
+        ),
+        (
+            "kubernetes_version: {kubeadm_arg_pattern: '.*'}",
+            "kubeadm_arg_pattern: Extra inputs are not permitted",
+        ),
+        ("ntp: {ntp_server_pattern: '.*'}", "line 2: role_settings.ntp: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_role_settings_are_refused_with_line_and_field(settings: str, problem: str) -> None:
+    assert problem in refused(f"role_settings:\n  {settings}\n")
+
+
+def test_every_role_setting_is_a_default_of_its_role_with_the_same_type() -> None:
+    """A setting that no role reads would be accepted and silently do nothing."""
+    roles = Path(__file__).resolve().parents[1] / "playbooks" / "roles"
+    for role, field in RoleSettings.model_fields.items():
+        defaults = yaml.safe_load((roles / role / "defaults" / "main.yml").read_text())
+        assert field.annotation is not None
+        for name in field.annotation.model_fields:
+            variable = f"{role}_{name}"
+            assert variable in defaults, f"{variable} is not a default of role {role}"
+            default = defaults[variable]
+            accepted = RoleSettings.model_validate({role: {name: default}}).extra_vars()
+            assert accepted == {variable: default}, f"{variable}: its default is not a valid setting"

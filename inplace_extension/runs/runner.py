@@ -64,6 +64,7 @@ class BatchSpec:
     roles_paths: tuple[Path, ...] = ()  # user roles directories (--capabilities-file), searched after ours
     host_checks: tuple[HostCheck, ...] = ()  # the health gate's command checks, run before the stamp
     host_checks_timeout_seconds: int = 300  # --health-gate-timeout-seconds: until they must pass
+    role_vars: Mapping[str, Any] = field(default_factory=dict)  # capabilities file role_settings
 
 
 TaskListener = Callable[[str, str | None, str], None]  # (host name, role or None, task) per task start
@@ -140,7 +141,7 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
             # ansible-playbook via detach.py, which survives the service's death; with a custom binary
             # ansible-runner leaves out the playbook argument, so it goes in through cmdline
             binary=str(spec.wrapper),
-            cmdline=shlex.quote(str(spec.playbook)),
+            cmdline=" ".join(shlex.quote(arg) for arg in [str(spec.playbook), *_role_vars_args(spec)]),
             inventory={"all": {"hosts": hosts}},
             forks=len(hosts),
             envvars=_envvars(spec),
@@ -155,6 +156,16 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
     except Exception as exc:  # ConfigurationError, ValueError, OSError...: all mean "did not start"
         raise RunStartError(f"ansible-runner could not start: {type(exc).__name__}: {exc}") from exc
     return RunHandle(thread, runner)
+
+
+def _role_vars_args(spec: BatchSpec) -> list[str]:
+    """``-e @file`` with the roles' settings: a JSON file, so they are data on the command line's side
+    (never a string Ansible parses as key=value), checked at start-up (role_settings.py)."""
+    if not spec.role_vars:
+        return []
+    path = spec.batch_dir / "role_settings.json"
+    write_json(path, dict(spec.role_vars))
+    return ["--extra-vars", f"@{path}"]
 
 
 def run_parameters(run: HostRun, inputs_file: Path) -> dict[str, Any]:

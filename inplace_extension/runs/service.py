@@ -15,10 +15,11 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 
@@ -81,10 +82,12 @@ class RunService:
         host_checks: Sequence[model.HostCheck] = (),
         windows: Schedule = NO_WINDOWS,
         clock: Callable[[], float] = time.time,
+        role_vars: Mapping[str, Any] | None = None,
     ) -> None:
         """``roles_paths``: user-defined roles' directories; ``cluster``: what a run does in the cluster
         around its play (Kubernetes-aware mode); ``host_checks``: command checks run before the stamp;
-        ``windows``: when a new update may start; ``clock``: wall-clock seconds (tests pass their own)."""
+        ``windows``: when a new update may start; ``clock``: wall-clock seconds (tests pass their own);
+        ``role_vars``: the roles' settings from the capabilities file, extra vars of every play."""
         self._clock = clock
         self._runs_dir = settings.runs_dir.expanduser().resolve()
         self._runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -114,6 +117,7 @@ class RunService:
         self._attempts: dict[str, list[Attempt]] = {}  # ident -> attempts on disk (cache)
         self._ends = EndWaiters()
         self._windows = windows
+        self._role_vars = dict(role_vars or {})
         self._announced: set[tuple[str, str]] = set()  # (ident, wait message) already posted as an Event
 
     async def poll(self, request: RunRequest) -> Progress:
@@ -304,6 +308,7 @@ class RunService:
             roles_paths=self._roles_paths,
             host_checks=self._host_checks,
             host_checks_timeout_seconds=self._host_checks_timeout,
+            role_vars=self._role_vars,
         )
         steps = StepTracker([job.payload.request for job in played], self._registry.set_phase, self._cluster)
 

@@ -49,7 +49,7 @@ HANDLERS = handlers_of(EXTENSION)
 DISCOVERY_TIMEOUT = 60.0
 # the e2e fixtures this directory shares: the lab release server and the playbooks that download from it
 release_server = e2e_fixtures.release_server
-e2e_playbooks = e2e_fixtures.e2e_playbooks
+e2e_capabilities = e2e_fixtures.e2e_capabilities
 
 
 @dataclass
@@ -140,7 +140,7 @@ def wait_discovered(lab: Lab, name: str = EXTENSION, timeout: float = DISCOVERY_
 
 @pytest.fixture(scope="session")
 def capi_extension(
-    kubelab_capi: Lab, lab: HostLab, e2e_playbooks: Path, tmp_path_factory: pytest.TempPathFactory
+    kubelab_capi: Lab, lab: HostLab, e2e_capabilities: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Extension]:
     work = tmp_path_factory.mktemp("capi-extension")
     cert = kubelab_capi.pki.issue_server("inplace-extension")
@@ -165,8 +165,8 @@ def capi_extension(
         str(lab.network),
         "--runs-dir",
         str(runs_dir),
-        "--playbooks-dir",
-        str(e2e_playbooks),
+        "--capabilities-file",
+        str(e2e_capabilities),
         "--retry-after-seconds",
         "1",
     ]

@@ -51,12 +51,12 @@ from .rollout import wait
 pytestmark = [pytest.mark.lab, pytest.mark.kube, pytest.mark.capi]
 
 release_server = e2e_fixtures.release_server
-e2e_playbooks = e2e_fixtures.e2e_playbooks
+e2e_capabilities = e2e_fixtures.e2e_capabilities
 
 
 @pytest.fixture(scope="module")
 def kube_extension(
-    kubelab_capi: Lab, lab: HostLab, e2e_playbooks: Path, tmp_path_factory: pytest.TempPathFactory
+    kubelab_capi: Lab, lab: HostLab, e2e_capabilities: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KubeExtension]:
     # short: ssh's ControlPath socket lives under the runs dir (108-byte limit for socket paths)
     work = Path(tempfile.mkdtemp(prefix="ka-"))
@@ -81,8 +81,8 @@ def kube_extension(
         str(lab.network),
         "--runs-dir",
         str(work / "runs"),
-        "--playbooks-dir",
-        str(e2e_playbooks),
+        "--capabilities-file",
+        str(e2e_capabilities),
         "--retry-after-seconds",
         "1",
         "--kubeconfig",

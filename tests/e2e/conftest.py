@@ -8,7 +8,6 @@ files, users and configs are real.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -52,7 +51,7 @@ def _wait_for_orphans(runs_dir: Path, within: float = 120.0) -> None:
 
 
 @pytest.fixture
-def start_service(tmp_path: Path, e2e_playbooks: Path, lab: Lab) -> Iterator[StartService]:
+def start_service(tmp_path: Path, e2e_capabilities: Path, lab: Lab) -> Iterator[StartService]:
     started: list[Service] = []
 
     def start(
@@ -64,6 +63,14 @@ def start_service(tmp_path: Path, e2e_playbooks: Path, lab: Lab) -> Iterator[Sta
         extra_args: Sequence[str] = (),
     ) -> Service:
         runs = runs_dir or tmp_path / f"runs-{name}"
+        capabilities = e2e_capabilities
+        if "--capabilities-file" in extra_args:  # the test's own file, with the lab's role settings added
+            given = list(extra_args)
+            index = given.index("--capabilities-file")
+            capabilities = tmp_path / f"capabilities-{name}.yaml"
+            own = Path(given[index + 1]).read_text()
+            capabilities.write_text(own + e2e_capabilities.read_text())
+            extra_args = given[:index] + given[index + 2 :]
         argv = [
             sys.executable,
             "-m",
@@ -78,8 +85,8 @@ def start_service(tmp_path: Path, e2e_playbooks: Path, lab: Lab) -> Iterator[Sta
             str(lab.network),
             "--runs-dir",
             str(runs),
-            "--playbooks-dir",
-            str(e2e_playbooks),
+            "--capabilities-file",
+            str(capabilities),
             "--retry-after-seconds",
             "1",
             "--max-parallel-runs",
@@ -107,19 +114,19 @@ def release_server(lab: Lab) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def e2e_playbooks(release_server: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The project's playbooks with one test override: Kubernetes binaries from the lab release server."""
-    target = tmp_path_factory.mktemp("playbooks") / "playbooks"
-    shutil.copytree(REPO / "playbooks", target)
-    (target / "group_vars").mkdir(exist_ok=True)
-    (target / "group_vars" / "all.yml").write_text(
-        "---\n"
-        "# e2e override (tests/e2e/conftest.py): lab hosts reach only the lab gateway\n"
-        "kubernetes_version_package_source: binary\n"
-        f"kubernetes_version_binary_base_url: {release_server}\n"
-        "kubernetes_version_health_delay_seconds: 1\n"
+def e2e_capabilities(release_server: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A capabilities file with the lab's role settings (the shipped playbooks unchanged): Kubernetes
+    binaries from the lab release server, the way a site points the role at an internal mirror."""
+    path = tmp_path_factory.mktemp("capabilities") / "capabilities.yaml"
+    path.write_text(
+        "# tests/e2e/conftest.py: lab hosts reach only the lab gateway\n"
+        "role_settings:\n"
+        "  kubernetes_version:\n"
+        "    package_source: binary\n"
+        f"    binary_base_url: {release_server}\n"
+        "    health_delay_seconds: 1\n"
     )
-    return target
+    return path
 
 
 @pytest.fixture

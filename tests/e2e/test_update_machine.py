@@ -148,7 +148,8 @@ def test_task_failure_is_stable_until_the_retry_annotation_changes(
 def test_link_down_is_retried_and_converges_when_back(
     lab: Lab, nodes: list[Host], lab_inventory: WriteInventory, start_service: StartService
 ) -> None:
-    service = start_service(lab_inventory(MACHINES[:1]))
+    # a budget this test cannot spend: how many attempts fail before the link is back depends on load
+    service = start_service(lab_inventory(MACHINES[:1]), extra_args=["--max-failed-attempts", "20"])
     host, name = nodes[0], MACHINES[0]
     can_update_machine_set(service.client, OLD, FILES_AND_ARGS)
     faults.link(lab, host, up=False)
@@ -167,6 +168,32 @@ def test_link_down_is_retried_and_converges_when_back(
     assert (back.status, back.message) == ("Success", "update applied"), back.messages
     assert len(stamp_writes(lab, host)) == 1
     assert len(attempts(service.runs_dir, name)) >= 2
+
+
+def test_an_unreachable_host_is_blocked_after_the_retry_budget_until_the_retry_annotation(
+    lab: Lab, nodes: list[Host], lab_inventory: WriteInventory, start_service: StartService
+) -> None:
+    service = start_service(lab_inventory(MACHINES[:1]), extra_args=["--max-failed-attempts", "2"])
+    host, name = nodes[0], MACHINES[0]
+    can_update_machine_set(service.client, OLD, FILES_AND_ARGS)
+    faults.link(lab, host, up=False)
+    try:
+        blocked = poll_update_machine(service.client, name, FILES_AND_ARGS, within=180)
+        assert (blocked.status, blocked.message) == (
+            "Failure",
+            "blocked after 2 failed attempts: host unreachable",
+        ), blocked.messages
+        again = poll_update_machine(service.client, name, FILES_AND_ARGS)
+        assert (again.status, again.message, again.calls) == ("Failure", blocked.message, 1)
+        assert len(attempts(service.runs_dir, name)) == 2, "no third attempt"
+    finally:
+        faults.link(lab, host, up=True)
+    still = poll_update_machine(service.client, name, FILES_AND_ARGS)
+    assert (still.status, still.message) == ("Failure", blocked.message), "the host is back: still blocked"
+    retried = poll_update_machine(service.client, name, FILES_AND_ARGS, {RETRY: "1"})
+    assert (retried.status, retried.message) == ("Success", "update applied"), retried.messages
+    assert len(attempts(service.runs_dir, name)) == 3
+    assert len(stamp_writes(lab, host)) == 1
 
 
 def test_sigkill_mid_run_then_restart_applies_exactly_once(

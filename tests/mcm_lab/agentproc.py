@@ -77,7 +77,7 @@ class AgentProcess:
 
 
 def agent_argv(
-    lab: Lab, hostlab: HostLab, inventory: Path, runs: Path, playbooks: Path, port: int
+    lab: Lab, hostlab: HostLab, inventory: Path, runs: Path, capabilities: Path, port: int
 ) -> list[str]:
     flags = {
         "--target-kubeconfig": str(lab.kubeconfig),
@@ -85,7 +85,7 @@ def agent_argv(
         "--inventory": str(inventory),
         "--allowed-cidrs": str(hostlab.network),
         "--runs-dir": str(runs),
-        "--playbooks-dir": str(playbooks),
+        "--capabilities-file": str(capabilities),
         "--retry-after-seconds": "1",
         "--listen": f"127.0.0.1:{port}",
         "--poll-seconds": "0.5",

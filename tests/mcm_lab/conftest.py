@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from e2e.conftest import _wait_for_orphans, e2e_playbooks, nodes, release_server
+from e2e.conftest import _wait_for_orphans, e2e_capabilities, nodes, release_server
 from hostlab.lab import Lab as HostLab
 from kubelab.lab import Lab
 
@@ -17,20 +17,22 @@ from inplace_extension.runs.ssh import close_control_masters
 
 from .agentproc import AgentProcess, agent_argv, write_inventory
 
-__all__ = ["e2e_playbooks", "nodes", "release_server"]
+__all__ = ["e2e_capabilities", "nodes", "release_server"]
 
 StartAgent = Callable[..., AgentProcess]
 
 
 @pytest.fixture
-def start_agent(kubelab_mcm: Lab, lab: HostLab, e2e_playbooks: Path, tmp_path: Path) -> Iterator[StartAgent]:
+def start_agent(
+    kubelab_mcm: Lab, lab: HostLab, e2e_capabilities: Path, tmp_path: Path
+) -> Iterator[StartAgent]:
     started: list[AgentProcess] = []
     inventory = write_inventory(lab, tmp_path / "inventory.yaml")
 
     def start(runs_dir: Path | None = None, name: str = "agent") -> AgentProcess:
         runs = runs_dir or tmp_path / f"runs-{name}"
         port = kubelab_mcm.free_port()
-        argv = agent_argv(kubelab_mcm, lab, inventory, runs, e2e_playbooks, port)
+        argv = agent_argv(kubelab_mcm, lab, inventory, runs, e2e_capabilities, port)
         agent = AgentProcess(argv, tmp_path / f"{name}.log", port, runs)
         started.append(agent)
         return agent

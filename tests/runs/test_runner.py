@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -138,3 +139,42 @@ def test_control_path_sockets_fit_at_the_limit_and_beyond() -> None:
                 shutil.rmtree(cp_dir)  # the fallback lives outside ``base``
     finally:
         shutil.rmtree(base)
+
+
+def test_role_settings_reach_a_real_play_as_extra_vars_over_the_role_defaults(tmp_path: Path) -> None:
+    """A real ansible-playbook (local connection): the role default is replaced by the setting."""
+    playbooks = tmp_path / "playbooks"
+    (playbooks / "roles" / "probe" / "defaults").mkdir(parents=True)
+    (playbooks / "roles" / "probe" / "tasks").mkdir(parents=True)
+    (playbooks / "roles" / "probe" / "defaults" / "main.yml").write_text(
+        "kubernetes_version_binary_base_url: https://dl.k8s.io/release\n"
+        "kubernetes_version_health_retries: 60\n"
+    )
+    out = tmp_path / "seen.json"
+    (playbooks / "roles" / "probe" / "tasks" / "main.yml").write_text(
+        "- name: Write what the role sees\n"
+        "  ansible.builtin.copy:\n"
+        f"    dest: {out}\n"
+        '    content: \'{{ {"url": kubernetes_version_binary_base_url,'
+        ' "retries": kubernetes_version_health_retries} | to_json }}\'\n'
+        "    mode: '0600'\n"
+    )
+    (playbooks / "update_machine.yml").write_text(
+        "- hosts: all\n  connection: local\n  gather_facts: false\n  roles: [probe]\n"
+        f"  vars: {{ansible_python_interpreter: {sys.executable}}}\n"
+    )
+    run = host_run(tmp_path)
+    batch_dir = tmp_path / "batch"
+    batch_dir.mkdir()
+    role_vars = {"kubernetes_version_binary_base_url": "https://mirror.example.internal/k8s"}
+    playbook, wrapper = playbooks / "update_machine.yml", runner.install_wrapper(tmp_path)
+    spec = runner.BatchSpec(
+        "batch-x", batch_dir, (run,), playbook, None, tmp_path, wrapper, role_vars=role_vars
+    )
+    try:
+        status = runner.start(spec, lambda host, role, task: None).wait()
+    finally:
+        ssh.close_control_masters(tmp_path)
+    assert status == "successful", (batch_dir / "artifacts" / "batch-x" / "stdout").read_text()
+    assert json.loads(out.read_text()) == {"url": "https://mirror.example.internal/k8s", "retries": 60}
+    assert (batch_dir / "role_settings.json").stat().st_mode & 0o777 == 0o600
