@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from inplace_extension.cli.command import Command, load_document
@@ -24,8 +25,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.capabilities_file) if args.capabilities_file else Settings().capabilities_file
-    custom = load_config(path).custom
-    lines, ok = explain_request(json.dumps(load_document(args.file)).encode(), custom)
+    config = load_config(path)
+    body = json.dumps(load_document(args.file)).encode()
+    lines, ok = explain_request(body, config.custom, config.windows, time.time())
     print("\n".join(lines))
     return 0 if ok else 1
 

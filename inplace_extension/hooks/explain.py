@@ -26,6 +26,7 @@ from inplace_extension.inplace.decide import (
     decide_can_update_machine,
     decide_can_update_machine_set,
 )
+from inplace_extension.runs.windows import NO_WINDOWS, Schedule
 
 
 def request_kind(document: Any) -> str:
@@ -74,7 +75,19 @@ def _explain_decision(title: str, decision: Decision, answer: CanUpdateAnswer) -
     return lines
 
 
-def _explain_update(request: UpdateMachineRequest, custom: CustomTable) -> list[str]:
+def _explain_window(run_labels: Mapping[str, str], windows: Schedule, now: float) -> list[str]:
+    """When this Machine's update may start (only when a maintenance window applies to it)."""
+    if not windows.applies(run_labels):
+        return []
+    closed = windows.closed(run_labels, now)
+    if closed is None:
+        return ["maintenance window: open now (an update may start)"]
+    return [f'maintenance window: closed; "{closed.window}" opens {closed.when}']
+
+
+def _explain_update(
+    request: UpdateMachineRequest, custom: CustomTable, windows: Schedule, now: float
+) -> list[str]:
     plan = plan_request(request, custom)
     run = to_run_request(plan, request)
     lines = [
@@ -89,18 +102,21 @@ def _explain_update(request: UpdateMachineRequest, custom: CustomTable) -> list[
         names = ", ".join(f"{name} ({_describe(value)})" for name, value in inputs.items())
         role = f" (role {step.role})" if step.role is not None else ""
         lines.append(f"  {number}. {step.capability}{role}: {names}")
-    return lines
+    return lines + _explain_window(run.labels, windows, now)
 
 
-def explain_request(body: bytes, custom: CustomTable = NO_CUSTOM) -> tuple[list[str], bool]:
+def explain_request(
+    body: bytes, custom: CustomTable = NO_CUSTOM, windows: Schedule = NO_WINDOWS, now: float = 0.0
+) -> tuple[list[str], bool]:
     """Lines for a person, and whether the request was valid. Never raises for bad input.
 
-    ``custom``: the user-defined capabilities (``plan --capabilities-file``), judged as the service would.
+    ``custom``: the user-defined capabilities (``plan --capabilities-file``), judged as the service would;
+    ``windows`` and ``now``: an UpdateMachine request also says when its maintenance window opens.
     """
     try:
         kind = request_kind(parse_json(body))
         if kind == "UpdateMachineRequest":
-            return _explain_update(parse_request(UpdateMachineRequest, body), custom), True
+            return _explain_update(parse_request(UpdateMachineRequest, body), custom, windows, now), True
         if kind == "CanUpdateMachineSetRequest":
             ms = parse_request(CanUpdateMachineSetRequest, body)
             decision = decide_can_update_machine_set(ms.current.to_json(), ms.desired.to_json(), custom)

@@ -63,9 +63,13 @@ class Closed:
     window: str
     opens: float
 
+    @property
+    def when(self) -> str:
+        """The opening in UTC, to the minute: ``2026-12-01T22:00Z``."""
+        return datetime.fromtimestamp(self.opens, UTC).strftime("%Y-%m-%dT%H:%MZ")
+
     def message(self) -> str:
-        when = datetime.fromtimestamp(self.opens, UTC).strftime("%Y-%m-%dT%H:%MZ")
-        return progress.window(self.window, when)
+        return progress.window(self.window, self.when)
 
     def retry_after(self, now: float) -> int:
         """retryAfterSeconds: until the window opens, at most :data:`WINDOW_RETRY_CAP_SECONDS`."""
@@ -77,6 +81,10 @@ class Schedule:
     """All configured windows; :data:`NO_WINDOWS` when the capabilities file has none."""
 
     windows: tuple[MaintenanceWindow, ...] = ()
+
+    def applies(self, labels: Mapping[str, str]) -> bool:
+        """Whether any window applies to a Machine with ``labels`` (else it may start any time)."""
+        return any(window.applies_to(labels) for window in self.windows)
 
     def closed(self, labels: Mapping[str, str], now: float) -> Closed | None:
         """None when an update of a Machine with ``labels`` may start at ``now``, else what it waits for."""

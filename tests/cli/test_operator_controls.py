@@ -47,3 +47,20 @@ def test_a_bad_window_stops_the_start_with_line_and_field(tmp_path: Path) -> Non
     assert served.returncode == 2
     assert "line 3: maintenance_windows[0].cron: Value error, not a 5-field cron expression" in served.stderr
     assert json.dumps(str(caps))[1:-1] in served.stderr
+
+
+def test_plan_says_when_the_machines_window_opens(tmp_path: Path) -> None:
+    caps = tmp_path / "caps.yaml"
+    caps.write_text(
+        NEW_YEAR + "  - {name: other-cluster, cron: '* * * * *', duration: 1h,"
+        " labels: {cluster.x-k8s.io/cluster-name: x}}\n"
+    )
+    request = (FIXTURES / "update_machine" / "6A.request.json").read_text()
+    planned = run_cli("plan", "-", "--capabilities-file", str(caps), env=clean_env(tmp_path), stdin=request)
+    assert planned.returncode == 0, planned.stderr
+    opens = datetime(datetime.now(UTC).year + 1, 1, 1, tzinfo=UTC)
+    assert (
+        f'maintenance window: closed; "new-year" opens {opens:%Y-%m-%d}T00:00Z' in planned.stdout.splitlines()
+    )
+    unscoped = run_cli("plan", "-", env=clean_env(tmp_path), stdin=request)
+    assert "maintenance window" not in unscoped.stdout
