@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.model import Blocked, Progress, ProgressState, RunRequest
 from inplace_extension.runs.resolve import pick_address
 from inplace_extension.runs.service import RunService
+from inplace_extension.runs.windows import MaintenanceWindow, Schedule
 from inplace_extension.settings import Settings
 
 from .fakes import FakeRunner
@@ -170,3 +172,35 @@ async def test_an_unreachable_api_server_is_retried_with_backoff(
     )
     assert not any(call.startswith("failed") for call in side.calls)
     assert fake.count("x4") == 0
+
+
+async def test_waiting_for_a_window_posts_one_event_and_the_health_gate_is_a_wait(
+    tmp_path: Path, fake: FakeRunner, side: FakeClusterSide
+) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f'hosts: []\ndefaults: {{user: ansible, known_hosts: "{KEY}"}}\n')
+    settings = Settings(
+        inventory=inventory,
+        allowed_cidrs=["10.79.9.0/24"],
+        runs_dir=tmp_path / "runs",
+        playbooks_dir=PLAYBOOKS,
+    )
+    clock = [datetime(2026, 12, 1, 21, 0, tzinfo=UTC).timestamp()]
+    nights = Schedule((MaintenanceWindow("nights", "0 22 * * *", 3600),))
+    service = RunService(settings, cluster=side, windows=nights, clock=lambda: clock[0])
+    side.addrs = [("InternalIP", "10.79.9.20")]
+    side.gate = [Progress(ProgressState.IN_PROGRESS, "health gate: waiting for Node m1 to be Ready")]
+    try:
+        message = 'waiting for maintenance window "nights" (opens 2026-12-01T22:00Z)'
+        for _ in range(3):
+            answer = await service.poll(req())
+            assert (answer.message, answer.waiting, answer.retry_after_seconds) == (message, "window", 300)
+        assert side.calls == [f"state Waiting: {message}"], "one Event, nothing else in the cluster"
+        clock[0] += 3600
+        gate = await settle(service, req())
+        assert (gate.message, gate.waiting) == (
+            "health gate: waiting for Node m1 to be Ready",
+            "health_check",
+        )
+    finally:
+        service.close()
