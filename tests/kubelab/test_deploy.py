@@ -6,6 +6,9 @@ from their pinned Go modules. Nothing is stored: a dry run only asks the server 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +93,20 @@ def test_the_kube_aware_component_passes_a_server_side_dry_run(with_crds: Lab, t
     result = manifests.dry_run_kustomize(with_crds, overlay)
     assert result.returncode == 0, result.stderr
     assert {"clusterrole", "clusterrolebinding", "deployment"} <= _kinds(result.stdout)
+
+
+def test_the_release_components_pass_a_server_side_dry_run(with_crds: Lab, tmp_path: Path) -> None:
+    # scripts/release's runtime-extension-components.yaml with the values clusterctl would substitute
+    out = tmp_path / "dist"
+    release = [sys.executable, ROOT / "scripts" / "release", "v0.1.0", "--out", out]
+    subprocess.run(release, check=True, capture_output=True)
+    text = (out / "runtime-extension-inplace-extension/v0.1.0/runtime-extension-components.yaml").read_text()
+    values = {"INPLACE_ALLOWED_CIDRS": "10.1.0.0/16"}
+    text = re.sub(r"\$\{([A-Z_]+)(?::=([^}]*))?\}", lambda m: values.get(m.group(1)) or m.group(2), text)
+    overlay = tmp_path / "release"
+    overlay.mkdir()
+    (overlay / "components.yaml").write_text(text)
+    (overlay / "kustomization.yaml").write_text("resources:\n  - components.yaml\n")
+    result = manifests.dry_run_kustomize(with_crds, overlay)
+    assert result.returncode == 0, result.stderr
+    assert {"deployment", "service", "certificate", "extensionconfig", "configmap"} <= _kinds(result.stdout)
