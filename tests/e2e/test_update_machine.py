@@ -145,6 +145,43 @@ def test_task_failure_is_stable_until_the_retry_annotation_changes(
     assert len(stamp_writes(lab, host)) == 1
 
 
+LEFT = "/etc/e2e/left-by-a-failed-run.conf"
+
+
+def test_files_of_a_failed_run_are_removed_by_the_next_desired_state(
+    lab: Lab, nodes: list[Host], lab_inventory: WriteInventory, start_service: StartService
+) -> None:
+    """The file step writes one file and fails on the next: a later desired state without that file
+    (a new fingerprint, as after the user fixes the template) removes it."""
+    service = start_service(lab_inventory(MACHINES[:1]))
+    host, name = nodes[0], MACHINES[0]
+    failing = NodeSpec(
+        START_VERSION,
+        {
+            "files": [
+                {"path": LEFT, "content": "stale\n", "owner": "root:root", "permissions": "0644"},
+                # its parent is a file: cannot be written, after the first one was
+                {
+                    "path": "/etc/passwd/cannot.conf",
+                    "content": "x\n",
+                    "owner": "root:root",
+                    "permissions": "0644",
+                },
+            ],
+            "joinConfiguration": kubelet_args(("max-pods", "110")),
+        },
+    )
+    can_update_machine_set(service.client, OLD, failing)
+    first = poll_update_machine(service.client, name, failing)
+    assert first.status == "Failure" and first.message.startswith("kubeadm_files: "), first.messages
+    assert run_on(lab, host, ["cat", LEFT]) == "stale\n"
+    can_update_machine_set(service.client, OLD, FILES_AND_ARGS)
+    fixed = poll_update_machine(service.client, name, FILES_AND_ARGS)
+    assert (fixed.status, fixed.message) == ("Success", "update applied"), fixed.messages
+    assert run_on(lab, host, ["cat", "/etc/e2e/small.conf"]) == "small\n"
+    assert lab.exec_in(host, ["test", "-e", LEFT]).returncode != 0, "the failed run's file stayed unmanaged"
+
+
 def test_link_down_is_retried_and_converges_when_back(
     lab: Lab, nodes: list[Host], lab_inventory: WriteInventory, start_service: StartService
 ) -> None:

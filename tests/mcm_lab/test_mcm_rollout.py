@@ -202,3 +202,55 @@ def test_api_outage_mid_rollout(
     watch_rollout(pool, pool.finished)
     for node in pool.nodes():
         assert_host_updated(lab, pool.host_of(node))
+
+
+LEFT = "/etc/mcm/left-by-a-failed-run.conf"
+# the first file lands, the second cannot (its parent is a file): the run fails after writing one
+FAILING_FILES: dict[str, Any] = {
+    "kubernetesVersion": START_VERSION,
+    "kubeadmConfigSpec": {
+        "files": [
+            {"path": LEFT, "content": "stale\n", "owner": "root:root", "permissions": "0644"},
+            {
+                "path": "/etc/passwd/cannot.conf",
+                "content": "x\n",
+                "owner": "root:root",
+                "permissions": "0644",
+            },
+        ]
+    },
+}
+FIXED_FILES: dict[str, Any] = {
+    "kubernetesVersion": START_VERSION,
+    "kubeadmConfigSpec": {
+        "files": [
+            {"path": "/etc/mcm/kept.conf", "content": "kept\n", "owner": "root:root", "permissions": "0644"}
+        ]
+    },
+}
+
+
+def test_a_later_desired_state_removes_the_files_of_a_failed_one(
+    kubelab_mcm: Lab, lab: HostLab, nodes: list[Host], start_agent: StartAgent
+) -> None:
+    """As a user would: a desired state whose file step fails half-way, then the class fixed: the file
+    the failed run wrote is gone once the fixed one completes (the failed run recorded it as ours)."""
+    host = nodes[0]
+    pool = Pool(kubelab_mcm, "leftover", [host], {"v1": V1, "v2": FAILING_FILES})
+    try:
+        start_agent()
+        (name,) = pool.initial
+        pool.switch("v2")
+        failed = lambda: ns.node_labels(pool.node(name)).get(ns.RESULT_LABEL) == ns.FAILED  # noqa: E731
+        assert wait_until(failed, ROLLOUT, 0.5), "the file step fails"
+        assert run_on(lab, host, ["cat", LEFT]) == "stale\n", "the first file was written before the failure"
+        # the user fixes the class (the Machines keep it) and asks for a retry
+        objects.apply(
+            kubelab_mcm, mcm_objects.machine_class(pool.classes["v2"], {"inPlaceUpdate": FIXED_FILES})
+        )
+        kubelab_mcm.kubectl("annotate", "node", name, "inplace-extension.io/retry=1")
+        watch_rollout(pool, pool.finished)
+        assert run_on(lab, host, ["cat", "/etc/mcm/kept.conf"]) == "kept\n"
+        assert lab.exec_in(host, ["test", "-e", LEFT]).returncode != 0, "the failed run's file was removed"
+    finally:
+        pool.delete()

@@ -235,6 +235,28 @@ def test_files_written_appended_converged_and_removed(tmp_path: Path) -> None:
     assert shared.read_text() == "theirs\n"
 
 
+def test_files_written_before_a_failing_one_are_recorded_and_removed_by_the_next_run(tmp_path: Path) -> None:
+    kept, written, later = tmp_path / "kept.conf", tmp_path / "written.conf", tmp_path / "later.conf"
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where a directory is needed\n")
+
+    def entry(path: Path, content: str = "x\n") -> dict[str, Any]:
+        return {"path": str(path), "content": content, "owner": ME, "permissions": "0644"}
+
+    run(FILES, tmp_path, files_args(tmp_path, [entry(kept)]))
+    # the old state's kept.conf is still listed; written.conf lands, then the third entry cannot be written
+    failing = [entry(kept), entry(written), entry(blocker / "f.conf"), entry(later)]
+    failed = run(FILES, tmp_path, files_args(tmp_path, failing))
+    assert failed["failed"] is True and failed["msg"].startswith(f"cannot write {blocker / 'f.conf'}")
+    assert written.exists() and not later.exists()
+    manifest = json.loads((tmp_path / "state" / "files.json").read_text())
+    assert sorted(f["path"] for f in manifest["files"]) == sorted([str(kept), str(written)])
+    # a later desired state without them removes both: nothing of the failed run stays unmanaged
+    after = run(FILES, tmp_path, files_args(tmp_path, [entry(later)]))
+    assert sorted(after["removed"]) == sorted([str(kept), str(written)])
+    assert not kept.exists() and not written.exists() and later.exists()
+
+
 def test_files_switching_from_whole_to_append_does_not_keep_our_old_text(tmp_path: Path) -> None:
     path = tmp_path / "f.conf"
     entry = {"path": str(path), "content": "whole\n", "owner": ME, "permissions": "0644"}

@@ -170,6 +170,30 @@ def test_users_that_left_the_spec_and_were_deleted_are_not_recreated(
     assert lab.exec_in(host, ["getent", "passwd", "bob"]).returncode == 2
 
 
+def test_users_of_a_run_that_failed_half_way_are_still_disabled_when_they_leave(
+    lab: Lab, host: Host, tmp_path: Path
+) -> None:
+    """dave is created, then erin's sudo rule is refused by visudo: the run fails, and the next list
+    without them still disables both (the manifest recorded what the failed run created)."""
+    failing = {
+        "users": {
+            "users_users": [
+                {"name": "dave", "ssh_authorized_keys": [KEY_A]},
+                {"name": "erin", "ssh_authorized_keys": [], "sudo": "ALL=(ALL"},
+            ]
+        }
+    }
+    result = run_update(RunSpec(lab, host, tmp_path, failing))
+    assert (result.status, result.failed_roles) == ("failed", ["users"])
+    assert "visudo refused the sudo rule" in result.failure_messages[0]
+    assert lab.read_file(host, "/home/dave/.ssh/authorized_keys") == f"{KEY_A}\n"
+    ok(run_update(RunSpec(lab, host, tmp_path, {"users": {"users_users": []}})))
+    for name in ("dave", "erin"):
+        entry = shadow(lab, host, name)
+        assert entry[1].startswith("!") and entry[7] == "1", (name, entry)  # locked and expired
+    assert not host_exists(lab, host, "/home/dave/.ssh/authorized_keys")
+
+
 def test_users_inactive_expires_the_account(lab: Lab, host: Host, tmp_path: Path) -> None:
     spec = {"users": {"users_users": [{"name": "carol", "inactive": True, "ssh_authorized_keys": []}]}}
     ok(run_update(RunSpec(lab, host, tmp_path, spec)))

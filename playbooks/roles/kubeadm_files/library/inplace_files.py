@@ -11,7 +11,9 @@ execution (each costs about half a second over SSH) it:
   appending converges instead of growing the file on every run;
 * removes what an earlier run managed and the input no longer lists: whole files are deleted,
   appended blocks are cut out of the file they were appended to;
-* rewrites the manifest.
+* rewrites the manifest, also when it fails half-way: then it holds what the host has of ours at
+  that point (the earlier manifest's files not yet removed, and the files written before the failing
+  one), so that the next run still removes what its input no longer lists.
 
 File content is data: it is written byte for byte (UTF-8) and never returned or logged (the
 option is ``no_log``), because kubeadm files may carry keys.
@@ -26,7 +28,7 @@ import pwd
 import re
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -285,13 +287,23 @@ def main() -> None:
         module.fail_json(msg=str(exc))
     written: list[str] = []
     removed: list[str] = []
+    # What of ours is on the host right now, kept true as we go: a run that fails half-way records what
+    # it wrote before it stops, or a later desired state that drops those files would never remove them.
+    managed = dict(previous)
+
+    def fail(msg: str) -> NoReturn:
+        if not check:
+            save_manifest(manifest_path, managed)
+        module.fail_json(msg=msg, written=written)
+
     for entry in entries:
         try:
-            if converge_file(entry, previous.get(entry["path"]), check):
-                written.append(entry["path"])
+            changed = converge_file(entry, previous.get(entry["path"]), check)
         except (OSError, ValueError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-            module.fail_json(msg=f"cannot write {entry['path']}: {reason}", written=written)
+            fail(f"cannot write {entry['path']}: {exc.strerror if isinstance(exc, OSError) else exc}")
+        managed[entry["path"]] = entry["append"]
+        if changed:
+            written.append(entry["path"])
     desired_paths = {e["path"] for e in entries}
     for path, was_append in sorted(previous.items()):
         if path not in desired_paths:
@@ -299,13 +311,19 @@ def main() -> None:
                 if remove_dropped(path, was_append, check):
                     removed.append(path)
             except OSError as exc:
-                module.fail_json(msg=f"cannot remove {path}: {exc.strerror}", written=written)
-    manifest = {"files": [{"path": e["path"], "append": e["append"]} for e in entries]}
-    manifest_changed = previous != {e["path"]: e["append"] for e in entries} or not manifest_path.exists()
+                fail(f"cannot remove {path}: {exc.strerror}")
+            del managed[path]
+    manifest_changed = previous != managed or not manifest_path.exists()
     if manifest_changed and not check:
-        text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
-        write_atomic(manifest_path, text, os.geteuid(), os.getegid(), 0o600)  # root under become
+        save_manifest(manifest_path, {e["path"]: e["append"] for e in entries})
     module.exit_json(changed=bool(written or removed or manifest_changed), written=written, removed=removed)
+
+
+def save_manifest(path: Path, managed: dict[str, bool]) -> None:
+    text = json.dumps(
+        {"files": [{"path": p, "append": a} for p, a in managed.items()]}, indent=1, sort_keys=True
+    )
+    write_atomic(path, text + "\n", os.geteuid(), os.getegid(), 0o600)  # root under become
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ the role's order, with ``groupadd``/``useradd``/``usermod`` (argv only, never a 
    removal of our drop-ins of users without a rule;
 5. disable (expire, lock, remove the keys of) managed users that left the list, if they still exist;
    never delete them (their files and processes would be orphaned); then rewrite the manifest.
+   A run that fails half-way records the users it got to as well, so none is left unmanaged.
 
 The role checked the inputs before (names, groups, paths, one-line fields). The hash is never returned.
 """
@@ -95,8 +96,8 @@ class Users:
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             # argv may hold the password hash: name the command and the user only
-            self.module.fail_json(
-                msg=f"{argv[0]} failed for {argv[-1]} (rc {proc.returncode}): {proc.stderr.strip()[-300:]}"
+            raise StepFailed(
+                f"{argv[0]} failed for {argv[-1]} (rc {proc.returncode}): {proc.stderr.strip()[-300:]}"
             )
 
     def groups(self) -> None:
@@ -189,7 +190,7 @@ class Users:
         )
         if proc.returncode != 0:
             path.unlink()
-            self.module.fail_json(msg=f"visudo refused the sudo rule for {path.name}: {proc.stdout.strip()}")
+            raise StepFailed(f"visudo refused the sudo rule for {path.name}: {proc.stdout.strip()}")
 
     def disable_dropped(self, previous: list[str]) -> list[str]:
         names = {u["name"] for u in self.p["users"]}
@@ -218,6 +219,10 @@ class Users:
 
 class RefusedPath(Exception):
     """A path the module will not write through (not what it should be, or a symlink)."""
+
+
+class StepFailed(Exception):
+    """A command (groupadd, useradd, usermod, visudo) failed; the message names it, never its argv."""
 
 
 def _ensure_dir(path: Path, mode: int, owner: tuple[int, int]) -> bool:
@@ -266,6 +271,13 @@ def _ensure_file(path: Path, content: bytes, mode: int, owner: tuple[int, int], 
     return True
 
 
+def _record(manifest: Path, names: list[str]) -> bool:
+    """Write the manifest of the users we manage; True when it changed."""
+    record = json.dumps({"users": names}, indent=4, sort_keys=True) + "\n"
+    manifest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return _ensure_file(manifest, record.encode(), 0o600, (0, 0))
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -287,21 +299,24 @@ def main() -> None:
         previous = json.loads(manifest.read_text(encoding="utf-8")).get("users", [])
     except (OSError, ValueError, AttributeError):
         previous = []
-    users.groups()
+    previous = previous if isinstance(previous, list) else []
+    # Users this run may have created or changed so far: recorded even when it fails half-way, so that
+    # a later list without them still disables them (the manifest holds every user of ours on the host).
+    touched = [name for name in previous if isinstance(name, str)]
     try:
+        users.groups()
         for user in module.params["users"]:
+            if user["name"] not in touched:
+                touched.append(user["name"])
             users.account(user)
             users.password_and_expiry(user)
             users.keys(user)
         sudo_changed = users.sudo()
-    except RefusedPath as exc:
-        module.fail_json(msg=f"refusing to write: {exc}")
-    disabled = users.disable_dropped(previous if isinstance(previous, list) else [])
-    record = (
-        json.dumps({"users": [u["name"] for u in module.params["users"]]}, indent=4, sort_keys=True) + "\n"
-    )
-    manifest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    manifest_changed = _ensure_file(manifest, record.encode(), 0o600, (0, 0))
+        disabled = users.disable_dropped(previous)
+    except (RefusedPath, StepFailed) as exc:
+        _record(manifest, touched)
+        module.fail_json(msg=f"refusing to write: {exc}" if isinstance(exc, RefusedPath) else str(exc))
+    manifest_changed = _record(manifest, [u["name"] for u in module.params["users"]])
     module.exit_json(
         changed=bool(users.changed_users or sudo_changed or disabled or manifest_changed),
         changed_users=list(users.changed_users),
