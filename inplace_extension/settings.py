@@ -99,6 +99,11 @@ class Settings(BaseSettings):
         None, ge=0, description="grace period of each eviction (default: the Pod's own)"
     )
     drain_delete_emptydir_data: bool = Field(False, description="also evict Pods with emptyDir volumes")
+    drain_wait_for_blocking_pdbs: bool = Field(
+        False,
+        description="wait until the drain timeout on a PodDisruptionBudget that can never allow an eviction "
+        "(maxUnavailable 0, or all its Pods healthy and none allowed to go) instead of failing at once",
+    )
     health_gate_timeout_seconds: int = Field(
         300,
         ge=1,

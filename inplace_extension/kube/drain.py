@@ -4,7 +4,8 @@
   ``inplace-extension.io/cordoned-by`` (the Machine, ``namespace/name``). A Node someone else cordoned
   is drained but never uncordoned by us.
 - **Drain** evicts every Pod bound to the Node through ``pods/eviction`` (PodDisruptionBudgets are
-  honoured: a refused eviction, HTTP 429, is tried again), skipping mirror Pods, DaemonSet Pods and
+  honoured: a refused eviction, HTTP 429, is tried again, unless the budget can never allow it:
+  then the drain fails at once naming it, see budgets.py), skipping mirror Pods, DaemonSet Pods and
   finished Pods; Pods with emptyDir volumes only when allowed (their data is lost). Each eviction
   carries the configured grace period (else the Pod's own). Progress ``draining: N pods left`` is
   reported whenever N changes; past the timeout a :class:`DrainError` says how many Pods are left and
@@ -26,6 +27,7 @@ from lightkube.models.meta_v1 import DeleteOptions, ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
+from inplace_extension.kube.budgets import blocking_budget
 from inplace_extension.kube.machines import api_failure
 
 CORDONED_BY: Final = "inplace-extension.io/cordoned-by"
@@ -43,6 +45,9 @@ class DrainPolicy:
     grace_seconds: int | None = None  # None: each Pod's own terminationGracePeriodSeconds
     delete_empty_dir_data: bool = False  # as kubectl drain: refuse Pods with emptyDir volumes by default
     poll_seconds: float = 1.0
+    # a PodDisruptionBudget that can never allow the eviction (budgets.py) fails the drain at once;
+    # True: wait for it until the timeout, as for any refused eviction
+    wait_for_blocking_budgets: bool = False
 
 
 def cordon(client: Client, node: str, owner: str) -> bool:
@@ -116,8 +121,14 @@ def drain(client: Client, node: str, policy: DrainPolicy, report: Callable[[int]
             if pod.metadata is not None and pod.metadata.deletionTimestamp is None:
                 if _evict(client, pod, policy.grace_seconds):
                     refused.discard(_key(pod))
-                else:
-                    refused.add(_key(pod))
+                    continue
+                refused.add(_key(pod))
+                blocker = None if policy.wait_for_blocking_budgets else blocking_budget(client, pod)
+                if blocker is not None:
+                    raise DrainError(
+                        f"drain: PodDisruptionBudget {blocker[0]} can never allow evicting Pod {_key(pod)} "
+                        f"from Node {node} ({blocker[1]}); --drain-wait-for-blocking-pdbs waits instead"
+                    )
         time.sleep(max(0.0, min(policy.poll_seconds, deadline - time.monotonic())))
 
 

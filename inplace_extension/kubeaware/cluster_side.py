@@ -51,6 +51,7 @@ class KubeClusterSide:
             timeout_seconds=settings.drain_timeout_seconds,
             grace_seconds=settings.drain_grace_seconds,
             delete_empty_dir_data=settings.drain_delete_emptydir_data,
+            wait_for_blocking_budgets=settings.drain_wait_for_blocking_pdbs,
         )
         self._gate_seconds = settings.health_gate_timeout_seconds
         # run ident -> steps found not to disrupt the node this time (before the play; read by its steps)

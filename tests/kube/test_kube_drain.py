@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -38,14 +39,14 @@ def _annotations(lab: Lab, node: str) -> dict[str, str]:
     return dict((objects.get(lab, "node", node) or {}).get("metadata", {}).get("annotations", {}))
 
 
-def _pdb(lab: Lab, namespace: str, app: str) -> None:
+def _pdb(lab: Lab, namespace: str, app: str, **budget: Any) -> None:
     objects.apply(
         lab,
         {
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
             "metadata": {"name": app, "namespace": namespace},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": app}}},
+            "spec": {**(budget or {"maxUnavailable": 0}), "selector": {"matchLabels": {"app": app}}},
         },
     )
     observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
@@ -128,7 +129,9 @@ def test_a_node_cordoned_by_someone_else_is_drained_but_never_uncordoned(kubelab
     assert _unschedulable(kubelab, node)
 
 
-def test_a_pdb_with_max_unavailable_0_blocks_the_drain_until_the_timeout(kubelab: Lab, client: Any) -> None:
+def test_a_pdb_that_can_never_allow_the_eviction_waits_for_the_timeout_when_told_to(
+    kubelab: Lab, client: Any
+) -> None:
     node, ns = _name("node"), _name("pdb")
     objects.create_kwok_node(kubelab, node)
     objects.create_pod(kubelab, ns, "guarded", node, labels={"app": "guarded"})
@@ -136,8 +139,9 @@ def test_a_pdb_with_max_unavailable_0_blocks_the_drain_until_the_timeout(kubelab
     _pdb(kubelab, ns, "guarded")
     assert drain.cordon(client, node, OWNER)
     reports: list[int] = []
+    waiting = drain.DrainPolicy(timeout_seconds=3, poll_seconds=0.2, wait_for_blocking_budgets=True)
     with pytest.raises(drain.DrainError) as failure:
-        drain.drain(client, node, drain.DrainPolicy(timeout_seconds=3, poll_seconds=0.2), reports.append)
+        drain.drain(client, node, waiting, reports.append)
     assert str(failure.value) == (
         f"drain: timed out after 3s with 1 pod left on Node {node}; "
         f"evictions refused by a PodDisruptionBudget: {ns}/guarded"
@@ -145,6 +149,55 @@ def test_a_pdb_with_max_unavailable_0_blocks_the_drain_until_the_timeout(kubelab
     assert reports[0] == 2 and reports[-1] == 1
     assert drain.uncordon(client, node, OWNER) is True
     assert not _unschedulable(kubelab, node)
+
+
+@pytest.mark.parametrize(
+    ("budget", "reason"),
+    [
+        ({"maxUnavailable": 0}, "maxUnavailable is 0"),
+        ({"maxUnavailable": "0%"}, "maxUnavailable is 0"),
+        # both of its Pods healthy, both required: nothing else can become ready first
+        ({"minAvailable": 2}, "it allows no disruption with all of its Pods healthy"),
+    ],
+)
+def test_a_pdb_that_can_never_allow_the_eviction_fails_the_drain_at_once_naming_it(
+    kubelab: Lab, client: Any, budget: dict[str, Any], reason: str
+) -> None:
+    node, other, ns = _name("node"), _name("node"), _name("pdb")
+    objects.create_kwok_node(kubelab, node)
+    objects.create_kwok_node(kubelab, other)
+    objects.create_pod(kubelab, ns, "guarded-1", node, labels={"app": "guarded"})
+    objects.create_pod(kubelab, ns, "guarded-2", other, labels={"app": "guarded"})
+    _pdb(kubelab, ns, "guarded", **budget)
+    if "minAvailable" in budget:  # judged from the status: wait until the controller counted both Pods
+        healthy = lambda pdb: pdb.get("status", {}).get("currentHealthy") == 2  # noqa: E731
+        objects.wait_for(kubelab, "pdb", "guarded", ns, healthy, "both Pods healthy")
+    assert drain.cordon(client, node, OWNER)
+    policy = drain.DrainPolicy(timeout_seconds=120, poll_seconds=0.2)
+    started = time.monotonic()
+    with pytest.raises(drain.DrainError) as failure:
+        drain.drain(client, node, policy, lambda _: None)
+    assert time.monotonic() - started < 10, "failed fast, not after the 120 s drain timeout"
+    assert str(failure.value) == (
+        f"drain: PodDisruptionBudget {ns}/guarded can never allow evicting Pod {ns}/guarded-1 from Node "
+        f"{node} ({reason}); --drain-wait-for-blocking-pdbs waits instead"
+    )
+    assert drain.uncordon(client, node, OWNER) is True
+
+
+def test_a_pdb_that_allows_the_eviction_does_not_stop_the_drain(kubelab: Lab, client: Any) -> None:
+    node, other, ns = _name("node"), _name("node"), _name("pdb")
+    objects.create_kwok_node(kubelab, node)
+    objects.create_kwok_node(kubelab, other)
+    objects.create_pod(kubelab, ns, "guarded-1", node, labels={"app": "guarded"})
+    objects.create_pod(kubelab, ns, "guarded-2", other, labels={"app": "guarded"})
+    _pdb(kubelab, ns, "guarded", minAvailable=1)
+    allowed = lambda pdb: pdb.get("status", {}).get("disruptionsAllowed") == 1  # noqa: E731
+    objects.wait_for(kubelab, "pdb", "guarded", ns, allowed, "one disruption allowed")
+    assert drain.cordon(client, node, OWNER)
+    drain.drain(client, node, drain.DrainPolicy(timeout_seconds=60, poll_seconds=0.2), lambda _: None)
+    assert objects.get(kubelab, "pod", "guarded-1", ns) is None
+    assert drain.uncordon(client, node, OWNER) is True
 
 
 def test_pods_with_emptydir_data_are_refused_unless_allowed(kubelab: Lab, client: Any) -> None:
