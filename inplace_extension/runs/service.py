@@ -118,7 +118,7 @@ class RunService:
         self._ends = EndWaiters()
         self._windows = windows
         self._role_vars = dict(role_vars or {})
-        self._announced: set[tuple[str, str]] = set()  # (ident, wait message) already posted as an Event
+        self._announced: dict[str, str] = {}  # ident -> the wait message last posted as an Event
 
     async def poll(self, request: RunRequest) -> Progress:
         problem = validate.problem(request)
@@ -157,12 +157,13 @@ class RunService:
         closed = None if attempts else self._windows.closed(request.labels, now)
         if closed is not None:  # only a first attempt waits: an update that has started finishes
             return self._waiting(request, closed.message(), closed.retry_after(now), "window")
+        self._announced.pop(request.ident, None)  # it starts: its waits are over
         return await self._start(request, token)
 
     def _waiting(self, request: RunRequest, message: str, retry_after: int, why: WaitReason) -> Progress:
         """Not started, and not now: an Event the first time this Machine waits for this."""
-        if (request.ident, message) not in self._announced:
-            self._announced.add((request.ident, message))
+        if self._announced.get(request.ident) != message:
+            self._announced[request.ident] = message
             self._cluster.state(request, "Waiting", message)
         return Progress(ProgressState.IN_PROGRESS, message, retry_after, waiting=why)
 
