@@ -58,11 +58,12 @@ def serve_floor() -> None:
 
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY, see cli._bind
+    # TCP, so that asyncio turns Nagle off, as cli.serve.bind does
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)  # listening before the port is announced, as the service does
     print(f"floor: serving http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
-    # the same uvicorn settings as ``inplace-extension serve`` (cli.cmd_serve), start-up objects frozen alike
+    # the same uvicorn settings as ``inplace-extension serve`` (cli.serve.run), start-up objects frozen alike
     config = uvicorn.Config(
         floor_app(),  # type: ignore[arg-type]
         log_level="warning",

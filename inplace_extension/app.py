@@ -15,10 +15,10 @@ from typing import Any
 import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inplace_extension.api.body import parse_request
 from inplace_extension.api.common import CommonResponse, ResponseStatus
@@ -37,8 +37,6 @@ JSON_TYPE = "application/json"
 # bodies above this are parsed in a worker thread so one big request cannot stall every other caller
 THREAD_PARSE_BYTES = 256 * 1024
 
-Endpoint = Callable[[Scope, Receive], Awaitable[Response]]  # a hook's: the request's scope and messages
-
 
 def normalize_prefix(prefix: str) -> str:
     """``""``/``"/"`` -> ``""``; ``"ext/"`` -> ``"/ext"`` (CAPI joins the ExtensionConfig path, path.Join)."""
@@ -46,44 +44,35 @@ def normalize_prefix(prefix: str) -> str:
     return f"/{stripped}" if stripped else ""
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """The request body, refused as soon as it is known to pass ``limit`` (header first, then as read).
-
-    Reads the ASGI messages as Starlette's ``Request.stream()`` does (a disconnect is ``ClientDisconnect``).
-    """
-    for name, value in scope["headers"]:
-        if name == b"content-length":  # the first one counts, as with Starlette's Headers.get
-            declared = value.decode("latin-1")
-            if declared.isdigit() and int(declared) > limit:
-                raise RequestTooLarge(limit)
-            break
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused as soon as it is known to pass ``limit`` (header first, then as read)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestTooLarge(limit)
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.request":
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:  # chunked or lying Content-Length: stop reading here
-                raise RequestTooLarge(limit)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        elif message["type"] == "http.disconnect":
-            raise ClientDisconnect()
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:  # chunked or lying Content-Length: stop reading here
+            raise RequestTooLarge(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _json(body: bytes, status_code: int = 200) -> Response:
     return Response(body, status_code=status_code, media_type=JSON_TYPE)
 
 
-def hook_endpoint(hook: Hook[Any, Any], context: HookContext, metrics: Metrics) -> Endpoint:
+def hook_endpoint(
+    hook: Hook[Any, Any], context: HookContext, metrics: Metrics
+) -> Callable[[Request], Awaitable[Response]]:
+    """The route endpoint of ``hook``: bytes -> model -> handler -> 200 JSON; every failure an answer."""
     limit = context.settings.max_body_bytes
 
-    async def endpoint(scope: Scope, receive: Receive) -> Response:
+    async def endpoint(request: Request) -> Response:
         started = time.perf_counter()
         try:
-            body = await read_body(scope, receive, limit)
+            body = await read_body(request, limit)
             if len(body) > THREAD_PARSE_BYTES:
                 model = await anyio.to_thread.run_sync(parse_request, hook.request_model, body)
             else:
@@ -107,15 +96,6 @@ def hook_endpoint(hook: Hook[Any, Any], context: HookContext, metrics: Metrics) 
     return endpoint
 
 
-def _request_endpoint(endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
-    """A hook endpoint as a Starlette route endpoint (for a request under a root_path)."""
-
-    async def route_endpoint(request: Request) -> Response:
-        return await endpoint(request.scope, request.receive)
-
-    return route_endpoint
-
-
 async def _http_error(request: Request, exc: Exception) -> Response:
     # the router's own 404/405 (transport errors for CAPI), as JSON so curl users see why
     if not isinstance(exc, HTTPException):  # registered for HTTPException only; keep mypy honest
@@ -126,59 +106,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         status_code=exc.status_code,
         headers=exc.headers,
     )
-
-
-class HookRoutes:
-    """The hook routes without Starlette's layers: a POST to a hook path goes straight to its endpoint.
-
-    CAPI calls these on every reconcile, so they skip the router, the route and the exception wrappers
-    (bench/hooks.py). The endpoints never raise (every failure is an answer); should one all the same,
-    the caller gets the same 500 as from Starlette's ServerErrorMiddleware and uvicorn logs the error.
-    """
-
-    def __init__(self, endpoints: dict[str, Endpoint]) -> None:
-        self.endpoints = endpoints
-
-    def serves(self, scope: Scope) -> bool:
-        # the same match as the Starlette routes: exact path (no root_path in front), POST only
-        return (
-            scope["type"] == "http"
-            and scope["method"] == "POST"
-            and scope["path"] in self.endpoints
-            and not scope.get("root_path")
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self.endpoints[scope["path"]]
-        try:
-            response = await endpoint(scope, receive)
-        except Exception:
-            await PlainTextResponse("Internal Server Error", status_code=500)(scope, receive, send)
-            raise
-        await response(scope, receive, send)
-
-
-class ExtensionApp(Starlette):
-    """Starlette for everything, except that the hook routes take :class:`HookRoutes`' short path.
-
-    Authentication (when enabled) comes first for both: no body is read before the caller is known.
-    """
-
-    def __init__(self, hook_routes: HookRoutes, policy: AuthPolicy, **starlette: Any) -> None:
-        super().__init__(**starlette)
-        self.hook_routes = hook_routes
-        self.entry: ASGIApp = (
-            AuthMiddleware(self._dispatch, policy=policy) if policy.enabled else self._dispatch
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.entry(scope, receive, send)
-
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.hook_routes.serves(scope):
-            await self.hook_routes(scope, receive, send)
-        else:
-            await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -194,25 +121,20 @@ def create_app(
     context = HookContext(settings=settings, hooks=HOOKS, executor=executor, custom=custom)
     metrics = metrics or Metrics()
     prefix = normalize_prefix(settings.path_prefix)
-    endpoints = {prefix + hook.path: hook_endpoint(hook, context, metrics) for hook in HOOKS}
-    # the hook routes stay in Starlette's table too: a GET gets its 405, the route list stays complete
-    routes = [
-        Route(path, _request_endpoint(endpoint), methods=["POST"]) for path, endpoint in endpoints.items()
-    ]
+    hook_paths = [prefix + hook.path for hook in HOOKS]
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
         # CanUpdate* and Discovery need nothing beyond this process; report whether updates can run
-        return JSONResponse(
-            {
-                "status": "ready",
-                "hooks": [prefix + hook.path for hook in HOOKS],
-                "executor": executor is not None,
-            }
-        )
+        return JSONResponse({"status": "ready", "hooks": hook_paths, "executor": executor is not None})
 
+    # one table: a route per hook of HOOKS (as Discovery announces them), then the probes and /metrics
+    routes = [
+        Route(path, hook_endpoint(hook, context, metrics), methods=["POST"])
+        for path, hook in zip(hook_paths, HOOKS, strict=True)
+    ]
     routes += [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
@@ -220,6 +142,5 @@ def create_app(
     ]
     # auth outermost, so no body is read before the caller is known (inplace_extension/auth.py)
     policy = AuthPolicy.build(settings.client_ca, settings.bearer_token_file, settings.plain_http)
-    return ExtensionApp(
-        HookRoutes(endpoints), policy, routes=routes, exception_handlers={HTTPException: _http_error}
-    )
+    middleware = [Middleware(AuthMiddleware, policy=policy)] if policy.enabled else []
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error})

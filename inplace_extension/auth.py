@@ -1,7 +1,8 @@
 """Who may call: client certificates (``--client-ca``) and a bearer token (``--bearer-token-file``).
 
-Used by ``cli.py`` (TLS settings for uvicorn: :func:`server_tls` and :class:`PeerCertH11Protocol`) and by
-``app.py`` (:class:`AuthMiddleware`, outermost). The policy, for every path except the probe paths:
+Used by ``cli/serve.py`` (TLS settings for uvicorn: :func:`server_tls`, whose SSL context reports each
+connection's verified client certificate) and by ``app.py`` (:class:`AuthMiddleware`, outermost). The
+policy, for every path except the probe paths:
 
 ==========  =============  ===================================================================
 client CA   bearer token   a request is let through when ...
@@ -22,29 +23,35 @@ so the token is for other callers; CAPI sends a certificate only when its manage
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import json
 import logging
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inplace_extension.transport import CoalescingH11Protocol
-
 log = logging.getLogger(__name__)
 
 PROBE_PATHS: Final = frozenset({"/healthz", "/readyz"})
 """Paths answered without credentials: kubelet probes and the image HEALTHCHECK cannot present any."""
 
-PEER_CERT_STATE_KEY: Final = "inplace_extension.peer_certificate"
-"""Key in the ASGI ``scope["state"]`` where :class:`PeerCertH11Protocol` puts the verified client
-certificate (``ssl.SSLSocket.getpeercert()`` dict) or ``None`` when the connection presented none."""
+NOT_REPORTED: Final = "not reported"
+PEER_CERTIFICATE: ContextVar[dict[str, Any] | str | None] = ContextVar(
+    "inplace_extension_peer_certificate", default=NOT_REPORTED
+)
+"""The TLS connection's verified client certificate (``SSLObject.getpeercert()``), ``None`` when it
+presented none, or :data:`NOT_REPORTED` when the server's SSL context is not :func:`server_tls`'s.
+
+Set by :class:`PeerCertificateReporter` when the handshake completes. asyncio runs every read of a
+connection in one ``contextvars.Context`` of its own, and uvicorn starts each request's task in a copy of
+it (unless ``reset_contextvars``), so a request sees the certificate of its own connection and no other.
+"""
 
 MIN_TOKEN_BYTES: Final = 16
 _UNAUTHORIZED_BODY: Final = json.dumps(
@@ -56,18 +63,41 @@ class AuthConfigError(ValueError):
     """The auth settings cannot work (unreadable CA or token file, token too short, mTLS without TLS)."""
 
 
+class PeerCertificateReporter(ssl.SSLObject):
+    """The TLS connection object of :func:`server_tls`'s contexts (``SSLContext.sslobject_class``): when
+    the handshake completes, the verified client certificate goes into :data:`PEER_CERTIFICATE`."""
+
+    def do_handshake(self) -> None:
+        super().do_handshake()  # raises until the handshake is complete (SSLWantReadError)
+        # An empty dict means "presented nothing"; with CERT_OPTIONAL a bad certificate never gets here.
+        PEER_CERTIFICATE.set(self.getpeercert() or None)
+
+
+def report_peer_certificates(config: object, default: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    """uvicorn's ``ssl_context_factory``: its context from the ``ssl_*`` settings, reporting client
+    certificates through :class:`PeerCertificateReporter`."""
+    context = default()
+    context.sslobject_class = PeerCertificateReporter
+    return context
+
+
 @dataclass(frozen=True)
 class ServerTls:
-    """The TLS keyword arguments for ``uvicorn.Config``, one field each.
-
-    ``uvicorn.Config(..., ssl_certfile=t.certfile, ssl_keyfile=t.keyfile, ssl_ca_certs=t.ca_certs,
-    ssl_cert_reqs=t.cert_reqs, http=PeerCertH11Protocol)``.
-    """
+    """The TLS keyword arguments for ``uvicorn.Config`` (:meth:`uvicorn_options`)."""
 
     certfile: str
     keyfile: str | None
     ca_certs: str | None
     cert_reqs: ssl.VerifyMode
+
+    def uvicorn_options(self) -> dict[str, Any]:
+        return {
+            "ssl_certfile": self.certfile,
+            "ssl_keyfile": self.keyfile,
+            "ssl_ca_certs": self.ca_certs,
+            "ssl_cert_reqs": self.cert_reqs,
+            "ssl_context_factory": report_peer_certificates,
+        }
 
 
 def server_tls(certfile: Path, keyfile: Path | None, client_ca: Path | None) -> ServerTls:
@@ -76,22 +106,6 @@ def server_tls(certfile: Path, keyfile: Path | None, client_ca: Path | None) -> 
         return ServerTls(str(certfile), _opt_str(keyfile), None, ssl.CERT_NONE)
     _check_ca_file(client_ca)
     return ServerTls(str(certfile), _opt_str(keyfile), str(client_ca), ssl.CERT_OPTIONAL)
-
-
-class PeerCertH11Protocol(CoalescingH11Protocol):
-    """uvicorn's h11 protocol, plus the connection's verified client certificate in ``scope["state"]``.
-
-    uvicorn gives each connection its own protocol object and copies ``app_state`` into every request's
-    ``scope["state"]``; that is the one per-connection channel into the ASGI scope it offers. HTTP/1.1
-    only, which CAPI's client accepts (docs/capi-hooks.md §1.3).
-    """
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        ssl_object = transport.get_extra_info("ssl_object")
-        peer = ssl_object.getpeercert() if ssl_object is not None else None
-        # An empty dict means "presented nothing"; with CERT_OPTIONAL a bad certificate never gets here.
-        self.app_state = {**self.app_state, PEER_CERT_STATE_KEY: peer or None}
 
 
 @dataclass(frozen=True)
@@ -177,13 +191,13 @@ class AuthMiddleware:
     def _refusal(self, scope: Scope) -> str | None:
         """None when the request may pass, else a fixed reason word for the log."""
         if self.policy.client_ca:
-            state: dict[str, Any] = scope.get("state") or {}
-            if PEER_CERT_STATE_KEY not in state:
-                # Fail closed: the server was not started with PeerCertH11Protocol, so we cannot tell.
+            peer = PEER_CERTIFICATE.get()
+            if peer == NOT_REPORTED:
+                # Fail closed: the server's SSL context is not server_tls()'s, so we cannot tell.
                 if not self._warned_no_peer_info:
                     self._warned_no_peer_info = True
                     log.error("auth: --client-ca is set but the server does not report client certificates")
-            elif state[PEER_CERT_STATE_KEY]:
+            elif peer:
                 return None
         if self.policy.token_digest is not None:
             presented = _bearer_token(scope)

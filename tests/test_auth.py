@@ -30,7 +30,6 @@ from inplace_extension.auth import (
     AuthConfigError,
     AuthMiddleware,
     AuthPolicy,
-    PeerCertH11Protocol,
     ServerTls,
     server_tls,
 )
@@ -93,11 +92,7 @@ def _serve(app: Starlette, tls: ServerTls) -> Iterator[str]:
         app,
         lifespan="off",
         log_level="warning",
-        http=PeerCertH11Protocol,
-        ssl_certfile=tls.certfile,
-        ssl_keyfile=tls.keyfile,
-        ssl_ca_certs=tls.ca_certs,
-        ssl_cert_reqs=tls.cert_reqs,
+        **tls.uvicorn_options(),
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -151,6 +146,14 @@ def test_mtls_refuses_a_caller_without_certificate_and_accepts_one_signed_by_the
     pki: dict[str, Path], ca: trustme.CA, other_ca: trustme.CA
 ) -> None:
     with _serve(_app(_policy(pki, client_ca=True, token=False)), _tls(pki, client_ca=True)) as url:
+        # each connection answers for its own certificate: an anonymous connection opened while one with a
+        # certificate is open (and after it was used) is refused, and the other one stays accepted
+        with _client(ca, ca.issue_cert("capi-controller-manager")) as capi, _client(ca) as anonymous:
+            assert capi.post(url + HOOK, json=DISCOVERY).status_code == 200
+            assert anonymous.post(url + HOOK, json=DISCOVERY).status_code == 401
+            assert capi.post(url + HOOK, json=DISCOVERY).status_code == 200
+            assert anonymous.post(url + HOOK, json=DISCOVERY).status_code == 401
+
         with _client(ca) as anonymous:
             refused = anonymous.post(url + HOOK, json=DISCOVERY)
             assert refused.status_code == 401
@@ -255,7 +258,7 @@ async def _never_called(scope: object, receive: object, send: object) -> None:
 
 @pytest.mark.anyio
 async def test_client_ca_fails_closed_when_the_server_reports_no_certificates(pki: dict[str, Path]) -> None:
-    # ASGITransport, like uvicorn without PeerCertH11Protocol, puts no peer information in the scope
+    # ASGITransport, like uvicorn with an SSL context other than server_tls()'s, reports no certificates
     app = AuthMiddleware(_never_called, _policy(pki, client_ca=True, token=False))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="https://test") as client:
         assert (await client.post(HOOK, json=DISCOVERY)).status_code == 401
@@ -294,17 +297,13 @@ def test_config_errors_are_precise(tmp_path: Path, pki: dict[str, Path]) -> None
 
 
 def test_the_real_app_wired_as_cli_should(pki: dict[str, Path], ca: trustme.CA) -> None:
-    """create_app + AuthMiddleware + server_tls + PeerCertH11Protocol: the wiring cli.py is asked to adopt."""
+    """create_app (with its AuthMiddleware) served with server_tls's uvicorn options, as cli/serve.py does."""
     from inplace_extension.app import create_app
 
     settings = Settings(
         tls_cert=pki["cert"], tls_key=pki["key"], client_ca=pki["ca"], bearer_token_file=pki["token"]
     )
     app = create_app(settings)
-    app.add_middleware(
-        AuthMiddleware,
-        policy=AuthPolicy.build(settings.client_ca, settings.bearer_token_file, settings.plain_http),
-    )
     assert settings.tls_cert is not None
     with _serve(app, server_tls(settings.tls_cert, settings.tls_key, settings.client_ca)) as url:
         with _client(ca) as anonymous:

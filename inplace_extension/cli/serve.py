@@ -14,7 +14,7 @@ from typing import Any
 import uvicorn
 
 from inplace_extension.app import create_app, normalize_prefix
-from inplace_extension.auth import PeerCertH11Protocol, server_tls
+from inplace_extension.auth import server_tls
 from inplace_extension.cli.command import Command
 from inplace_extension.cli.flags import add_settings_flags, parse_listen, settings_from_args
 from inplace_extension.engine import build_engine, load_config
@@ -24,7 +24,6 @@ from inplace_extension.metrics import Metrics
 from inplace_extension.runs.model import NO_CLUSTER_SIDE
 from inplace_extension.settings import Settings
 from inplace_extension.tls import default_hosts, ensure_dev_certificate
-from inplace_extension.transport import CoalescingH11Protocol
 
 
 def tls_options(settings: Settings, host: str) -> dict[str, Any]:
@@ -49,15 +48,8 @@ def tls_options(settings: Settings, host: str) -> dict[str, Any]:
         raise ValueError(
             "TLS needs --tls-cert/--tls-key (or --self-signed for development, --plain-http for tests)"
         )
-    tls = server_tls(certfile, keyfile, settings.client_ca)
-    return {
-        "ssl_certfile": tls.certfile,
-        "ssl_keyfile": tls.keyfile,
-        "ssl_ca_certs": tls.ca_certs,
-        "ssl_cert_reqs": tls.cert_reqs,
-        # puts the verified client certificate into the request scope for AuthMiddleware
-        "http": PeerCertH11Protocol,
-    }
+    # its SSL context reports each connection's verified client certificate to AuthMiddleware
+    return server_tls(certfile, keyfile, settings.client_ca).uvicorn_options()
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -95,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         access_log=settings.access_log,
         timeout_graceful_shutdown=5,
         server_header=False,
-        **({"http": CoalescingH11Protocol} | tls),
+        **tls,
     )
     # everything built so far lives as long as the process: move it out of the collector's sight, so a
     # full collection (tens of ms over ~60k start-up objects) never lands in a hook's latency
