@@ -1,0 +1,96 @@
+"""The work units of parallel runs (tests/conftest.py): a small suite run in two xdist workers as
+``scripts/test`` runs the real one, each test recording the worker it ran on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SUITE_CONFTEST = Path(__file__).resolve().parent / "conftest.py"
+
+INNER_CONFTEST = f"""
+import importlib.util
+spec = importlib.util.spec_from_file_location("suite_conftest", {str(SUITE_CONFTEST)!r})
+suite = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(suite)
+pytest_collection_modifyitems = suite.pytest_collection_modifyitems
+"""
+
+RECORDING_TEST = """
+import json, os, pytest
+from pathlib import Path
+
+{mark}
+
+@pytest.mark.parametrize("n", range({count}))
+def test_records_its_worker(n, request):
+    out = Path(os.environ["RECORD_DIR"]) / (request.node.nodeid.replace("/", "_").replace(":", "_") + ".json")
+    out.write_text(json.dumps({{"worker": os.environ["PYTEST_XDIST_WORKER"], "test": request.node.nodeid}}))
+"""
+
+
+def _write_suite(root: Path) -> None:
+    (root / "conftest.py").write_text(INNER_CONFTEST)
+    (root / "pytest.ini").write_text("[pytest]\nmarkers =\n    capi: CAPI lab\n    mcm: MCM lab\n")
+    modules = {
+        "test_a_unit.py": ("", 6),
+        "test_b_capi_one.py": ("pytestmark = pytest.mark.capi", 3),
+        "test_c_unit.py": ("", 6),
+        "test_d_capi_two.py": ("pytestmark = pytest.mark.capi", 3),
+        "test_e_mcm.py": ("pytestmark = pytest.mark.mcm", 3),
+    }
+    for name, (mark, count) in modules.items():
+        (root / name).write_text(RECORDING_TEST.format(mark=mark, count=count))
+
+
+def _run(root: Path, records: Path, *args: str) -> list[dict[str, str]]:
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "xdist", "-q", "-p", "no:cacheprovider", *args],
+        cwd=root,
+        env={"PATH": "/usr/bin:/bin", "RECORD_DIR": str(records)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
+
+
+def test_each_lab_and_each_module_runs_on_one_worker(tmp_path: Path) -> None:
+    root, records = tmp_path / "suite", tmp_path / "records"
+    root.mkdir()
+    records.mkdir()
+    _write_suite(root)
+    ran = _run(root, records, "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder")
+    assert len(ran) == 21
+    workers: dict[str, set[str]] = {}
+    for record in ran:
+        module = record["test"].split("::")[0]
+        unit = "capi" if "capi" in module else "mcm" if "mcm" in module else module
+        workers.setdefault(unit, set()).add(record["worker"])
+    assert all(len(used) == 1 for used in workers.values()), workers
+    # the two lab units start first, on the two workers
+    assert workers["capi"] != workers["mcm"]
+    assert {r["worker"] for r in ran} == {"gw0", "gw1"}
+
+
+def test_a_serial_run_keeps_the_collection_order(tmp_path: Path) -> None:
+    # no xdist worker (a developer's plain run): the lab units are not moved to the front
+    root = tmp_path / "suite"
+    root.mkdir()
+    _write_suite(root)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=root,
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    files = [line.split("::")[0] for line in result.stdout.splitlines() if "::" in line]
+    assert len(files) == 21 and files == sorted(files)
