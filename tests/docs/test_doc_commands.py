@@ -85,6 +85,14 @@ def test_the_docs_mark_local_commands_and_the_readme_names_the_start_command() -
     assert "scripts/test" in readme, "the README names the test command that .ci/run runs"
 
 
+def test_the_readme_is_short_and_shows_both_installs_on_its_first_screen() -> None:
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail into docs/"
+    first_screen = "\n".join(lines[:50])
+    assert "clusterctl init" in first_screen and "--runtime-extension inplace-extension" in first_screen
+    assert "kubectl apply -f dist/mcm-agent.yaml" in first_screen
+
+
 def test_every_marked_command_runs_as_written(tmp_path: Path) -> None:
     prefix = isolated()
     for index, (where, script) in enumerate(blocks()):
