@@ -98,7 +98,7 @@ def test_the_kube_aware_component_passes_a_server_side_dry_run(with_crds: Lab, t
 def test_the_release_components_pass_a_server_side_dry_run(with_crds: Lab, tmp_path: Path) -> None:
     # scripts/release's runtime-extension-components.yaml with the values clusterctl would substitute
     out = tmp_path / "dist"
-    release = [sys.executable, ROOT / "scripts" / "release", "v0.1.0", "--out", out]
+    release = [sys.executable, str(ROOT / "scripts" / "release"), "v0.1.0", "--out", str(out)]
     subprocess.run(release, check=True, capture_output=True)
     text = (out / "runtime-extension-inplace-extension/v0.1.0/runtime-extension-components.yaml").read_text()
     values = {"INPLACE_ALLOWED_CIDRS": "10.1.0.0/16"}
