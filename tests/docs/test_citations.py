@@ -43,3 +43,35 @@ def test_every_cited_section_exists() -> None:
             if section not in headings:
                 missing.append(f"{path.relative_to(ROOT)}: docs/{page} §{section}")
     assert missing == [], "\n".join(sorted(set(missing)))
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+FENCED = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: its rendered text (a link shows its text), lower case, punctuation
+    dropped, spaces to hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip())
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = FENCED.sub("", page.read_text(encoding="utf-8"))
+    return {slug(h) for h in re.findall(r"(?m)^#{1,6} (.+)$", text)}
+
+
+def test_every_relative_link_in_the_docs_resolves() -> None:
+    pages = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in LINK.findall(FENCED.sub("", page.read_text(encoding="utf-8"))):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            file_part, _, anchor = target.partition("#")
+            linked = (page.parent / file_part).resolve() if file_part else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}: no such file")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                broken.append(f"{page.relative_to(ROOT)}: {target}: no such heading")
+    assert broken == [], "\n".join(broken)
