@@ -11,7 +11,11 @@ ExtensionError            .reason (stable CamelCase), .message (deterministic, s
 ├── ResolveError          runs.resolve: no usable SSH target (reason per instance: HostNotAllowed, ...)
 ├── DesiredStateError     mcm.desired: no usable desired state (NoDesiredState, InvalidDesiredState)
 ├── KubeConfigError       kube.client: no usable client configuration
-└── KubeError             kube.errors: a Kubernetes API call failed
+└── KubeError             kube.errors: a Kubernetes API call failed (what the adapter's callers catch)
+    ├── Unreachable       no answer from the API server: try again later
+    ├── NotFound          404
+    ├── Conflict          409: the object changed since it was read
+    └── Forbidden         403
 LocatedError              .where (a field path or key), .problem; str "where: problem"
 ├── InvalidRequest        (above)
 ├── PlanError             inplace.inputs: a desired value the plan cannot turn into role inputs
@@ -22,10 +26,9 @@ ValueError                configuration refused at start-up, the message says wh
 ├── CapabilitiesFileError capabilities_file
 ├── InventoryError        runs.inventory
 └── RunConfigError        runs.runner
-Exception                 control flow inside one package, never seen outside it:
+Exception                 control flow, caught by the next layer up and turned into an answer:
 ├── EntrySkipped          inplace.entries: an entry that is not ours to carry out
-├── DrainError            kube.drain: the drain did not finish (its message goes to CAPI as is)
-├── Conflict              kube.node_watch: the Node changed since it was read
+├── DrainError            kube.port: the drain did not finish (kubeaware turns it into a Blocked)
 └── RunStartError         runs.runner: ansible-runner refused to start a play
 anything else             a bug: logged with its traceback -> 200 Failure "InternalError: see extension logs"
 ```

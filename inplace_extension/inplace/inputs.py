@@ -58,12 +58,13 @@ class PlanError(LocatedError):
 
 @dataclass(frozen=True)
 class DesiredObjects:
-    """The desired specs of an UpdateMachine request, with the request paths used in PlanError messages."""
+    """The desired state the built-in capabilities read, with the paths PlanError messages name: an
+    UpdateMachine request's (the defaults), or an MCM MachineClass's ``providerSpec.inPlaceUpdate``."""
 
     machine_spec: Mapping[str, Any]
     control_plane: bool
     bootstrap_spec: Mapping[str, Any] | None  # None unless the bootstrap config is a KubeadmConfig
-    machine_path: str = "desired.machine.spec"
+    version_path: str = "desired.machine.spec.version"
     bootstrap_path: str = "desired.bootstrapConfig.spec"
 
 
@@ -73,7 +74,7 @@ def extract_kubernetes_version(desired: DesiredObjects) -> dict[str, Any] | None
         return None
     version = parse_version(value)
     if version is None:
-        raise PlanError(f"{desired.machine_path}.version", "not a Kubernetes version like v1.31.0")
+        raise PlanError(desired.version_path, "not a Kubernetes version like v1.31.0")
     return {
         "kubernetes_version_target": str(version),
         "kubernetes_version_control_plane": desired.control_plane,

@@ -1,4 +1,6 @@
-"""UpdateMachine plan: the capabilities that apply to the desired objects, their role inputs, the fingerprint.
+"""The plan of an update: the capabilities that apply to a machine's desired state, their role inputs,
+the fingerprint. :func:`plan_update` reads an UpdateMachine request's desired objects; the MCM agent
+states its desired state directly (:func:`plan_capabilities` with its own paths for error messages).
 
 UpdateMachine sends no ``current`` (docs/capi-hooks.md §6.4), so every capability whose fields are present in
 the desired objects becomes a step with its full desired inputs; the roles converge declaratively and
@@ -20,7 +22,15 @@ from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable, CustomValue
 from inplace_extension.inplace.inputs import DesiredObjects, PlanError
 from inplace_extension.inplace.objects import MACHINE_SLOTS, ClaimKind, claim_kind, is_control_plane, kind_of
 
-__all__ = ["Plan", "PlanError", "PlanStep", "fingerprint", "plan_update"]
+__all__ = [
+    "DesiredObjects",
+    "Plan",
+    "PlanError",
+    "PlanStep",
+    "fingerprint",
+    "plan_capabilities",
+    "plan_update",
+]
 
 
 @dataclass(frozen=True)
@@ -69,24 +79,41 @@ def plan_update(desired: Mapping[str, Any], custom: CustomTable = NO_CUSTOM) -> 
         if not isinstance(bootstrap_spec, Mapping):
             raise PlanError("desired.bootstrapConfig.spec", "must be an object")
     objects = DesiredObjects(spec, is_control_plane(machine), bootstrap_spec)
+    metadata = machine.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    return plan_capabilities(
+        namespace,
+        name,
+        objects,
+        custom,
+        _specs_by_kind(desired) if custom else {},
+        annotations if isinstance(annotations, Mapping) else None,
+    )
+
+
+def plan_capabilities(
+    namespace: str,
+    name: str,
+    objects: DesiredObjects,
+    custom: CustomTable = NO_CUSTOM,
+    specs: Mapping[str, Mapping[str, Any]] | None = None,
+    annotations: Mapping[str, Any] | None = None,
+) -> Plan:
+    """The plan for one machine's desired state, whoever states it: the built-in capabilities read
+    ``objects``; user-defined ones read ``specs`` (kind -> spec of each machine-level object) and the
+    machine's ``annotations``. Raises PlanError naming the path ``objects`` gives."""
     steps = []
     for capability in CAPABILITIES:
         inputs = capability.extract(objects)
         if inputs is not None:
             steps.append(PlanStep(capability.name, inputs))
-    if custom:
-        specs = _specs_by_kind(desired)
-        metadata = machine.get("metadata")
-        annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-        for extra in custom.capabilities:
-            try:
-                values = extract_values(
-                    extra, specs, annotations if isinstance(annotations, Mapping) else None
-                )
-            except CustomValueError as exc:
-                raise PlanError(exc.where, exc.problem) from None
-            if values is not None:
-                steps.append(PlanStep(extra.name, values, extra.role))
+    for extra in custom.capabilities:
+        try:
+            values = extract_values(extra, specs or {}, annotations)
+        except CustomValueError as exc:
+            raise PlanError(exc.where, exc.problem) from None
+        if values is not None:
+            steps.append(PlanStep(extra.name, values, extra.role))
     return Plan(namespace, name, tuple(steps), fingerprint({step.capability: step.inputs for step in steps}))
 
 

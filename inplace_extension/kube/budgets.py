@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lightkube import ApiError, Client
+from lightkube import Client
 from lightkube.models.meta_v1 import LabelSelector
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
-from inplace_extension.kube.machines import api_failure
+from inplace_extension.kube.client import translated
 
 MAX_UNAVAILABLE_ZERO = "maxUnavailable is 0"
 ALL_HEALTHY_NONE_ALLOWED = "it allows no disruption with all of its Pods healthy"
@@ -67,10 +67,8 @@ def blocking_budget(client: Client, pod: Pod) -> tuple[str, str] | None:
     metadata = pod.metadata
     if metadata is None or metadata.namespace is None:
         return None
-    try:
+    with translated(f"list PodDisruptionBudgets in {metadata.namespace}"):
         budgets = list(client.list(PodDisruptionBudget, namespace=metadata.namespace))
-    except ApiError as exc:
-        raise api_failure(f"list PodDisruptionBudgets in {metadata.namespace}", exc) from None
     labels = metadata.labels or {}
     for pdb in sorted(budgets, key=lambda b: str(b.metadata.name if b.metadata else "")):
         if selects(pdb.spec.selector if pdb.spec else None, labels):

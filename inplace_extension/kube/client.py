@@ -1,20 +1,35 @@
-"""How the adapter connects: a kubeconfig file when one is given, else the in-cluster service account.
+"""How the adapter connects and calls: a kubeconfig file when one is given, else the in-cluster service
+account; library errors become the adapter's own (:mod:`inplace_extension.kube.errors`); and the one
+list-then-watch loop every watched kind uses.
 
-One function per client kind, so every caller connects the same way and errors name the source.
+The watch is our own loop rather than lightkube's retrying one: after any error (API outage, expired
+resourceVersion) it waits with a capped exponential backoff, lists again (a full snapshot, so no change
+is missed) and watches from the list's resourceVersion.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Final
 
-from lightkube import AsyncClient, Client, KubeConfig
-from lightkube.core.exceptions import ConfigError
+import httpx2  # lightkube's transport: its connection errors are httpx2's
+from lightkube import ApiError, AsyncClient, Client, KubeConfig
+from lightkube.core.exceptions import ConfigError, NotReadyError
 
 from inplace_extension.errors import ExtensionError
+from inplace_extension.kube.errors import Conflict, Forbidden, KubeError, NotFound, Unreachable
 
-FIELD_MANAGER = "inplace-extension"
-KubeClient = AsyncClient  # the name callers outside this package use for the client they are handed
-IN_CLUSTER = "in-cluster service account"
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER: Final = "inplace-extension"
+IN_CLUSTER: Final = "in-cluster service account"
+BACKOFF_START: Final = 0.5
+BACKOFF_CAP: Final = 30.0
+WATCH_TIMEOUT: Final = 300  # seconds; the server ends each watch request after this and we resume
 
 
 class KubeConfigError(ExtensionError):
@@ -38,7 +53,7 @@ def load_config(kubeconfig: Path | None, context: str | None = None) -> KubeConf
 
 
 def connect(kubeconfig: Path | None, context: str | None = None) -> Client:
-    """A synchronous client (``serve``'s Kubernetes-aware steps, run in the service's worker threads)."""
+    """A blocking client (``serve``'s Kubernetes-aware steps, run in the service's worker threads)."""
     config = load_config(kubeconfig, context)
     return Client(config=config.get(context) if context else config, field_manager=FIELD_MANAGER)
 
@@ -47,3 +62,62 @@ def connect_async(kubeconfig: Path | None, context: str | None = None) -> AsyncC
     """An asynchronous client (the MCM agent's event loop)."""
     config = load_config(kubeconfig, context)
     return AsyncClient(config=config.get(context) if context else config, field_manager=FIELD_MANAGER)
+
+
+_BY_STATUS: Final[dict[int, type[KubeError]]] = {403: Forbidden, 404: NotFound, 409: Conflict}
+
+
+def translate(what: str, exc: Exception) -> KubeError:
+    """The adapter's error for a library error raised while doing ``what`` (``get Machine ns/name``)."""
+    if isinstance(exc, ApiError):
+        status = exc.response.status_code
+        return _BY_STATUS.get(status, KubeError)(f"{what}: the API server answered {status}", status)
+    return Unreachable(f"the API server is unreachable ({type(exc).__name__})")
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """Run library calls; their API and transport errors leave as :class:`KubeError` s naming ``what``."""
+    try:
+        yield
+    except (ApiError, httpx2.HTTPError, OSError) as exc:
+        raise translate(what, exc) from None
+
+
+def plain(obj: Any) -> dict[str, Any]:
+    """A lightkube object as the plain dict the API server sent."""
+    result: dict[str, Any] = obj.to_dict()
+    return result
+
+
+async def list_then_watch(
+    client: AsyncClient, resource: Any, namespace: str | None = None, connected: asyncio.Event | None = None
+) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    """``("LISTED", every object)`` after each (re)connect, then ``(ADDED|MODIFIED|DELETED, [object])``
+    for each change; never ends. ``connected`` is set while it works and cleared during an outage."""
+    where = {"namespace": namespace} if namespace is not None else {}
+    kube: Any = client  # one loop for cluster-wide and namespaced kinds: lightkube types them apart
+    delay = BACKOFF_START
+    while True:
+        try:
+            listing = kube.list(resource, **where)
+            objects = [plain(obj) async for obj in listing]
+            try:
+                version = listing.resourceVersion
+            except NotReadyError:  # no list chunk arrived: watch from "now"
+                version = ""
+            if connected is not None:
+                connected.set()
+            delay = BACKOFF_START
+            yield "LISTED", objects
+            async for event, changed in kube.watch(
+                resource, resource_version=version, server_timeout=WATCH_TIMEOUT, **where
+            ):
+                yield event, [plain(changed)]
+        except (ApiError, httpx2.HTTPError, OSError) as exc:
+            if connected is not None:
+                connected.clear()
+            name = getattr(resource, "__name__", "object")
+            log.warning("%s watch interrupted (%s); listing again in %.1fs", name, type(exc).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(BACKOFF_CAP, delay * 2)

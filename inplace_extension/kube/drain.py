@@ -19,35 +19,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
-from lightkube import ALL_NS, ApiError, Client
+from lightkube import ALL_NS, AsyncClient, Client
 from lightkube.models.meta_v1 import DeleteOptions, ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from inplace_extension.kube.budgets import blocking_budget
-from inplace_extension.kube.machines import api_failure
+from inplace_extension.kube.client import translated
+from inplace_extension.kube.errors import Conflict, KubeError, NotFound
+from inplace_extension.kube.port import DrainError, DrainPolicy
+
+__all__ = ["CORDONED_BY", "DrainError", "DrainPolicy", "cordon", "cordoned_by", "drain", "uncordon"]
 
 CORDONED_BY: Final = "inplace-extension.io/cordoned-by"
 _CORDONED_BY_PATH: Final = "/metadata/annotations/" + CORDONED_BY.replace("~", "~0").replace("/", "~1")
 MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
-
-
-class DrainError(Exception):
-    """The drain did not finish; the message (``drain: ...``) is stable and goes to CAPI as is."""
-
-
-@dataclass(frozen=True)
-class DrainPolicy:
-    timeout_seconds: float = 300.0
-    grace_seconds: int | None = None  # None: each Pod's own terminationGracePeriodSeconds
-    delete_empty_dir_data: bool = False  # as kubectl drain: refuse Pods with emptyDir volumes by default
-    poll_seconds: float = 1.0
-    # a PodDisruptionBudget that can never allow the eviction (budgets.py) fails the drain at once;
-    # True: wait for it until the timeout, as for any refused eviction
-    wait_for_blocking_budgets: bool = False
 
 
 def cordon(client: Client, node: str, owner: str) -> bool:
@@ -66,11 +54,11 @@ def cordon(client: Client, node: str, owner: str) -> bool:
             "spec": {"unschedulable": True},
         }
         try:
-            client.patch(Node, node, patch, patch_type=PatchType.MERGE)
+            with translated(f"cordon Node {node}"):
+                client.patch(Node, node, patch, patch_type=PatchType.MERGE)
             return True
-        except ApiError as exc:
-            if exc.response.status_code != 409:
-                raise api_failure(f"cordon Node {node}", exc) from None
+        except Conflict:
+            continue
     raise DrainError(f"drain: Node {node} kept changing while it was being cordoned")
 
 
@@ -82,22 +70,22 @@ def uncordon(client: Client, node: str, owner: str) -> bool:
         {"op": "replace", "path": "/spec/unschedulable", "value": False},
     ]
     try:
-        client.patch(Node, node, patch, patch_type=PatchType.JSON)
-    except ApiError as exc:
-        if exc.response.status_code in (404, 422):  # gone, or not (any longer) cordoned by us
+        with translated(f"uncordon Node {node}"):
+            client.patch(Node, node, patch, patch_type=PatchType.JSON)
+    except KubeError as exc:
+        if exc.status in (404, 422):  # gone, or not (any longer) cordoned by us
             return False
-        raise api_failure(f"uncordon Node {node}", exc) from None
+        raise
     return True
 
 
 def cordoned_by(client: Client, node: str) -> str | None:
     """Who cordoned the Node according to our annotation (None: not us, or no such Node)."""
     try:
-        obj = client.get(Node, node)
-    except ApiError as exc:
-        if exc.response.status_code == 404:
-            return None
-        raise api_failure(f"get Node {node}", exc) from None
+        with translated(f"get Node {node}"):
+            obj = client.get(Node, node)
+    except NotFound:
+        return None
     return ((obj.metadata.annotations or {}) if obj.metadata else {}).get(CORDONED_BY)
 
 
@@ -134,10 +122,8 @@ def drain(client: Client, node: str, policy: DrainPolicy, report: Callable[[int]
 
 def pods_to_evict(client: Client, node: str, policy: DrainPolicy) -> list[Pod]:
     """The Node's Pods a drain must evict, sorted by namespace/name (deterministic progress)."""
-    try:
+    with translated(f"list Pods on Node {node}"):
         pods = list(client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": node}))
-    except ApiError as exc:
-        raise api_failure(f"list Pods on Node {node}", exc) from None
     chosen = [pod for pod in pods if _must_evict(pod)]
     if not policy.delete_empty_dir_data:
         with_data = sorted(_key(pod) for pod in chosen if _uses_empty_dir(pod))
@@ -176,20 +162,38 @@ def _evict(client: Client, pod: Pod, grace_seconds: int | None) -> bool:
     options = DeleteOptions(gracePeriodSeconds=grace_seconds) if grace_seconds is not None else None
     eviction = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace), deleteOptions=options)
     try:
-        client.create(eviction, name=name, namespace=namespace)
-    except ApiError as exc:
-        if exc.response.status_code == 429:
+        with translated(f"evict Pod {namespace}/{name}"):
+            client.create(eviction, name=name, namespace=namespace)
+    except KubeError as exc:
+        if exc.status == 429:
             return False
-        if exc.response.status_code == 404:
+        if exc.status == 404:
             return True  # already gone
-        raise api_failure(f"evict Pod {namespace}/{name}", exc) from None
+        raise
     return True
 
 
 def _get_node(client: Client, node: str) -> Any:
     try:
-        return client.get(Node, node)
-    except ApiError as exc:
-        if exc.response.status_code == 404:
-            raise DrainError(f"drain: Node {node} not found in the workload cluster") from None
-        raise api_failure(f"get Node {node}", exc) from None
+        with translated(f"get Node {node}"):
+            return client.get(Node, node)
+    except NotFound:
+        raise DrainError(f"drain: Node {node} not found in the workload cluster") from None
+
+
+async def delete_pods_on_node(client: AsyncClient, node: str, keep_kinds: frozenset[str]) -> int:
+    """Delete the Pods bound to ``node`` except those owned by ``keep_kinds`` (e.g. DaemonSet)."""
+    deleted = 0
+    with translated(f"list Pods on Node {node}"):
+        pods = [pod async for pod in client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": node})]
+    for pod in pods:
+        owners = {ref.kind for ref in (pod.metadata.ownerReferences or [])} if pod.metadata else set()
+        if owners & keep_kinds or pod.metadata is None or pod.metadata.name is None:
+            continue
+        try:
+            with translated(f"delete Pod {pod.metadata.namespace}/{pod.metadata.name}"):
+                await client.delete(Pod, pod.metadata.name, namespace=pod.metadata.namespace)
+            deleted += 1
+        except NotFound:
+            pass
+    return deleted

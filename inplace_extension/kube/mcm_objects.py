@@ -3,11 +3,15 @@ only, as plain dicts: Machines, MachineSets, MachineDeployments, MachineClasses 
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from lightkube import AsyncClient
-from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
+
+from inplace_extension.kube.client import list_then_watch, plain, translated
+from inplace_extension.kube.errors import NotFound
 
 GROUP: Final = "machine.sapcloud.io"
 VERSION: Final = "v1alpha1"
@@ -25,24 +29,22 @@ KINDS: Final = {
 }
 
 
-def _plain(obj: Any) -> dict[str, Any]:
-    result: dict[str, Any] = obj.to_dict()
-    return result
-
-
 async def get(client: AsyncClient, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
     """One object by kind name (a key of KINDS), or None when it does not exist."""
     try:
-        obj = await client.get(KINDS[kind], name, namespace=namespace)
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return None
-        raise
-    return _plain(obj)
+        with translated(f"get {kind} {namespace}/{name}"):
+            return plain(await client.get(KINDS[kind], name, namespace=namespace))
+    except NotFound:
+        return None
 
 
 async def list_all(client: AsyncClient, kind: str, namespace: str) -> list[dict[str, Any]]:
-    found = []
-    async for obj in client.list(KINDS[kind], namespace=namespace):
-        found.append(_plain(obj))
-    return found
+    with translated(f"list {kind} in {namespace}"):
+        return [plain(obj) async for obj in client.list(KINDS[kind], namespace=namespace)]
+
+
+def watch(
+    client: AsyncClient, kind: str, namespace: str, connected: asyncio.Event | None = None
+) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    """``("LISTED", all)`` after each (re)connect, then each change (see ``client.list_then_watch``)."""
+    return list_then_watch(client, KINDS[kind], namespace, connected)

@@ -19,12 +19,12 @@ import threading
 from pathlib import Path
 
 import yaml
-from lightkube import ApiError, Client, KubeConfig
+from lightkube import Client, KubeConfig
 from lightkube.core.exceptions import ConfigError
 from lightkube.resources.core_v1 import Secret
 
-from inplace_extension.kube.client import FIELD_MANAGER
-from inplace_extension.kube.machines import KubeError, api_failure
+from inplace_extension.kube.client import FIELD_MANAGER, translated
+from inplace_extension.kube.errors import KubeError
 
 FROM_SECRET = "secret"  # noqa: S105  # a source name, not a credential
 FROM_MANAGEMENT = "management"
@@ -78,10 +78,8 @@ class WorkloadClients:
             except (OSError, ConfigError, ValueError, KeyError) as exc:
                 raise KubeError(f"workload kubeconfig {where}: {type(exc).__name__}") from None
         where = f"Secret {namespace}/{secret_name(cluster)}"
-        try:
+        with translated(f"get {where}"):
             secret = self._management.get(Secret, secret_name(cluster), namespace=namespace)
-        except ApiError as exc:
-            raise api_failure(f"get {where}", exc) from None
         encoded = (secret.data or {}).get("value")
         if not encoded:
             raise KubeError(f"{where} has no key 'value'")

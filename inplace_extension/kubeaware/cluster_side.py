@@ -10,15 +10,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from inplace_extension.inplace.capabilities import disruption_of, first_disruptive
 from inplace_extension.inplace.custom import CustomTable, Disruption
-from inplace_extension.kube import drain, machines, nodes
-from inplace_extension.kube.client import connect
-from inplace_extension.kube.events import EventRecorder, MachineEvent
-from inplace_extension.kube.machines import KubeError, MachineFacts, Unreachable
-from inplace_extension.kube.workload import WorkloadClients
+from inplace_extension.kube.cluster import connect_management
+from inplace_extension.kube.errors import KubeError
+from inplace_extension.kube.events import machine_event
+from inplace_extension.kube.port import DrainError, DrainPolicy, MachineFacts, ManagementCluster
 from inplace_extension.kubeaware import health
 from inplace_extension.runs import progress
 from inplace_extension.runs.model import Blocked, Progress, ProgressState, RunRequest
@@ -30,24 +28,15 @@ VERSION_STEP = "kubernetes_version"
 VERSION_INPUT = "kubernetes_version_target"
 
 
-def _why(exc: Exception) -> str:
-    """A stable, secret-free reason: our KubeError's message, or the transport error's class."""
-    if isinstance(exc, KubeError):
-        return exc.message
-    return f"the API server is unreachable ({type(exc).__name__})"
-
-
 class KubeClusterSide:
-    """``ClusterSide`` over a management-cluster client (opaque here: only ``inplace_extension.kube``
-    knows the client library)."""
+    """``ClusterSide`` over the management cluster's port. Each step reads the Machine once and hands
+    its facts to what it does next."""
 
-    def __init__(self, management: Any, settings: Settings, custom: CustomTable) -> None:
+    def __init__(self, management: ManagementCluster, settings: Settings, custom: CustomTable) -> None:
         self._management = management
-        self._workload = WorkloadClients(management, settings.workload_kubeconfig)
-        self._events = EventRecorder(management, self._machine_uid)
         self._custom = custom
         self._drain = settings.drain
-        self._policy = drain.DrainPolicy(
+        self._policy = DrainPolicy(
             timeout_seconds=settings.drain_timeout_seconds,
             grace_seconds=settings.drain_grace_seconds,
             delete_empty_dir_data=settings.drain_delete_emptydir_data,
@@ -58,9 +47,7 @@ class KubeClusterSide:
         self._idle: dict[str, frozenset[str]] = {}
 
     def close(self) -> None:
-        """Post the queued Events, then close every client."""
-        self._events.close()
-        self._workload.close()
+        """Post the queued Events, then close every connection."""
         self._management.close()
 
     # -- what the runs layer calls -------------------------------------------------------------------
@@ -68,30 +55,30 @@ class KubeClusterSide:
     def addresses(self, request: RunRequest) -> Sequence[tuple[str, str]]:
         try:
             facts = self._machine(request)
-        except (KubeError, Unreachable) as exc:  # HostNotFound now; the next poll asks again
-            log.warning("machine=%s: cannot read the Machine: %s", request.machine, _why(exc))
+        except KubeError as exc:  # HostNotFound now; the next poll asks again
+            log.warning("machine=%s: cannot read the Machine: %s", request.machine, exc.message)
             return ()
         return facts.addresses if facts is not None else ()
 
     def before_play(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
         try:
-            self._idle[request.ident] = self._idle_steps(request)
+            facts = self._machine(request)
+            self._idle[request.ident] = self._idle_steps(request, facts)
             if not self.needs_drain(request):
                 return None
-            facts = self._machine(request)
             if facts is None or facts.node_name is None:
                 return Blocked("drain: the Machine has no status.nodeRef, so there is no Node to drain")
-            client, node = self._workload.get(facts.namespace, facts.cluster), facts.node_name
-            ours = drain.cordon(client, node, request.machine)
+            workload, node = self._management.workload(facts.namespace, facts.cluster), facts.node_name
+            ours = workload.cordon(node, request.machine)
             log.info(
                 "machine=%s run=%s node=%s cordoned (ours=%s)", request.machine, request.ident, node, ours
             )
-            drain.drain(client, node, self._policy, lambda n: report(progress.draining(n)))
-        except drain.DrainError as exc:
+            workload.drain(node, self._policy, lambda n: report(progress.draining(n)))
+        except DrainError as exc:
             self.state(request, "DrainFailed", str(exc), warning=True)
             return Blocked(str(exc))
-        except (KubeError, Unreachable) as exc:  # the API, not the workloads: try again with backoff
-            message = f"drain: {_why(exc)}"
+        except KubeError as exc:  # the API, not the workloads: try again with backoff
+            message = f"drain: {exc.message}"
             self.state(request, "DrainFailed", message, warning=True)
             return Blocked(message, retriable=True)
         self.state(request, "Drained", f"drained Node {node}")
@@ -100,30 +87,40 @@ class KubeClusterSide:
     def step_started(self, request: RunRequest, capability: str) -> None:
         self.state(request, "Running", progress.running(capability))
         try:
+            facts = self._machine(request)
+            if facts is None:
+                return
             if self._disruption(request, capability) >= Disruption.RESTART_KUBELET:
-                machines.mark_skip_remediation(
-                    self._management, request.namespace, request.name, request.ident
-                )
+                self._management.mark_skip_remediation(facts, request.ident)
             else:
-                machines.unmark_skip_remediation(self._management, request.namespace, request.name)
-        except (KubeError, Unreachable) as exc:
-            log.warning("machine=%s run=%s: skip-remediation: %s", request.machine, request.ident, _why(exc))
+                self._management.unmark_skip_remediation(facts)
+        except KubeError as exc:
+            log.warning(
+                "machine=%s run=%s: skip-remediation: %s", request.machine, request.ident, exc.message
+            )
 
     def after_play(self, request: RunRequest) -> None:
         self._idle.pop(request.ident, None)
-        self._release(request)
+        self._release(request, self._machine_for_cleanup(request))
 
     def failed(self, request: RunRequest, message: str) -> None:
-        self._release(request)
+        self._release(request, self._machine_for_cleanup(request))
         self.state(request, "Failed", message, warning=True)
 
     def settle(self, request: RunRequest, applied_at: float, address: str | None) -> Progress:
         """Clean up, then the health gate: Node Ready and, for an upgrade, the kubelet at the target,
         then the user-defined HTTP checks (``health_checks`` of the capabilities file) against ``address``
         (their command checks ran in the play, before the stamp)."""
-        self._release(request)
         target = request.inputs.get(VERSION_STEP, {}).get(VERSION_INPUT)
-        waiting = self._gate(request, target) or health.first_failing(self._custom.http_checks, address)
+        try:
+            facts = self._machine(request)
+        except KubeError as exc:
+            log.warning("machine=%s run=%s: clean-up: %s", request.machine, request.ident, exc.message)
+            waiting: str | None = f"cannot read the Node yet ({exc.message})"
+        else:
+            self._release(request, facts)
+            waiting = self._gate(facts, target)
+        waiting = waiting or health.first_failing(self._custom.http_checks, address)
         if waiting is None:
             self.state(request, "Done", progress.APPLIED)
             return Progress(ProgressState.DONE, progress.APPLIED)
@@ -138,8 +135,9 @@ class KubeClusterSide:
 
     def state(self, request: RunRequest, reason: str, message: str, warning: bool = False) -> None:
         kind = "Warning" if warning else "Normal"
-        event = MachineEvent(request.namespace, request.name, None, request.ident, kind, reason, message)
-        self._events.record(event)
+        self._management.record(
+            machine_event(request.namespace, request.name, None, request.ident, kind, reason, message)
+        )
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -154,36 +152,35 @@ class KubeClusterSide:
             return Disruption.NONE
         return disruption_of(capability, self._custom)
 
-    def _idle_steps(self, request: RunRequest) -> frozenset[str]:
+    def _idle_steps(self, request: RunRequest, facts: MachineFacts | None) -> frozenset[str]:
         """Steps that will not disrupt the node although their class says so: UpdateMachine plans
         ``kubernetes_version`` whenever the Machine has a version (CAPI sends no ``current``), and the
         role does nothing when the kubelet already runs the target; the Node says which it runs."""
         target = request.inputs.get(VERSION_STEP, {}).get(VERSION_INPUT)
-        if target is None:
+        if target is None or facts is None or facts.node_name is None:
             return frozenset()
-        facts = self._machine(request)
-        if facts is None or facts.node_name is None:
-            return frozenset()
-        node = nodes.node_health(self._workload.get(facts.namespace, facts.cluster), facts.node_name)
+        node = self._management.workload(facts.namespace, facts.cluster).node_health(facts.node_name)
         return frozenset({VERSION_STEP}) if node.kubelet_version == target else frozenset()
 
-    def _machine_uid(self, namespace: str, name: str) -> str | None:
-        facts = machines.get_machine(self._management, namespace, name)
-        return facts.uid if facts is not None else None
-
     def _machine(self, request: RunRequest) -> MachineFacts | None:
-        return machines.get_machine(self._management, request.namespace, request.name)
+        return self._management.machine(request.namespace, request.name)
 
-    def _gate(self, request: RunRequest, target: str | None) -> str | None:
-        """None when healthy, else what the gate waits for (deterministic for the same cluster state)."""
+    def _machine_for_cleanup(self, request: RunRequest) -> MachineFacts | None:
         try:
-            facts = self._machine(request)
-            if facts is None or facts.node_name is None:
-                return "waiting for the Machine's status.nodeRef"
-            health = nodes.node_health(self._workload.get(facts.namespace, facts.cluster), facts.node_name)
-        except (KubeError, Unreachable) as exc:
-            return f"cannot read the Node yet ({_why(exc)})"
+            return self._machine(request)
+        except KubeError as exc:  # the next poll (settle / failed) tries again
+            log.warning("machine=%s run=%s: clean-up: %s", request.machine, request.ident, exc.message)
+            return None
+
+    def _gate(self, facts: MachineFacts | None, target: str | None) -> str | None:
+        """None when healthy, else what the gate waits for (deterministic for the same cluster state)."""
+        if facts is None or facts.node_name is None:
+            return "waiting for the Machine's status.nodeRef"
         node = facts.node_name
+        try:
+            health = self._management.workload(facts.namespace, facts.cluster).node_health(node)
+        except KubeError as exc:
+            return f"cannot read the Node yet ({exc.message})"
         if not health.exists:
             return f"waiting for Node {node} to exist"
         if not health.ready:
@@ -192,24 +189,28 @@ class KubeClusterSide:
             return f"waiting for Node {node} to report kubelet {target} (it reports {health.kubelet_version})"
         return None
 
-    def _release(self, request: RunRequest) -> None:
+    def _release(self, request: RunRequest, facts: MachineFacts | None) -> None:
         """Uncordon a Node we cordoned and remove our skip-remediation: each at most once, any caller."""
+        if facts is None:
+            return
         try:
-            if machines.unmark_skip_remediation(self._management, request.namespace, request.name):
+            if self._management.unmark_skip_remediation(facts):
                 log.info("machine=%s run=%s: skip-remediation removed", request.machine, request.ident)
-            facts = self._machine(request)
-            if facts is None or facts.node_name is None:
+            if facts.node_name is None:
                 return
-            client = self._workload.get(facts.namespace, facts.cluster)
-            if drain.uncordon(client, facts.node_name, request.machine):
+            workload = self._management.workload(facts.namespace, facts.cluster)
+            if workload.uncordon(facts.node_name, request.machine):
                 log.info(
                     "machine=%s run=%s node=%s uncordoned", request.machine, request.ident, facts.node_name
                 )
                 self.state(request, "Uncordoned", f"uncordoned Node {facts.node_name}")
-        except (KubeError, Unreachable) as exc:  # the next poll (settle / failed) tries again
-            log.warning("machine=%s run=%s: clean-up: %s", request.machine, request.ident, _why(exc))
+        except KubeError as exc:  # the next poll (settle / failed) tries again
+            log.warning("machine=%s run=%s: clean-up: %s", request.machine, request.ident, exc.message)
 
 
 def connect_cluster_side(settings: Settings, custom: CustomTable) -> KubeClusterSide:
-    """The cluster side for ``serve``: a management client from ``--kubeconfig`` or the in-cluster account."""
-    return KubeClusterSide(connect(settings.kubeconfig), settings, custom)
+    """The cluster side for ``serve``: the management cluster from ``--kubeconfig`` or the in-cluster
+    account, workload clusters as ``--workload-kubeconfig`` says."""
+    return KubeClusterSide(
+        connect_management(settings.kubeconfig, settings.workload_kubeconfig), settings, custom
+    )

@@ -23,14 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from inplace_extension.errors import ExtensionError
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
-from inplace_extension.kube import node_events as events
-from inplace_extension.kube import node_watch as nodes
-from inplace_extension.kube.client import KubeClient
+from inplace_extension.kube.errors import Conflict
+from inplace_extension.kube.events import node_event
+from inplace_extension.kube.port import ControlCluster, TargetCluster
 from inplace_extension.mcm import node_state as ns
+from inplace_extension.mcm.desired import DesiredStateError
 from inplace_extension.mcm.metrics import AgentMetrics
-from inplace_extension.mcm.source import desired_plan
+from inplace_extension.mcm.source import DesiredStates
 from inplace_extension.runs.model import Executor, Progress, ProgressState, run_request
 from inplace_extension.runs.policy import RETRY_ANNOTATION
 
@@ -54,15 +54,15 @@ class Agent:
     def __init__(
         self,
         options: AgentOptions,
-        target: KubeClient,
-        control: KubeClient,
+        target: TargetCluster,
+        control: ControlCluster,
         executor: Executor,
         metrics: AgentMetrics,
         custom: CustomTable = NO_CUSTOM,
     ) -> None:
         self.options = options
         self._target = target
-        self._control = control
+        self._desired = DesiredStates(control, options.namespace, custom)
         self._executor = executor
         self._metrics = metrics
         self._custom = custom
@@ -75,13 +75,15 @@ class Agent:
     async def run(self) -> None:
         """Watch and resync until cancelled."""
         resync = asyncio.create_task(self._resync())
+        desired = asyncio.create_task(self._desired.run(), name="desired state watch")
         try:
-            async for node in nodes.watch_nodes(self._target, self.connected):
+            async for node in self._target.watch_nodes(self.connected):
                 self._known.add(ns.name(node))
                 if ns.wants_update(node) or ns.has_critical_taint(node):
                     self.kick(ns.name(node))
         finally:
             resync.cancel()
+            desired.cancel()
             for task in list(self._tasks.values()):
                 task.cancel()
 
@@ -123,12 +125,12 @@ class Agent:
     async def _step(self, name: str) -> bool:
         """One look at the Node; True while there is more to do for it."""
         try:
-            node = await nodes.get_node(self._target, name)
+            node = await self._target.get_node(name)
             if node is None:
                 self._known.discard(name)
                 return False
             if self.options.remove_critical_taint and ns.wants_taint_removal(node):
-                if await nodes.remove_taint(self._target, node, *ns.CRITICAL_TAINT):
+                if await self._target.remove_taint(node, *ns.CRITICAL_TAINT):
                     log.info("node %s: removed taint %s", name, ns.CRITICAL_TAINT[0])
                     self._metrics.taint_removed()
                 return True
@@ -137,7 +139,7 @@ class Agent:
             if not ns.claimable(node, self.options.agent_id):
                 return False  # another replica works on it; the resync looks again
             return await self._update(node)
-        except nodes.Conflict:
+        except Conflict:
             return True  # the Node changed under us: read it again
 
     async def _claim(self, node: Mapping[str, Any]) -> dict[str, Any]:
@@ -146,8 +148,7 @@ class Agent:
         if remaining > self.options.claim_seconds / 2:
             return dict(node)
         value = ns.claim_value(self.options.agent_id, self.options.claim_seconds)
-        return await nodes.patch_metadata(
-            self._target,
+        return await self._target.patch_node_metadata(
             ns.name(node),
             ns.resource_version(node),
             annotations={ns.CLAIM_ANNOTATION: value},
@@ -160,8 +161,8 @@ class Agent:
         name = ns.name(node)
         token = ns.node_annotations(node).get(RETRY_ANNOTATION, "")
         try:
-            plan = await desired_plan(self._control, self.options.namespace, node, self._custom)
-        except ExtensionError as exc:  # a DesiredStateError, or the control cluster's
+            plan = await self._desired.plan_for(node)
+        except DesiredStateError as exc:  # the control cluster's own errors: logged, tried again
             key = f"{exc}|{token}"
             if not ns.answered(node, key):
                 await self._answer(node, successful=False, reason=str(exc), answered_key=key)
@@ -178,16 +179,16 @@ class Agent:
             self._waiting[name] = progress
             if before is None or before.message != progress.message:
                 log.info("node %s: %s", name, progress.message)
-                await events.node_event(
-                    self._target, node, "InPlaceUpdateWaiting", progress.message, COMPONENT
+                await self._target.post_event(
+                    node_event(node, "InPlaceUpdateWaiting", progress.message, COMPONENT)
                 )
             return True
         self._waiting.pop(name, None)
         if progress.state is ProgressState.IN_PROGRESS:
             if not self._metrics.is_updating(name):
                 self._metrics.set_updating(name, True)
-                await events.node_event(
-                    self._target, node, "InPlaceUpdateStarted", f"run {request.ident}", COMPONENT
+                await self._target.post_event(
+                    node_event(node, "InPlaceUpdateStarted", f"run {request.ident}", COMPONENT)
                 )
             if progress.retrying:
                 await self._answer(node, successful=False, reason=progress.message)
@@ -205,17 +206,17 @@ class Agent:
         final = answered_key is not None
         reason = "" if successful else reason
         if successful and self.options.delete_pods:
-            deleted = await nodes.delete_pods_on_node(self._target, name, frozenset({"DaemonSet", "Node"}))
+            deleted = await self._target.delete_pods_on_node(name, frozenset({"DaemonSet", "Node"}))
             log.info("node %s: deleted %d pods left on it", name, deleted)
         if not ns.result_written(node, successful, reason, release=final, answered_key=answered_key):
             labels, annotations = ns.result_metadata(successful, reason, final, answered_key)
-            await nodes.patch_metadata(
-                self._target, name, ns.resource_version(node), labels=labels, annotations=annotations
+            await self._target.patch_node_metadata(
+                name, ns.resource_version(node), labels=labels, annotations=annotations
             )
             log.info("node %s: update-result=%s %s", name, labels[ns.RESULT_LABEL], reason)
             self._metrics.result(ns.SUCCESSFUL if successful else ns.FAILED)
             event = "InPlaceUpdateSucceeded" if successful else "InPlaceUpdateFailed"
             message = reason or "update applied"
-            await events.node_event(self._target, node, event, message, COMPONENT, warning=not successful)
+            await self._target.post_event(node_event(node, event, message, COMPONENT, warning=not successful))
         if final:
             self._metrics.set_updating(name, False)

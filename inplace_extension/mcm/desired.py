@@ -15,9 +15,11 @@ Path: Node label ``node.gardener.cloud/machine-name`` -> Machine -> its MachineS
 -> that MachineSet's MachineDeployment -> the MachineDeployment's current MachineSet (the one whose
 template equals the deployment's, ignoring ``machine-template-hash``) -> its MachineClass.
 
-The spec is turned into the same desired objects a CAPI UpdateMachine request carries (a Machine with
-``spec.version``, a v1beta2 KubeadmConfig, one infrastructure object for user-defined capabilities),
-so the same plan, fingerprint, role inputs and injection rules apply unchanged.
+The spec is read by the capabilities directly (:func:`plan_for`): ``kubernetesVersion`` is what
+``Machine.spec.version`` is to the CAPI side, ``kubeadmConfigSpec`` a KubeadmConfig's ``spec``,
+``infrastructure`` the machine-level object user-defined capabilities claim fields of; so the plan,
+fingerprint, role inputs and injection rules are the same as for an UpdateMachine request with those
+values, and every error names its ``providerSpec.inPlaceUpdate`` path.
 """
 
 from __future__ import annotations
@@ -30,18 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from inplace_extension.errors import ExtensionError
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.inplace.entries import INIT_ARGS, JOIN_ARGS, TEMPLATE_PROBLEM, holds_template
-from inplace_extension.inplace.plan import Plan, PlanError, plan_update
+from inplace_extension.inplace.plan import DesiredObjects, Plan, PlanError, plan_capabilities
 from inplace_extension.inplace.pointers import get_in
 
 MACHINE_NAME_LABEL: Final = "node.gardener.cloud/machine-name"
 TEMPLATE_HASH_LABEL: Final = "machine-template-hash"
 SPEC_KEY: Final = "inPlaceUpdate"
 SPEC_PATH: Final = f"providerSpec.{SPEC_KEY}"
-_PATHS: Final = (
-    ("desired.machine.spec.version", f"{SPEC_PATH}.kubernetesVersion"),
-    ("desired.bootstrapConfig.spec", f"{SPEC_PATH}.kubeadmConfigSpec"),
-    ("desired.infrastructureMachine.spec", f"{SPEC_PATH}.infrastructure.spec"),
-)
 
 
 class DesiredStateError(ExtensionError):
@@ -111,46 +108,29 @@ def _refuse_templates(spec: InPlaceUpdateSpec) -> None:
             )
 
 
-def desired_objects(spec: InPlaceUpdateSpec, namespace: str, node: str) -> dict[str, Any]:
-    """The CAPI-shaped desired objects the plan reads (named after the Node: one run per Node)."""
-    machine_spec: dict[str, Any] = {}
-    if spec.kubernetes_version is not None:
-        machine_spec["version"] = spec.kubernetes_version
-    desired: dict[str, Any] = {
-        "machine": {
-            "apiVersion": "cluster.x-k8s.io/v1beta2",
-            "kind": "Machine",
-            "metadata": {"namespace": namespace, "name": node},
-            "spec": machine_spec,
-        }
-    }
-    if spec.kubeadm_config_spec is not None:
-        desired["bootstrapConfig"] = {
-            "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2",
-            "kind": "KubeadmConfig",
-            "spec": spec.kubeadm_config_spec,
-        }
-    if spec.infrastructure is not None:
-        desired["infrastructureMachine"] = {
-            "apiVersion": spec.infrastructure.api_version,
-            "kind": spec.infrastructure.kind,
-            "spec": spec.infrastructure.spec,
-        }
-    return desired
-
-
 def plan_for(spec: InPlaceUpdateSpec, namespace: str, node: str, custom: CustomTable = NO_CUSTOM) -> Plan:
-    """The same plan as UpdateMachine would make; errors name ``providerSpec.inPlaceUpdate`` paths."""
+    """The plan for ``spec`` on ``node`` (one run per Node): the same capabilities, inputs and
+    fingerprint as an UpdateMachine request with the same desired values; errors name
+    ``providerSpec.inPlaceUpdate`` paths."""
     _refuse_templates(spec)
+    machine_spec = {} if spec.kubernetes_version is None else {"version": spec.kubernetes_version}
+    objects = DesiredObjects(
+        machine_spec,
+        control_plane=False,  # MCM's machines are workers
+        bootstrap_spec=spec.kubeadm_config_spec,
+        version_path=f"{SPEC_PATH}.kubernetesVersion",
+        bootstrap_path=f"{SPEC_PATH}.kubeadmConfigSpec",
+    )
+    # what user-defined capabilities claim, by kind: the Machine, its KubeadmConfig, its infrastructure
+    specs: dict[str, Mapping[str, Any]] = {"Machine": machine_spec}
+    if spec.kubeadm_config_spec is not None:
+        specs["KubeadmConfig"] = spec.kubeadm_config_spec
+    if spec.infrastructure is not None:
+        specs.setdefault(spec.infrastructure.kind, spec.infrastructure.spec)
     try:
-        return plan_update(desired_objects(spec, namespace, node), custom)
+        return plan_capabilities(namespace, node, objects, custom, specs)
     except PlanError as exc:
-        path = exc.where
-        for capi, ours in _PATHS:
-            if path.startswith(capi):
-                path = ours + path[len(capi) :]
-                break
-        raise DesiredStateError("InvalidDesiredState", f"{path}: {exc.problem}") from None
+        raise DesiredStateError("InvalidDesiredState", str(exc)) from None
 
 
 # -- the path from a Machine to its MachineClass --------------------------------------------------

@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from inplace_extension.capabilities_file import FileConfig
 from inplace_extension.engine import build_engine, load_config
-from inplace_extension.kube.client import connect_async
+from inplace_extension.kube.cluster import connect_control, connect_target
 from inplace_extension.logs import configure_logging
 from inplace_extension.mcm.agent import Agent, AgentOptions
 from inplace_extension.mcm.metrics import AgentMetrics
@@ -58,8 +58,8 @@ async def serve(
     metrics = Metrics()
     custom = config_file.custom
     executor = build_engine(settings, config_file, metrics)
-    target = connect_async(clusters.target)
-    control = connect_async(clusters.control or clusters.target)
+    target = connect_target(clusters.target)
+    control = connect_control(clusters.control or clusters.target)
     agent = Agent(options, target, control, executor, AgentMetrics(metrics), custom)
     config = uvicorn.Config(
         http_app(agent, metrics), host=listen[0], port=listen[1], log_config=None, access_log=False

@@ -22,7 +22,7 @@ from runs.fakes import FP, FakeRunner
 from runs.test_service import KEY, PLAYBOOKS
 
 from inplace_extension.inplace.custom import NO_CUSTOM
-from inplace_extension.kube.client import connect
+from inplace_extension.kube.cluster import connect_management
 from inplace_extension.kube.drain import CORDONED_BY
 from inplace_extension.kube.machines import SKIP_REMEDIATION, SKIP_REMEDIATION_BY
 from inplace_extension.kubeaware.cluster_side import KubeClusterSide
@@ -65,7 +65,7 @@ def service(
         drain_timeout_seconds=4,
         health_gate_timeout_seconds=3,
     )
-    side = KubeClusterSide(connect(with_machines.kubeconfig), settings, NO_CUSTOM)
+    side = KubeClusterSide(connect_management(with_machines.kubeconfig, "management"), settings, NO_CUSTOM)
     svc = RunService(settings, cluster=side)
     yield svc, side
     assert fake.gate is not None

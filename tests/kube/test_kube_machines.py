@@ -16,6 +16,7 @@ from kubelab import objects
 from kubelab.lab import Lab
 
 from inplace_extension.kube import events, machines, workload
+from inplace_extension.kube.errors import KubeError
 from inplace_extension.kube.nodes import node_health
 
 from .conftest import create_machine
@@ -63,8 +64,8 @@ def test_events_are_one_per_state_change_and_kubectl_describe_shows_them(
     ns, name = f"m-{uuid.uuid4().hex[:6]}", "md-0-ghi"
     machine = create_machine(with_machines, ns, name, [], None)
     uid = machine["metadata"]["uid"]
-    started = events.MachineEvent(ns, name, uid, "run-1", "Normal", "Started", "started on host 10.0.0.7")
-    failed = events.MachineEvent(ns, name, uid, "run-1", "Warning", "Failed", "drain: timed out after 3s")
+    started = events.machine_event(ns, name, uid, "run-1", "Normal", "Started", "started on host 10.0.0.7")
+    failed = events.machine_event(ns, name, uid, "run-1", "Warning", "Failed", "drain: timed out after 3s")
     recorder = events.EventRecorder(client)
     try:
         assert recorder.post(started) is True
@@ -98,12 +99,10 @@ def test_a_workload_client_comes_from_the_cluster_kubeconfig_secret(with_machine
     clients = workload.WorkloadClients(client, workload.FROM_SECRET)
     try:
         assert wait_until(lambda: node_health(clients.get(ns, "c1"), node).ready, 30, 0.2)
-        with pytest.raises(
-            machines.KubeError, match=rf"get Secret {ns}/c2-kubeconfig: the API server answered 404"
-        ):
+        with pytest.raises(KubeError, match=rf"get Secret {ns}/c2-kubeconfig: the API server answered 404"):
             clients.get(ns, "c2")
     finally:
         clients.close()
     assert workload.WorkloadClients(client, workload.FROM_MANAGEMENT).get(ns, "any") is client
-    with pytest.raises(machines.KubeError, match="use secret, management or an absolute path"):
+    with pytest.raises(KubeError, match="use secret, management or an absolute path"):
         workload.WorkloadClients(client, "relative/path")

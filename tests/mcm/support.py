@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from inplace_extension.kube.client import connect_async
+from inplace_extension.kube.cluster import connect_control, connect_target
 from inplace_extension.mcm.agent import Agent, AgentOptions
 from inplace_extension.mcm.metrics import AgentMetrics
 from inplace_extension.metrics import Metrics
@@ -61,8 +61,8 @@ class AgentThread:
         self._loop.run_until_complete(self._run())
 
     async def _run(self) -> None:
-        target = connect_async(self._kubeconfig)
-        control = connect_async(self._kubeconfig)
+        target = connect_target(self._kubeconfig)
+        control = connect_control(self._kubeconfig)
         self.agent = Agent(self._options, target, control, self._executor, AgentMetrics(self.metrics))
         self._task = asyncio.create_task(self.agent.run())
         self._ready.set()

@@ -14,7 +14,6 @@ from inplace_extension.mcm.desired import (
     class_name,
     controller_owner,
     current_machine_set,
-    desired_objects,
     parse_spec,
     plan_for,
 )
@@ -37,8 +36,19 @@ def test_spec_becomes_the_same_plan_as_an_update_machine_request() -> None:
     plan = plan_for(spec, "machines", "node-a")
     assert plan.capabilities == ("users", "ntp", "kubeadm_files", "kubelet_args", "kubernetes_version")
     assert (plan.namespace, plan.name) == ("machines", "node-a")
-    capi = plan_update(desired_objects(spec, "machines", "node-a"))
-    assert plan.fingerprint == capi.fingerprint
+    update_machine = {  # the same desired values as an UpdateMachine request carries them
+        "machine": {
+            "kind": "Machine",
+            "metadata": {"namespace": "machines", "name": "node-a"},
+            "spec": {"version": "v1.31.0"},
+        },
+        "bootstrapConfig": {
+            "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2",
+            "kind": "KubeadmConfig",
+            "spec": KUBEADM,
+        },
+    }
+    assert plan == plan_update(update_machine)
     files = plan.inputs["kubeadm_files"]["kubeadm_files_files"]
     assert files[0]["content"] == MOTD, "file content is data, kept literally"
 

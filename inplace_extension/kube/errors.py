@@ -1,0 +1,43 @@
+"""The adapter's own errors: what a caller of ``inplace_extension.kube`` catches, never the client
+library's (lightkube's ``ApiError``) nor its transport's (httpx2's connection errors).
+
+```
+KubeError        a call failed; the message names the object and the HTTP status, never a response body
+├── Unreachable  no answer at all (connection refused, reset, timed out): try again later
+├── NotFound     404: the object does not exist
+├── Conflict     409: the object changed since it was read; read it again and decide again
+└── Forbidden    403: our ServiceAccount may not do this (an RBAC problem, not a transient one)
+```
+
+:func:`inplace_extension.kube.client.translate` is the one place a library error becomes one of these.
+"""
+
+from __future__ import annotations
+
+from inplace_extension.errors import ExtensionError
+
+
+class KubeError(ExtensionError):
+    """A Kubernetes API call failed. ``status``: the HTTP status (None when there was no answer)."""
+
+    reason = "KubeError"
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Unreachable(KubeError):
+    """The API server gave no answer; callers treat it as "try again later", never as a verdict."""
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    pass
+
+
+class Forbidden(KubeError):
+    pass

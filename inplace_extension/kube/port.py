@@ -1,0 +1,204 @@
+"""The adapter's face: the clusters as the engine's callers see them, and the values they exchange.
+
+Four typed ports, one per role a cluster plays; :mod:`inplace_extension.kube.cluster` implements them
+over the Kubernetes API, ``tests/kubefake.py`` in memory (so the Kubernetes-aware steps and the MCM agent
+are tested without an API server). Nothing here imports the client library.
+
+- :class:`ManagementCluster` (blocking; the Kubernetes-aware steps of ``serve``, from worker threads):
+  CAPI Machines, their Events, and the workload cluster each Machine's Node lives in;
+- :class:`WorkloadCluster` (blocking): one workload cluster's Nodes: health, cordon, drain, uncordon;
+- :class:`TargetCluster` (async; the MCM agent): the Nodes MCM updates, their Events and Pods;
+- :class:`ControlCluster` (async; the MCM agent): MCM's objects (Machines, MachineSets,
+  MachineDeployments, MachineClasses) as plain dicts.
+
+Every method raises only :mod:`inplace_extension.kube.errors` (and :class:`DrainError` from a drain).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+MAX_EVENT_MESSAGE: Final = 1024  # Event messages are meant to be short; ours are one line
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """What the live CAPI Machine says (CAPI strips ``status`` from UpdateMachine requests)."""
+
+    namespace: str
+    name: str
+    uid: str | None
+    cluster: str  # spec.clusterName
+    addresses: tuple[tuple[str, str], ...]  # status.addresses as (type, address), in CAPI's order
+    node_name: str | None  # status.nodeRef.name
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    exists: bool
+    ready: bool
+    kubelet_version: str | None  # status.nodeInfo.kubeletVersion
+    unschedulable: bool
+
+
+@dataclass(frozen=True)
+class DrainPolicy:
+    timeout_seconds: float = 300.0
+    grace_seconds: int | None = None  # None: each Pod's own terminationGracePeriodSeconds
+    delete_empty_dir_data: bool = False  # as kubectl drain: refuse Pods with emptyDir volumes by default
+    poll_seconds: float = 1.0
+    # a PodDisruptionBudget that can never allow the eviction (kube/budgets.py) fails the drain at once;
+    # True: wait for it until the timeout, as for any refused eviction
+    wait_for_blocking_budgets: bool = False
+
+
+class DrainError(Exception):
+    """The drain did not finish; the message (``drain: ...``) is stable and goes to CAPI as is."""
+
+
+@dataclass(frozen=True)
+class Involved:
+    """The object an Event is about."""
+
+    kind: str
+    api_version: str
+    name: str
+    namespace: str | None = None  # None: cluster-scoped (a Node)
+    uid: str | None = None  # ``kubectl describe`` finds Events by the object's uid
+
+
+@dataclass(frozen=True)
+class KubeEvent:
+    """One state change an operator sees in ``kubectl describe``. The one naming rule: the name is
+    derived from the object, the occurrence and the state, and an Event is created only if absent, so
+    the same state reported again (another poll, a restarted process, a second replica) is the same
+    Event: no spam, nothing to aggregate in memory."""
+
+    about: Involved
+    occurrence: str  # a run ident, a Node's resourceVersion: the same state of another one is another Event
+    type: str  # Normal | Warning
+    reason: str  # CamelCase: Queued, Started, Drained, Done, Failed, InPlaceUpdateSucceeded ...
+    message: str
+    component: str
+
+    @property
+    def name(self) -> str:
+        key = f"{self.occurrence}\0{self.reason}\0{self.message}"
+        return f"{self.about.name[:200]}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+    @property
+    def namespace(self) -> str:
+        """Where the Event lives: its object's namespace; Events about Nodes go to ``default`` (as the
+        kubelet's and MCM's do)."""
+        return self.about.namespace or "default"
+
+    @property
+    def short_message(self) -> str:
+        return self.message[:MAX_EVENT_MESSAGE]
+
+
+class WorkloadCluster(Protocol):
+    def node_health(self, node: str) -> NodeHealth:
+        """Ready and the kubelet's version; ``exists`` False when there is no such Node."""
+        ...
+
+    def cordon(self, node: str, owner: str) -> bool:
+        """Make the Node unschedulable, recording ``owner``; True when it is cordoned by ``owner`` (now
+        or before a restart), False when someone else had cordoned it (then it stays theirs)."""
+        ...
+
+    def drain(self, node: str, policy: DrainPolicy, report: Callable[[int], None]) -> None:
+        """Evict the Node's Pods until none is left (``report``: how many are left), or DrainError."""
+        ...
+
+    def uncordon(self, node: str, owner: str) -> bool:
+        """Uncordon the Node if (and only if) ``owner`` cordoned it; True when this call did it."""
+        ...
+
+    def cordoned_by(self, node: str) -> str | None:
+        """Who cordoned the Node according to our annotation (None: not us, or no such Node)."""
+        ...
+
+
+class ManagementCluster(Protocol):
+    def machine(self, namespace: str, name: str) -> MachineFacts | None:
+        """The Machine's facts, or None when it does not exist."""
+        ...
+
+    def mark_skip_remediation(self, machine: MachineFacts, owner: str) -> bool:
+        """Set ``skip-remediation`` (and our marker) unless ``machine`` already has it; True when it is
+        ours. One someone else set stays theirs: never marked, never removed."""
+        ...
+
+    def unmark_skip_remediation(self, machine: MachineFacts) -> bool:
+        """Remove ``skip-remediation`` if (and only if) our marker is on ``machine``; True when this
+        call did it (of two concurrent callers exactly one)."""
+        ...
+
+    def record(self, event: KubeEvent) -> None:
+        """Queue an Event (a Machine's uid is looked up when the event has none); never blocks."""
+        ...
+
+    def workload(self, namespace: str, cluster: str) -> WorkloadCluster:
+        """The workload cluster ``cluster`` of ``namespace`` (where its Machines' Nodes are)."""
+        ...
+
+    def close(self) -> None:
+        """Post the queued Events, then close every connection."""
+        ...
+
+
+class TargetCluster(Protocol):
+    def watch_nodes(self, connected: asyncio.Event | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Every Node as it is now (a full list after each (re)connect), then each change; never ends.
+        ``connected`` is set while the list or watch works and cleared during an outage."""
+        ...
+
+    async def get_node(self, name: str) -> dict[str, Any] | None: ...
+
+    async def patch_node_metadata(
+        self,
+        name: str,
+        resource_version: str,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> dict[str, Any]:
+        """Merge-patch labels/annotations (None removes a key) if the Node is still at
+        ``resource_version`` (else Conflict); the Node as patched."""
+        ...
+
+    async def remove_taint(self, node: Mapping[str, Any], key: str, effect: str) -> bool:
+        """Remove one taint if the Node is still as read (else Conflict); False when it is absent."""
+        ...
+
+    async def delete_pods_on_node(self, node: str, keep_kinds: frozenset[str]) -> int:
+        """Delete the Pods bound to ``node`` except those owned by ``keep_kinds``; how many."""
+        ...
+
+    async def post_event(self, event: KubeEvent) -> None:
+        """Best effort: an Event that cannot be written is logged, never raised."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class ControlCluster(Protocol):
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One MCM object (kind: Machine, MachineSet, MachineDeployment, MachineClass), or None."""
+        ...
+
+    async def list_all(self, kind: str, namespace: str) -> list[dict[str, Any]]: ...
+
+    def watch(
+        self, kind: str, namespace: str, connected: asyncio.Event | None = None
+    ) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+        """``("LISTED", every object)`` after each (re)connect, then ``(ADDED|MODIFIED|DELETED,
+        [object])`` for each change; never ends."""
+        ...
+
+    async def close(self) -> None: ...

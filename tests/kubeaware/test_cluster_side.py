@@ -1,0 +1,169 @@
+"""KubeClusterSide (the Kubernetes-aware steps around a play) against the in-memory fake of the adapter's
+ports: drain before a disruptive step and only then, skip-remediation while a kubelet-restarting step
+runs, clean-up exactly once, the health gate's messages, API trouble as a retriable Blocked, and one read
+of the Machine per step. tests/kube runs the same class against the real API server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from kubefake import FakeManagement
+
+from inplace_extension.inplace.custom import NO_CUSTOM
+from inplace_extension.kube.drain import CORDONED_BY
+from inplace_extension.kube.machines import SKIP_REMEDIATION, SKIP_REMEDIATION_BY
+from inplace_extension.kubeaware.cluster_side import KubeClusterSide
+from inplace_extension.runs.model import Blocked, ProgressState, RunRequest
+from inplace_extension.settings import Settings
+
+NS, NAME, NODE = "default", "md-0-abc", "node-1"
+
+
+def request(*capabilities: str, target: str | None = None) -> RunRequest:
+    inputs: dict[str, dict[str, str]] = {c: {} for c in capabilities}
+    if target is not None:
+        inputs["kubernetes_version"] = {"kubernetes_version_target": target}
+    return RunRequest(NS, NAME, "ab" * 32, tuple(capabilities), inputs)
+
+
+@pytest.fixture
+def cluster() -> FakeManagement:
+    fake = FakeManagement()
+    fake.add_machine(NS, NAME, NODE)
+    return fake
+
+
+def side_for(cluster: FakeManagement, **settings: object) -> KubeClusterSide:
+    return KubeClusterSide(cluster, Settings(health_gate_timeout_seconds=60, **settings), NO_CUSTOM)  # type: ignore[arg-type]
+
+
+def test_a_disruptive_step_is_drained_first_and_uncordoned_once(cluster: FakeManagement) -> None:
+    side, run = side_for(cluster), request("kubelet_args")
+    cluster.cluster.nodes[NODE].pods = 3
+    reports: list[str] = []
+    assert side.before_play(run, reports.append) is None
+    node = cluster.cluster.nodes[NODE]
+    assert node.unschedulable and node.annotations[CORDONED_BY] == run.machine and node.pods == 0
+    assert reports == ["draining: 3 pods left", "draining: 0 pods left"]
+    side.after_play(run)
+    side.after_play(run)  # a second clean-up (a restarted service) finds nothing of ours left
+    assert not node.unschedulable and CORDONED_BY not in node.annotations
+    assert cluster.reasons() == ["Drained", "Uncordoned"]
+
+
+def test_a_step_that_disrupts_nothing_is_not_drained(cluster: FakeManagement) -> None:
+    side = side_for(cluster)
+    assert side.before_play(request("users", "ntp"), lambda message: None) is None
+    assert cluster.calls.count["cordon"] == 0 and not cluster.cluster.nodes[NODE].unschedulable
+
+
+def test_a_version_the_kubelet_already_runs_needs_no_drain(cluster: FakeManagement) -> None:
+    side = side_for(cluster)
+    assert side.before_play(request("kubernetes_version", target="v1.31.0"), lambda message: None) is None
+    assert cluster.calls.count["cordon"] == 0
+    assert side.before_play(request("kubernetes_version", target="v1.32.0"), lambda message: None) is None
+    assert cluster.calls.count["cordon"] == 1
+
+
+def test_a_node_someone_else_cordoned_is_drained_but_left_cordoned(cluster: FakeManagement) -> None:
+    node = cluster.cluster.nodes[NODE]
+    node.unschedulable, node.annotations[CORDONED_BY] = True, "someone/else"
+    side, run = side_for(cluster), request("kubelet_args")
+    assert side.before_play(run, lambda message: None) is None
+    side.after_play(run)
+    assert node.unschedulable and node.annotations[CORDONED_BY] == "someone/else"
+
+
+def test_a_refused_drain_is_a_remembered_failure_and_an_unreachable_api_a_retriable_one(
+    cluster: FakeManagement,
+) -> None:
+    side, run = side_for(cluster), request("kubelet_args")
+    cluster.cluster.nodes[NODE].pods, cluster.cluster.nodes[NODE].stuck = 2, True
+    blocked = side.before_play(run, lambda message: None)
+    assert blocked == Blocked("drain: timed out after 300s with 2 pods left")
+    cluster.calls.failing.add("machine")
+    assert side.before_play(run, lambda message: None) == Blocked(
+        "drain: the API server is unreachable (ConnectError)", retriable=True
+    )
+    assert cluster.reasons() == ["DrainFailed", "DrainFailed"]
+
+
+def test_no_node_ref_blocks_the_drain(cluster: FakeManagement) -> None:
+    cluster.add_machine(NS, NAME, None)
+    blocked = side_for(cluster).before_play(request("kubelet_args"), lambda message: None)
+    assert blocked == Blocked("drain: the Machine has no status.nodeRef, so there is no Node to drain")
+
+
+def test_skip_remediation_while_a_kubelet_restarting_step_runs_and_only_ours_is_removed(
+    cluster: FakeManagement,
+) -> None:
+    side, run = side_for(cluster), request("users", "kubelet_args")
+    side.step_started(run, "kubelet_args")
+    annotations = cluster.machines[(NS, NAME)].annotations
+    assert annotations == {SKIP_REMEDIATION: "", SKIP_REMEDIATION_BY: run.ident}
+    side.step_started(run, "users")  # a step that does not restart the kubelet: removed again
+    assert annotations == {}
+    annotations[SKIP_REMEDIATION] = ""  # someone else's: never ours to remove
+    side.step_started(run, "kubelet_args")
+    side.after_play(run)
+    assert annotations == {SKIP_REMEDIATION: ""}
+
+
+def test_the_health_gate_waits_for_ready_and_the_target_version_then_fails_after_its_timeout(
+    cluster: FakeManagement,
+) -> None:
+    side, run = side_for(cluster), request("kubernetes_version", target="v1.32.0")
+    node = cluster.cluster.nodes[NODE]
+    node.ready = False
+    waiting = side.settle(run, applied_at=1e12, address="10.0.0.7")
+    assert (waiting.state, waiting.message) == (
+        ProgressState.IN_PROGRESS,
+        f"health gate: waiting for Node {NODE} to be Ready",
+    )
+    node.ready = True
+    waiting = side.settle(run, applied_at=1e12, address="10.0.0.7")
+    assert (
+        waiting.message
+        == f"health gate: waiting for Node {NODE} to report kubelet v1.32.0 (it reports v1.31.0)"
+    )
+    failed = side.settle(run, applied_at=0.0, address="10.0.0.7")
+    assert (failed.state, failed.message) == (
+        ProgressState.FAILED,
+        "health gate: the Node was not Ready with kubelet v1.32.0 within 60s after the update",
+    )
+    node.kubelet = "v1.32.0"
+    assert side.settle(run, applied_at=0.0, address="10.0.0.7").state is ProgressState.DONE
+    assert cluster.reasons()[-1] == "Done"
+
+
+def test_each_step_reads_the_machine_once(cluster: FakeManagement) -> None:
+    side, run = side_for(cluster), request("kubelet_args")
+    steps: list[Callable[[], object]] = [
+        lambda: side.addresses(run),
+        lambda: side.before_play(run, lambda message: None),
+        lambda: side.step_started(run, "kubelet_args"),
+        lambda: side.after_play(run),
+        lambda: side.settle(run, applied_at=1e12, address=None),
+        lambda: side.failed(run, "ntp: task failed"),
+    ]
+    for step in steps:
+        before = cluster.calls.count["machine"]
+        step()
+        assert cluster.calls.count["machine"] - before == 1
+
+
+def test_the_address_comes_from_the_machine_and_api_trouble_means_none_yet(cluster: FakeManagement) -> None:
+    side, run = side_for(cluster), request("users")
+    assert side.addresses(run) == (("InternalIP", "10.0.0.7"),)
+    cluster.calls.failing.add("machine")
+    assert side.addresses(run) == ()
+
+
+def test_events_are_one_per_state(cluster: FakeManagement) -> None:
+    side, run = side_for(cluster), request("users")
+    for _ in range(3):
+        side.state(run, "Queued", "queued")
+    side.state(run, "Running", "running: users")
+    assert cluster.reasons() == ["Queued", "Running"]
+    assert {event.about.kind for event in cluster.events} == {"Machine"}

@@ -1,0 +1,310 @@
+"""An in-memory fake of the Kubernetes adapter's ports (``inplace_extension.kube.port``): the clusters the
+Kubernetes-aware steps and the MCM agent talk to, as dicts, with every call counted (``calls``) and any
+call made to fail (``failing``). It keeps the rules the real API server enforces that our code relies on:
+resourceVersion preconditions (Conflict), "only if absent" Events, JSON-patch style "test then remove".
+The lab tests (tests/kube, tests/mcm) are the proof against the real API server; these are for speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from inplace_extension.kube.drain import CORDONED_BY
+from inplace_extension.kube.errors import Conflict, KubeError, Unreachable
+from inplace_extension.kube.machines import SKIP_REMEDIATION, SKIP_REMEDIATION_BY
+from inplace_extension.kube.port import (
+    DrainError,
+    DrainPolicy,
+    KubeEvent,
+    MachineFacts,
+    NodeHealth,
+)
+
+
+class Calls:
+    """What was called, and which calls fail (``failing.add("machine")``: the API server is away)."""
+
+    def __init__(self) -> None:
+        self.count: Counter[str] = Counter()
+        self.failing: set[str] = set()
+
+    def __call__(self, name: str) -> None:
+        self.count[name] += 1
+        if name in self.failing:
+            raise Unreachable("the API server is unreachable (ConnectError)")
+
+
+@dataclass
+class FakeNode:
+    ready: bool = True
+    kubelet: str | None = "v1.31.0"
+    unschedulable: bool = False
+    annotations: dict[str, str] = field(default_factory=dict)
+    pods: int = 0  # Pods a drain must evict
+    stuck: bool = False  # a PodDisruptionBudget refuses every eviction
+
+
+class FakeWorkload:
+    def __init__(self, calls: Calls) -> None:
+        self.nodes: dict[str, FakeNode] = {}
+        self.calls = calls
+
+    def node_health(self, node: str) -> NodeHealth:
+        self.calls("node_health")
+        found = self.nodes.get(node)
+        if found is None:
+            return NodeHealth(False, False, None, False)
+        return NodeHealth(True, found.ready, found.kubelet, found.unschedulable)
+
+    def cordon(self, node: str, owner: str) -> bool:
+        self.calls("cordon")
+        found = self.nodes.get(node)
+        if found is None:
+            raise DrainError(f"drain: Node {node} not found in the workload cluster")
+        if found.unschedulable:
+            return found.annotations.get(CORDONED_BY) == owner
+        found.unschedulable, found.annotations[CORDONED_BY] = True, owner
+        return True
+
+    def drain(self, node: str, policy: DrainPolicy, report: Callable[[int], None]) -> None:
+        self.calls("drain")
+        found = self.nodes[node]
+        report(found.pods)
+        if found.stuck and found.pods:
+            raise DrainError(
+                f"drain: timed out after {policy.timeout_seconds:g}s with {found.pods} pods left"
+            )
+        found.pods = 0
+        report(0)
+
+    def uncordon(self, node: str, owner: str) -> bool:
+        self.calls("uncordon")
+        found = self.nodes.get(node)
+        if found is None or found.annotations.get(CORDONED_BY) != owner:
+            return False
+        del found.annotations[CORDONED_BY]
+        found.unschedulable = False
+        return True
+
+    def cordoned_by(self, node: str) -> str | None:
+        self.calls("cordoned_by")
+        found = self.nodes.get(node)
+        return found.annotations.get(CORDONED_BY) if found else None
+
+
+class FakeManagement:
+    """:class:`~inplace_extension.kube.port.ManagementCluster` in memory; the workload is one cluster."""
+
+    def __init__(self) -> None:
+        self.calls = Calls()
+        self.machines: dict[tuple[str, str], MachineFacts] = {}
+        self.events: list[KubeEvent] = []
+        self.cluster = FakeWorkload(self.calls)
+        self.closed = False
+
+    def add_machine(self, namespace: str, name: str, node: str | None, address: str = "10.0.0.7") -> None:
+        self.machines[(namespace, name)] = MachineFacts(
+            namespace, name, f"uid-{name}", "c1", (("InternalIP", address),), node, {}
+        )
+        if node is not None:
+            self.cluster.nodes.setdefault(node, FakeNode())
+
+    def machine(self, namespace: str, name: str) -> MachineFacts | None:
+        self.calls("machine")
+        found = self.machines.get((namespace, name))
+        return replace(found, annotations=dict(found.annotations)) if found else None
+
+    def mark_skip_remediation(self, machine: MachineFacts, owner: str) -> bool:
+        self.calls("mark_skip_remediation")
+        if SKIP_REMEDIATION in machine.annotations:
+            return machine.annotations.get(SKIP_REMEDIATION_BY) == owner
+        live = self.machines[(machine.namespace, machine.name)]
+        live.annotations.update({SKIP_REMEDIATION: "", SKIP_REMEDIATION_BY: owner})
+        return True
+
+    def unmark_skip_remediation(self, machine: MachineFacts) -> bool:
+        self.calls("unmark_skip_remediation")
+        owner = machine.annotations.get(SKIP_REMEDIATION_BY)
+        live = self.machines.get((machine.namespace, machine.name))
+        if owner is None or live is None or live.annotations.get(SKIP_REMEDIATION_BY) != owner:
+            return False  # the "test" op fails: removed meanwhile
+        live.annotations.pop(SKIP_REMEDIATION_BY)
+        live.annotations.pop(SKIP_REMEDIATION, None)
+        return True
+
+    def record(self, event: KubeEvent) -> None:
+        if all(event.name != seen.name for seen in self.events):
+            self.events.append(event)
+
+    def workload(self, namespace: str, cluster: str) -> FakeWorkload:
+        return self.cluster
+
+    def close(self) -> None:
+        self.closed = True
+
+    def reasons(self) -> list[str]:
+        return [event.reason for event in self.events]
+
+
+class _Watchers:
+    """Change streams: each watcher gets ("LISTED", all) and then every change."""
+
+    def __init__(self) -> None:
+        self.queues: list[asyncio.Queue[tuple[str, list[dict[str, Any]]]]] = []
+
+    async def stream(
+        self, listed: Callable[[], list[dict[str, Any]]], connected: asyncio.Event | None
+    ) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+        changes: asyncio.Queue[tuple[str, list[dict[str, Any]]]] = asyncio.Queue()
+        self.queues.append(changes)
+        if connected is not None:
+            connected.set()
+        yield "LISTED", listed()
+        while True:
+            yield await changes.get()
+
+    def changed(self, event: str, obj: dict[str, Any]) -> None:
+        for changes in self.queues:
+            changes.put_nowait((event, [copy.deepcopy(obj)]))
+
+
+class FakeTarget:
+    """:class:`~inplace_extension.kube.port.TargetCluster` in memory: Nodes as the API server's dicts."""
+
+    def __init__(self) -> None:
+        self.calls = Calls()
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, list[tuple[str, str]]] = {}  # Node -> (Pod name, owner kind)
+        self.events: list[KubeEvent] = []
+        self.activity = asyncio.Event()  # set on every write: what a test waits on
+        self._version = 0
+        self._watchers = _Watchers()
+
+    def put_node(self, node: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace a Node (as another writer would: MCM, the kubelet)."""
+        self._version += 1
+        node = copy.deepcopy(node)
+        node.setdefault("metadata", {})["resourceVersion"] = str(self._version)
+        self.nodes[node["metadata"]["name"]] = node
+        self._watchers.changed("MODIFIED", node)
+        self.activity.set()
+        return copy.deepcopy(node)
+
+    def watch_nodes(self, connected: asyncio.Event | None = None) -> AsyncIterator[dict[str, Any]]:
+        self.calls("watch_nodes")
+
+        async def nodes() -> AsyncIterator[dict[str, Any]]:
+            async for _event, changed in self._watchers.stream(
+                lambda: [copy.deepcopy(n) for n in self.nodes.values()], connected
+            ):
+                for node in changed:
+                    yield node
+
+        return nodes()
+
+    async def get_node(self, name: str) -> dict[str, Any] | None:
+        self.calls("get_node")
+        node = self.nodes.get(name)
+        return copy.deepcopy(node) if node is not None else None
+
+    async def patch_node_metadata(
+        self,
+        name: str,
+        resource_version: str,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> dict[str, Any]:
+        self.calls("patch_node_metadata")
+        node = copy.deepcopy(self.nodes[name])
+        if node["metadata"]["resourceVersion"] != resource_version:
+            raise Conflict(f"patch Node {name}: the API server answered 409", 409)
+        for key, changes in (("labels", labels), ("annotations", annotations)):
+            current = node["metadata"].setdefault(key, {})
+            for k, v in (changes or {}).items():
+                if v is None:
+                    current.pop(k, None)
+                else:
+                    current[k] = v
+        return self.put_node(node)
+
+    async def remove_taint(self, node: Mapping[str, Any], key: str, effect: str) -> bool:
+        self.calls("remove_taint")
+        taints = list(node.get("spec", {}).get("taints") or [])
+        kept = [t for t in taints if not (t.get("key") == key and t.get("effect") == effect)]
+        if len(kept) == len(taints):
+            return False
+        live = copy.deepcopy(self.nodes[node["metadata"]["name"]])
+        if live["metadata"]["resourceVersion"] != node["metadata"]["resourceVersion"]:
+            raise Conflict("patch Node: the API server answered 422", 422)
+        live.setdefault("spec", {})["taints"] = kept
+        self.put_node(live)
+        return True
+
+    async def delete_pods_on_node(self, node: str, keep_kinds: frozenset[str]) -> int:
+        self.calls("delete_pods_on_node")
+        pods = self.pods.get(node, [])
+        self.pods[node] = [pod for pod in pods if pod[1] in keep_kinds]
+        return len(pods) - len(self.pods[node])
+
+    async def post_event(self, event: KubeEvent) -> None:
+        self.calls("post_event")
+        if all(event.name != seen.name for seen in self.events):
+            self.events.append(event)
+        self.activity.set()
+
+    async def close(self) -> None:
+        return None
+
+    def reasons(self, node: str) -> list[str]:
+        return [event.reason for event in self.events if event.about.name == node]
+
+
+class FakeControl:
+    """:class:`~inplace_extension.kube.port.ControlCluster` in memory: MCM's objects of any namespace."""
+
+    def __init__(self) -> None:
+        self.calls = Calls()
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {}
+        self._version = 0
+        self._watchers: dict[str, _Watchers] = {}
+
+    def put(self, obj: dict[str, Any]) -> None:
+        """Create or replace an object (as MCM would)."""
+        self._version += 1
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(self._version)
+        self.objects.setdefault(obj["kind"], {})[obj["metadata"]["name"]] = obj
+        self._watchers.setdefault(obj["kind"], _Watchers()).changed("MODIFIED", obj)
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls("get")
+        obj = self.objects.get(kind, {}).get(name)
+        return copy.deepcopy(obj) if obj is not None else None
+
+    async def list_all(self, kind: str, namespace: str) -> list[dict[str, Any]]:
+        self.calls("list_all")
+        return [copy.deepcopy(obj) for obj in self.objects.get(kind, {}).values()]
+
+    def watch(
+        self, kind: str, namespace: str, connected: asyncio.Event | None = None
+    ) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+        self.calls("watch")
+        listed = lambda: [copy.deepcopy(o) for o in self.objects.get(kind, {}).values()]  # noqa: E731
+        return self._watchers.setdefault(kind, _Watchers()).stream(listed, connected)
+
+    async def close(self) -> None:
+        return None
+
+
+def failing_with(error: KubeError) -> Callable[..., Any]:
+    """A replacement method that raises ``error`` (e.g. a Forbidden from RBAC)."""
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    return fail

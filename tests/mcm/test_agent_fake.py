@@ -1,0 +1,260 @@
+"""The MCM agent against the in-memory fake of the adapter's ports (no API server): the desired state
+path and its answers, results as Node metadata, Events, the critical-components taint, and how often
+the control cluster is read. tests/mcm (kube) and tests/mcm_lab run the same agent against the real
+API server and the real MCM."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from kubefake import FakeControl, FakeTarget
+
+from inplace_extension.mcm import node_state as ns
+from inplace_extension.mcm.agent import Agent, AgentOptions
+from inplace_extension.mcm.metrics import AgentMetrics
+from inplace_extension.metrics import Metrics
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+
+from .support import ScriptedExecutor
+
+pytestmark = pytest.mark.anyio
+NS = "shoot--mcm"
+API = "machine.sapcloud.io/v1alpha1"
+NEW = {
+    "kubernetesVersion": "v1.31.1",
+    "kubeadmConfigSpec": {"ntp": {"enabled": True, "servers": ["ntp.test"]}},
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _owner(kind: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": kind, "name": name, "uid": f"uid-{name}", "controller": True}
+
+
+def _template(klass: str, template_hash: str) -> dict[str, Any]:
+    labels = {"name": "pool", "machine-template-hash": template_hash}
+    return {"metadata": {"labels": labels}, "spec": {"class": {"kind": "MachineClass", "name": klass}}}
+
+
+def pool(control: FakeControl, spec: dict[str, Any] = NEW) -> None:
+    """As during MCM's update: the deployment points at class v2, the Machine is still the old set's."""
+
+    def meta(name: str, **more: Any) -> dict[str, Any]:
+        return {"name": name, "namespace": NS, **more}
+
+    control.put({"apiVersion": API, "kind": "MachineClass", "metadata": meta("pool-v1"), "providerSpec": {}})
+    control.put(
+        {
+            "apiVersion": API,
+            "kind": "MachineClass",
+            "metadata": meta("pool-v2"),
+            "providerSpec": {"inPlaceUpdate": spec},
+        }
+    )
+    template = _template("pool-v2", "h2")
+    template["metadata"]["labels"].pop("machine-template-hash")
+    control.put(
+        {
+            "apiVersion": API,
+            "kind": "MachineDeployment",
+            "metadata": meta("pool"),
+            "spec": {"template": template},
+        }
+    )
+    deployment = _owner("MachineDeployment", "pool")
+    for version, template_hash in (("v1", "h1"), ("v2", "h2")):
+        control.put(
+            {
+                "apiVersion": API,
+                "kind": "MachineSet",
+                "metadata": meta(f"pool-{template_hash}", ownerReferences=[deployment]),
+                "spec": {"template": _template(f"pool-{version}", template_hash)},
+            }
+        )
+    control.put(
+        {
+            "apiVersion": API,
+            "kind": "Machine",
+            "metadata": meta("m1", ownerReferences=[_owner("MachineSet", "pool-h1")]),
+        }
+    )
+
+
+def waiting_node(name: str = "n1", machine: str | None = "m1") -> dict[str, Any]:
+    labels = {ns.CANDIDATE_LABEL: "true", "keep": "me"}
+    if machine is not None:
+        labels["node.gardener.cloud/machine-name"] = machine
+    conditions = [
+        {"type": "Ready", "status": "True"},
+        {"type": "InPlaceUpdate", "status": "True", "reason": ns.READY_FOR_UPDATE},
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "uid": f"uid-{name}", "labels": labels},
+        "status": {"conditions": conditions},
+    }
+
+
+class Executor(ScriptedExecutor):
+    """The scripted executor, announcing each poll on the target's ``activity``."""
+
+    def __init__(self, target: FakeTarget, answer: Callable[[RunRequest, int], Progress]) -> None:
+        super().__init__(answer)
+        self._activity = target.activity
+
+    async def poll(self, request: RunRequest) -> Progress:
+        progress = await super().poll(request)
+        self._activity.set()
+        return progress
+
+
+async def until(condition: Callable[[], bool], activity: asyncio.Event, seconds: float = 10.0) -> None:
+    """Wait for ``condition``, checked after each write or poll (``activity``), failing after ``seconds``."""
+    async with asyncio.timeout(seconds):
+        while not condition():
+            activity.clear()  # no await since the check: nothing can have happened in between
+            await activity.wait()
+
+
+async def running(
+    target: FakeTarget, control: FakeControl, executor: ScriptedExecutor, **options: Any
+) -> AsyncIterator[Agent]:
+    agent = Agent(
+        AgentOptions(namespace=NS, poll_seconds=0.02, resync_seconds=3600, **options),
+        target,
+        control,
+        executor,
+        AgentMetrics(Metrics()),
+    )
+    before = asyncio.all_tasks()
+    task = asyncio.create_task(agent.run())
+    try:
+        yield agent
+    finally:
+        ours = asyncio.all_tasks() - before  # the agent's: its run, per-Node tasks, watches, resync
+        for other in ours:
+            other.cancel()
+        await asyncio.gather(task, *ours, return_exceptions=True)
+
+
+def done_after(polls: int) -> Callable[[RunRequest, int], Progress]:
+    def answer(request: RunRequest, calls: int) -> Progress:
+        if calls < polls:
+            return Progress(ProgressState.IN_PROGRESS, "running", 1)
+        return Progress(ProgressState.DONE, "update applied")
+
+    return answer
+
+
+def result(target: FakeTarget, name: str = "n1") -> str | None:
+    return ns.node_labels(target.nodes[name]).get(ns.RESULT_LABEL)
+
+
+async def test_a_waiting_node_is_updated_to_its_machine_class_and_answered_successful() -> None:
+    target, control = FakeTarget(), FakeControl()
+    executor = Executor(target, done_after(2))
+    pool(control)
+    target.put_node(waiting_node())
+    async for _agent in running(target, control, executor):
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
+    first = executor.requests[0]
+    assert (first.namespace, first.name) == (NS, "n1")
+    assert first.capabilities == ("ntp", "kubernetes_version")
+    assert first.inputs["kubernetes_version"]["kubernetes_version_target"] == "v1.31.1"
+    assert first.labels["keep"] == "me"
+    annotations = ns.node_annotations(target.nodes["n1"])
+    assert ns.CLAIM_ANNOTATION not in annotations and ns.ANSWERED_ANNOTATION in annotations
+    assert target.reasons("n1") == ["InPlaceUpdateStarted", "InPlaceUpdateSucceeded"]
+    assert len(executor.requests) == 3  # answered once, then left alone
+
+
+async def test_polls_of_a_running_update_read_nothing_from_the_control_cluster() -> None:
+    target, control = FakeTarget(), FakeControl()
+    executor = Executor(target, done_after(20))
+    pool(control)
+    target.put_node(waiting_node())
+    async for _agent in running(target, control, executor):
+        await until(lambda: len(executor.requests) >= 20, target.activity)
+    assert control.calls.count["watch"] == 4  # one list-then-watch per kind, at the start
+    assert control.calls.count["get"] == 0 and control.calls.count["list_all"] == 0
+
+
+async def test_a_changed_machine_class_is_a_new_desired_state_without_a_read() -> None:
+    target, control = FakeTarget(), FakeControl()
+    executor = Executor(target, lambda request, calls: Progress(ProgressState.IN_PROGRESS, "running", 1))
+    pool(control)
+    target.put_node(waiting_node())
+    async for _agent in running(target, control, executor):
+        await until(lambda: len(executor.requests) >= 2, target.activity)
+        changed = copy.deepcopy(control.objects["MachineClass"]["pool-v2"])
+        changed["providerSpec"]["inPlaceUpdate"] = {"kubernetesVersion": "v1.31.2"}
+        control.put(changed)
+        await until(lambda: executor.requests[-1].capabilities == ("kubernetes_version",), target.activity)
+    assert executor.requests[-1].inputs["kubernetes_version"]["kubernetes_version_target"] == "v1.31.2"
+    assert control.calls.count["get"] == 0 and control.calls.count["list_all"] == 0
+
+
+async def test_a_node_without_a_desired_state_is_answered_failed_once() -> None:
+    target, control = FakeTarget(), FakeControl()
+    executor = Executor(target, done_after(0))
+    pool(control)
+    target.put_node(waiting_node(machine=None))
+    async for _agent in running(target, control, executor):
+        await until(lambda: result(target) == ns.FAILED, target.activity)
+    reason = ns.node_annotations(target.nodes["n1"])[ns.FAILED_REASON_ANNOTATION]
+    assert reason == "NoDesiredState: Node n1 has no label node.gardener.cloud/machine-name"
+    assert executor.requests == [] and target.reasons("n1") == ["InPlaceUpdateFailed"]
+    assert target.calls.count["patch_node_metadata"] == 1
+
+
+async def test_an_invalid_desired_state_names_the_provider_spec_path() -> None:
+    target, control = FakeTarget(), FakeControl()
+    executor = Executor(target, done_after(0))
+    pool(control, {"kubernetesVersion": "1.31"})
+    target.put_node(waiting_node())
+    async for _agent in running(target, control, executor):
+        await until(lambda: result(target) == ns.FAILED, target.activity)
+    reason = ns.node_annotations(target.nodes["n1"])[ns.FAILED_REASON_ANNOTATION]
+    assert reason.startswith("InvalidDesiredState: providerSpec.inPlaceUpdate.kubernetesVersion: ")
+
+
+async def test_a_retriable_failure_is_answered_failed_and_then_successful() -> None:
+    target, control = FakeTarget(), FakeControl()
+
+    def answer(request: RunRequest, calls: int) -> Progress:
+        if calls < 2:
+            return Progress(
+                ProgressState.IN_PROGRESS, "host unreachable, retrying (attempt 2)", 1, retrying=True
+            )
+        return Progress(ProgressState.DONE, "update applied")
+
+    executor = Executor(target, answer)
+    pool(control)
+    target.put_node(waiting_node())
+    async for _agent in running(target, control, executor):
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
+    assert target.reasons("n1") == ["InPlaceUpdateStarted", "InPlaceUpdateFailed", "InPlaceUpdateSucceeded"]
+    assert ns.FAILED_REASON_ANNOTATION not in ns.node_annotations(target.nodes["n1"])
+
+
+async def test_the_critical_components_taint_is_removed_once_mcm_is_done() -> None:
+    target, control = FakeTarget(), FakeControl()
+    executor = Executor(target, done_after(0))
+    node = waiting_node()
+    del node["metadata"]["labels"][ns.CANDIDATE_LABEL]
+    key, effect = ns.CRITICAL_TAINT
+    node["spec"] = {"taints": [{"key": key, "effect": effect}, {"key": "other", "effect": "NoSchedule"}]}
+    target.put_node(node)
+    async for _agent in running(target, control, executor):
+        await until(lambda: len(target.nodes["n1"]["spec"]["taints"]) == 1, target.activity)
+    assert target.nodes["n1"]["spec"]["taints"] == [{"key": "other", "effect": "NoSchedule"}]
+    assert executor.requests == []
