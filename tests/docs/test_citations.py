@@ -1,6 +1,7 @@
-"""Every page and section the project cites from its own docs exists.
+"""The project cites only its own documents, and every cited page, section and link exists.
 
-Citations of the form ``docs/<page>.md §N`` (the CAPI hook contract is numbered)
+A user's clone has nothing beside the repository, so code, comments, docs and scripts must not point at
+team notes outside it. Citations of the form ``docs/<page>.md §N`` (the CAPI hook contract is numbered)
 must name an existing page and a section heading that starts with that number.
 """
 
@@ -11,6 +12,8 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# documents outside the repository, by path or by the names of the team notes
+OUTSIDE = re.compile(r"\.\./shared|shared/docs|\b(?:design|kubelab|peers(?:-2026)?|style)\.md\b|pitfall")
 SECTION = re.compile(r"docs/([a-z0-9-]+\.md) §(\d+(?:\.\d+)?)")
 THIS = Path(__file__).relative_to(ROOT).as_posix()
 
@@ -28,6 +31,16 @@ def tracked_text_files() -> list[Path]:
             continue
         files.append(path)
     return files
+
+
+def test_no_file_cites_a_document_outside_the_repository() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in tracked_text_files()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
+    assert found == [], "\n".join(found)
 
 
 def test_every_cited_section_exists() -> None:
