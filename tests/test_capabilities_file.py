@@ -248,12 +248,19 @@ def test_role_settings_become_the_roles_ansible_variables() -> None:
         "    package_source: binary\n"
         "    binary_base_url: https://mirror.example.internal/kubernetes/release\n"
         "    health_delay_seconds: 5\n"
+        "    kubeadm_upgrade_args:\n"
+        "      - --ignore-preflight-errors=SystemVerification\n"
+        "      - --certificate-renewal=false\n"
         "  users: {default_lock_password: false}\n"
     )
     assert parse_file(text, "caps.yaml").role_vars == {
         "kubernetes_version_package_source": "binary",
         "kubernetes_version_binary_base_url": "https://mirror.example.internal/kubernetes/release",
         "kubernetes_version_health_delay_seconds": 5,
+        "kubernetes_version_kubeadm_upgrade_args": [
+            "--ignore-preflight-errors=SystemVerification",
+            "--certificate-renewal=false",
+        ],
         "users_default_lock_password": False,
     }
     assert parse_file("", "caps.yaml").role_vars == {}
@@ -273,6 +280,14 @@ def test_role_settings_become_the_roles_ansible_variables() -> None:
         (
             "kubernetes_version: {binary_base_url: 'https://mirror/release/'}",
             "line 2: role_settings.kubernetes_version.binary_base_url: String should match pattern",
+        ),
+        (
+            "kubernetes_version: {kubeadm_upgrade_args: ['--patches={{ x }}']}",
+            "line 2: role_settings.kubernetes_version.kubeadm_upgrade_args[0]: String should match pattern",
+        ),
+        (
+            "kubernetes_version: {kubeadm_upgrade_args: [-v]}",
+            "role_settings.kubernetes_version.kubeadm_upgrade_args[0]: String should match pattern",
         ),
         (
             "kubernetes_version: {health_retries: 0}",

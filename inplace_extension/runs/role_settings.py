@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 URL_PATTERN: Final = r"^https?://[^\s{}%\"'\\]+[^/\s{}%\"'\\]$"
 ABSOLUTE_PATTERN: Final = r"^/[^\s{}%\"'\\]*$"
 
+# a kubeadm flag as the role takes it ("--flag" or "--flag=value"), without template characters
+KUBEADM_ARG_PATTERN: Final = r"^--[a-z][a-z0-9-]*(=[^\x00-\x1f\x7f{}%]*)?$"
+
 Url = Annotated[str, Field(pattern=URL_PATTERN)]
 AbsolutePath = Annotated[str, Field(pattern=ABSOLUTE_PATTERN)]
 
@@ -42,6 +45,12 @@ class KubernetesVersionSettings(_Role):
         ".sha256 (default https://dl.k8s.io/release); an internal mirror goes here",
     )
     bin_dir: AbsolutePath | None = Field(None, description="where the binaries are installed (binary source)")
+    kubeadm_upgrade_args: list[Annotated[str, Field(pattern=KUBEADM_ARG_PATTERN)]] | None = Field(
+        None,
+        max_length=32,
+        description='extra flags of "kubeadm upgrade apply|node", e.g. '
+        '["--ignore-preflight-errors=SystemVerification"] or ["--patches=/etc/kubernetes/patches"]',
+    )
     health_retries: int | None = Field(None, ge=1, le=1000, description="kubelet healthz tries after restart")
     health_delay_seconds: int | None = Field(None, ge=1, le=60, description="seconds between those tries")
 
