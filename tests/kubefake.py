@@ -158,13 +158,18 @@ class _Watchers:
         self.queues: list[asyncio.Queue[tuple[str, list[dict[str, Any]]]]] = []
 
     async def stream(
-        self, listed: Callable[[], list[dict[str, Any]]], connected: asyncio.Event | None
+        self,
+        listed: Callable[[], list[dict[str, Any]]],
+        connected: asyncio.Event | None,
+        activity: asyncio.Event | None = None,
     ) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
         changes: asyncio.Queue[tuple[str, list[dict[str, Any]]]] = asyncio.Queue()
         self.queues.append(changes)
         if connected is not None:
             connected.set()
         yield "LISTED", listed()
+        if activity is not None:  # the watcher has taken the list in
+            activity.set()
         while True:
             yield await changes.get()
 
@@ -267,8 +272,9 @@ class FakeTarget:
 class FakeControl:
     """:class:`~inplace_extension.kube.port.ControlCluster` in memory: MCM's objects of any namespace."""
 
-    def __init__(self) -> None:
+    def __init__(self, activity: asyncio.Event | None = None) -> None:
         self.calls = Calls()
+        self.activity = activity  # set when a watcher has taken its list in
         self.objects: dict[str, dict[str, dict[str, Any]]] = {}
         self._version = 0
         self._watchers: dict[str, _Watchers] = {}
@@ -295,7 +301,7 @@ class FakeControl:
     ) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
         self.calls("watch")
         listed = lambda: [copy.deepcopy(o) for o in self.objects.get(kind, {}).values()]  # noqa: E731
-        return self._watchers.setdefault(kind, _Watchers()).stream(listed, connected)
+        return self._watchers.setdefault(kind, _Watchers()).stream(listed, connected, self.activity)
 
     async def close(self) -> None:
         return None

@@ -258,3 +258,29 @@ async def test_the_critical_components_taint_is_removed_once_mcm_is_done() -> No
         await until(lambda: len(target.nodes["n1"]["spec"]["taints"]) == 1, target.activity)
     assert target.nodes["n1"]["spec"]["taints"] == [{"key": "other", "effect": "NoSchedule"}]
     assert executor.requests == []
+
+
+async def test_an_object_whose_watch_event_is_still_on_its_way_is_read_once() -> None:
+    target = FakeTarget()
+    control = FakeControl(target.activity)
+    executor = Executor(target, done_after(0))
+    pool(control)
+    async for _agent in running(target, control, executor):
+        await until(lambda: control.calls.count["watch"] == 4, target.activity)
+        # then MCM points the pool at a new MachineClass: the MachineDeployment's change arrives by
+        # watch, the MachineSets' and the MachineClass's are still on their way (written behind the
+        # watchers' back)
+        later = copy.deepcopy(control.objects["MachineClass"]["pool-v2"])
+        later["metadata"]["name"] = "pool-v3"
+        later["providerSpec"]["inPlaceUpdate"] = {"kubernetesVersion": "v1.31.3"}
+        control.objects["MachineClass"]["pool-v3"] = later
+        for machine_set in control.objects["MachineSet"].values():
+            machine_set["spec"]["template"]["spec"]["class"]["name"] = "pool-v3"
+        deployment = copy.deepcopy(control.objects["MachineDeployment"]["pool"])
+        deployment["spec"]["template"]["spec"]["class"]["name"] = "pool-v3"
+        control.put(deployment)
+        target.put_node(waiting_node())
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
+    # the copy had the old MachineSets: they were listed once, and the MachineClass read once
+    assert (control.calls.count["list_all"], control.calls.count["get"]) == (1, 1)
+    assert executor.requests[0].inputs["kubernetes_version"]["kubernetes_version_target"] == "v1.31.3"
