@@ -20,12 +20,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from inplace_extension.api.body import parse_request
+from inplace_extension.api.body import parse_json, parse_request
 from inplace_extension.api.common import CommonResponse, ResponseStatus
 from inplace_extension.auth import AuthMiddleware, AuthPolicy
-from inplace_extension.errors import RequestTooLarge, answer_for
+from inplace_extension.errors import InvalidRequest, RequestTooLarge, answer_for
 from inplace_extension.hooks.context import HookContext
-from inplace_extension.hooks.table import HOOKS, Hook
+from inplace_extension.hooks.table import HOOKS, Hook, hook_of_body
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.metrics import HookStatus, Metrics
 from inplace_extension.runs.model import Executor
@@ -63,14 +63,31 @@ def _json(body: bytes, status_code: int = 200) -> Response:
     return Response(body, status_code=status_code, media_type=JSON_TYPE)
 
 
+def other_hook(hook: Hook[Any, Any], body: bytes, prefix: str) -> InvalidRequest | None:
+    """When a body that does not fit ``hook`` was written for another hook: say which, and its path."""
+    try:
+        found = hook_of_body(parse_json(body))
+    except InvalidRequest:
+        return None
+    if found is None or found[0] is hook:
+        return None
+    other, shown_by = found
+    where = "kind" if shown_by.startswith("its kind") else "(body)"
+    return InvalidRequest(
+        where,
+        f"this is a {other.hook} request ({shown_by}), not {hook.hook}; post it to {prefix}{other.path}",
+    )
+
+
 def hook_endpoint(
-    hook: Hook[Any, Any], context: HookContext, metrics: Metrics
+    hook: Hook[Any, Any], context: HookContext, metrics: Metrics, prefix: str = ""
 ) -> Callable[[Request], Awaitable[Response]]:
     """The route endpoint of ``hook``: bytes -> model -> handler -> 200 JSON; every failure an answer."""
     limit = context.settings.max_body_bytes
 
     async def endpoint(request: Request) -> Response:
         started = time.perf_counter()
+        body = b""
         try:
             body = await read_body(request, limit)
             if len(body) > THREAD_PARSE_BYTES:
@@ -79,6 +96,8 @@ def hook_endpoint(
                 model = parse_request(hook.request_model, body)
             response: CommonResponse = await hook.handler(model, context)
         except Exception as exc:  # the edge's catch-all: every failure still answers, a bug as InternalError
+            if isinstance(exc, InvalidRequest):
+                exc = other_hook(hook, body, prefix) or exc
             answer = answer_for(exc)
             if answer.is_bug:
                 logger.exception("hook=%s decision=failure reason=InternalError", hook.hook)
@@ -96,16 +115,22 @@ def hook_endpoint(
     return endpoint
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    # the router's own 404/405 (transport errors for CAPI), as JSON so curl users see why
-    if not isinstance(exc, HTTPException):  # registered for HTTPException only; keep mypy honest
-        raise exc
-    reason = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
-    return JSONResponse(
-        {"status": "Failure", "message": f"{reason}: {exc.detail}"},
-        status_code=exc.status_code,
-        headers=exc.headers,
-    )
+def http_error(hook_paths: list[str]) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """The router's own 404/405 (transport errors for CAPI) as JSON, so curl users see why; a 404 lists
+    the hook paths (a typo in an ExtensionConfig's path or a missing --path-prefix shows at once)."""
+
+    async def answer(request: Request, exc: Exception) -> Response:
+        if not isinstance(exc, HTTPException):  # registered for HTTPException only; keep mypy honest
+            raise exc
+        reason = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+        message = f"{reason}: {exc.detail}"
+        if exc.status_code == 404:
+            message += "; the hook paths are " + ", ".join(hook_paths)
+        return JSONResponse(
+            {"status": "Failure", "message": message}, status_code=exc.status_code, headers=exc.headers
+        )
+
+    return answer
 
 
 def create_app(
@@ -113,10 +138,12 @@ def create_app(
     executor: Executor | None = None,
     metrics: Metrics | None = None,
     custom: CustomTable = NO_CUSTOM,
+    hosts_problem: Callable[[], str | None] = lambda: None,
 ) -> Starlette:
     """The ASGI app. ``executor`` runs UpdateMachine; without one UpdateMachine answers a clear Failure.
 
     ``custom``: the user-defined capabilities (``--capabilities-file``), already loaded and checked.
+    ``hosts_problem``: why UpdateMachine cannot reach any host now, if so (``/readyz`` says it).
     """
     context = HookContext(settings=settings, hooks=HOOKS, executor=executor, custom=custom)
     metrics = metrics or Metrics()
@@ -127,12 +154,17 @@ def create_app(
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        # CanUpdate* and Discovery need nothing beyond this process; report whether updates can run
-        return JSONResponse({"status": "ready", "hooks": hook_paths, "executor": executor is not None})
+        # CanUpdate* and Discovery need nothing beyond this process (ready, 200); report whether updates
+        # can run, and why they cannot reach any host when that is so
+        ready: dict[str, Any] = {"status": "ready", "hooks": hook_paths, "executor": executor is not None}
+        problem = hosts_problem() if executor is not None else None
+        if problem is not None:
+            ready["updates"] = problem
+        return JSONResponse(ready)
 
     # one table: a route per hook of HOOKS (as Discovery announces them), then the probes and /metrics
     routes = [
-        Route(path, hook_endpoint(hook, context, metrics), methods=["POST"])
+        Route(path, hook_endpoint(hook, context, metrics, prefix), methods=["POST"])
         for path, hook in zip(hook_paths, HOOKS, strict=True)
     ]
     routes += [
@@ -143,4 +175,6 @@ def create_app(
     # auth outermost, so no body is read before the caller is known (inplace_extension/auth.py)
     policy = AuthPolicy.build(settings.client_ca, settings.bearer_token_file, settings.plain_http)
     middleware = [Middleware(AuthMiddleware, policy=policy)] if policy.enabled else []
-    return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error})
+    return Starlette(
+        routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error(hook_paths)}
+    )

@@ -80,7 +80,10 @@ class Settings(BaseSettings):
     )
 
     # Kubernetes-aware mode (docs/kube-aware.md): on with --kube or --kubeconfig
-    kube: bool = Field(False, description="read Machines, drain Nodes, post Events (in-cluster account)")
+    kube: bool = Field(
+        False,
+        description="read Machines, drain Nodes, post Events (with $KUBECONFIG, else the in-cluster account)",
+    )
     kubeconfig: Path | None = Field(None, description="management cluster kubeconfig (implies --kube)")
     workload_kubeconfig: str = Field(
         "secret",

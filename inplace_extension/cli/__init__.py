@@ -7,24 +7,33 @@ Settings come from ``INPLACE_*`` environment variables, overridden by flags (see
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 from pydantic import ValidationError
 
 from inplace_extension.cli import call, mcm_agent, plan, schemas, serve
+from inplace_extension.cli.flags import Parser
 from inplace_extension.errors import ExtensionError
 
 COMMANDS = (serve.COMMAND, call.COMMAND, plan.COMMAND, mcm_agent.COMMAND, schemas.COMMAND)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def installed_version() -> str:
+    try:
+        return version("inplace-extension")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def build_parser() -> Parser:
+    parser = Parser(
         prog="inplace-extension",
         description="Cluster API Runtime Extension that updates machines in place. Settings come from "
         "INPLACE_* environment variables, overridden by flags (--foo-bar = INPLACE_FOO_BAR).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         parser_of_command = sub.add_parser(command.name, help=command.help)

@@ -1,5 +1,10 @@
 """``inplace-extension call``: POST a JSON or YAML request to a running service, as CAPI does, and print
-the answer with its base64 patches decoded for people."""
+the answer with its base64 patches decoded for people.
+
+The server certificate is verified against the system's CAs and, when it exists, the CA that
+``serve --self-signed`` made (``--tls-dir``'s ``ca.crt``, under ``$XDG_STATE_HOME``), so a local dev
+service is trusted without flags. A failure that is the wrong scheme or an untrusted certificate says so.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,15 @@ import base64
 import json
 import ssl
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from inplace_extension.cli.command import Command, load_document
+from inplace_extension.cli.flags import Parser
 from inplace_extension.hooks.table import HOOKS, find_hook
+from inplace_extension.settings import Settings
 
 DEFAULT_URL = "https://127.0.0.1:9443"
 
@@ -33,28 +41,77 @@ def decode_patches(document: Any) -> Any:
     return document
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def configure(parser: Parser) -> None:
     parser.add_argument("hook", help="hook: " + ", ".join(h.name or h.hook.lower() for h in HOOKS))
     parser.add_argument("file", help="request body, JSON or YAML ('-' = stdin)")
     parser.add_argument(
-        "--url", default=DEFAULT_URL, help=f"service base URL incl. any path prefix [{DEFAULT_URL}]"
+        "--url", default=DEFAULT_URL, help="service base URL incl. any path prefix (default: %(default)s)"
     )
-    parser.add_argument("--cacert", help="PEM CA to verify the server (e.g. the --self-signed ca.crt)")
     parser.add_argument(
-        "--insecure", action="store_true", help="do not verify the server certificate (dev only)"
+        "--cacert",
+        metavar="FILE",
+        help="PEM CA to verify the server with (default: the system's CAs and, when it exists, the ca.crt "
+        "of a local serve --self-signed, in --tls-dir under $XDG_STATE_HOME)",
     )
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds [10]")
+    parser.add_boolean(
+        "--insecure", dest="insecure", default=False, help="do not verify the server certificate (dev only)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=10.0, metavar="SECONDS", help="seconds (default: %(default)s)"
+    )
+
+
+def dev_ca_file() -> Path:
+    """The CA certificate ``serve --self-signed`` writes (``--tls-dir``, default under $XDG_STATE_HOME)."""
+    return Settings().tls_dir.expanduser() / "ca.crt"
+
+
+def _trust(cafile: Path, flag: str, context: ssl.SSLContext) -> None:
+    try:
+        context.load_verify_locations(cafile=str(cafile))
+    except OSError as exc:
+        raise ValueError(f"{flag} {cafile}: cannot read it ({exc.strerror or exc})") from None
+    except ssl.SSLError:
+        raise ValueError(f"{flag} {cafile}: holds no PEM CA certificate") from None
+
+
+def verification(insecure: bool, cacert: str | None) -> ssl.SSLContext | bool:
+    """What verifies the server: nothing (--insecure); the system's CAs plus --cacert, or plus the
+    local dev CA when it exists."""
+    if insecure:
+        return False
+    context = ssl.create_default_context()
+    if cacert:
+        _trust(Path(cacert).expanduser(), "--cacert", context)
+    elif dev_ca_file().is_file():
+        _trust(dev_ca_file(), "the dev CA", context)
+    return context
+
+
+def hint(url: str, exc: httpx.HTTPError, cacert: str | None) -> str | None:
+    """What the user can do about a failed call, when the error tells."""
+    text = str(exc)
+    if url.startswith("http://") and isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
+        return "the server closed the connection without an answer: if it serves HTTPS, use --url https://..."
+    if url.startswith("https://") and ("WRONG_VERSION_NUMBER" in text or "record layer failure" in text):
+        return "the server does not speak TLS: if it serves plain HTTP (--plain-http), use --url http://..."
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        if cacert:
+            return f"the server's certificate is not signed by --cacert {cacert}"
+        dev_ca = dev_ca_file()
+        found = "" if dev_ca.is_file() else ", not found"
+        return (
+            "the server's certificate is not trusted: pass --cacert FILE with the CA that signed it "
+            f"(a local serve --self-signed writes {dev_ca}{found}), or --insecure for a test server"
+        )
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     hook = find_hook(args.hook)
     document = load_document(args.file)
     url = args.url.rstrip("/") + hook.path
-    verify: ssl.SSLContext | bool = True
-    if args.insecure:
-        verify = False
-    elif args.cacert:
-        verify = ssl.create_default_context(cafile=args.cacert)
+    verify = verification(args.insecure, args.cacert)
     # send the JSON as CAPI does: POST, no Content-Type, the informational ?timeout= query
     body = json.dumps(document).encode()
     try:
@@ -62,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
             reply = client.post(url, content=body, params={"timeout": f"{int(args.timeout)}s"})
     except httpx.HTTPError as exc:
         print(f"inplace-extension call: {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        advice = hint(url, exc, args.cacert)
+        if advice is not None:
+            print(f"inplace-extension call: {advice}", file=sys.stderr)
         return 2
     print(f"HTTP {reply.status_code} {url}", file=sys.stderr)
     try:

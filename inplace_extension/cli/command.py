@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from inplace_extension.cli.flags import Parser
+
 
 @dataclass(frozen=True)
 class Command:
@@ -23,7 +26,7 @@ class Command:
 
     name: str
     help: str
-    configure: Callable[[argparse.ArgumentParser], None]
+    configure: Callable[[Parser], None]
     run: Callable[[argparse.Namespace], int]
 
 
@@ -34,3 +37,9 @@ def load_document(path: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return yaml.safe_load(text)
+
+
+def kubeconfig_from_env() -> Path | None:
+    """The first file of ``$KUBECONFIG`` (a list, as kubectl reads it), or None when it is not set."""
+    paths = [part for part in os.environ.get("KUBECONFIG", "").split(os.pathsep) if part]
+    return Path(paths[0]).expanduser() if paths else None

@@ -5,40 +5,69 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from inplace_extension.cli.command import Command
-from inplace_extension.cli.flags import add_settings_flags, parse_listen, settings_from_args
+from inplace_extension.cli.command import Command, kubeconfig_from_env
+from inplace_extension.cli.flags import Parser, add_settings_flags, parse_listen, settings_from_args
 from inplace_extension.mcm.agent import AgentOptions
 from inplace_extension.mcm.main import Clusters, run_agent
 
+# the service settings the agent uses: its listener and logs, and what the engine reads
+AGENT_SETTINGS = (
+    "listen",
+    "log_format",
+    "log_level",
+    "inventory",
+    "allowed_cidrs",
+    "runs_dir",
+    "max_parallel_runs",
+    "retry_after_seconds",
+    "max_failed_attempts",
+    "playbooks_dir",
+    "capabilities_file",
+    "health_gate_timeout_seconds",
+)
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_settings_flags(parser)
+
+def configure(parser: Parser) -> None:
+    add_settings_flags(parser, AGENT_SETTINGS)
     parser.add_argument(
-        "--target-kubeconfig", type=Path, help="kubeconfig of the cluster with the Nodes [in-cluster]"
+        "--target-kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="kubeconfig of the cluster with the Nodes (default: $KUBECONFIG, else the in-cluster account)",
     )
     parser.add_argument(
-        "--control-kubeconfig", type=Path, help="kubeconfig of MCM's cluster [--target-kubeconfig]"
+        "--control-kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="kubeconfig of MCM's cluster (default: the target cluster's)",
     )
     parser.add_argument("--namespace", required=True, help="MCM's namespace in the control cluster")
-    parser.add_argument(
+    parser.add_boolean(
         "--delete-pods",
-        action="store_true",
+        dest="delete_pods",
+        default=False,
         help="after a successful update, delete the Pods left on the Node",
     )
-    parser.add_argument(
+    parser.add_boolean(
         "--keep-critical-taint",
-        action="store_true",
+        dest="keep_critical_taint",
+        default=False,
         help="do not remove node.gardener.cloud/critical-components-not-ready (inside Gardener, GRM does)",
     )
+    seconds: dict[str, Any] = {"type": float, "metavar": "SECONDS"}
     parser.add_argument(
-        "--resync-seconds", type=float, default=30.0, help="re-check every Node this often [30]"
+        "--resync-seconds", default=30.0, help="re-check every Node this often (default: 30)", **seconds
     )
     parser.add_argument(
-        "--poll-seconds", type=float, default=2.0, help="poll a running update this often [2]"
+        "--poll-seconds", default=2.0, help="poll a running update this often (default: 2)", **seconds
     )
     parser.add_argument(
-        "--claim-seconds", type=float, default=120.0, help="a replica's claim on a Node lasts this long [120]"
+        "--claim-seconds",
+        default=120.0,
+        help="a replica's claim on a Node lasts this long (default: 120)",
+        **seconds,
     )
 
 
@@ -52,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         resync_seconds=args.resync_seconds,
         claim_seconds=args.claim_seconds,
     )
-    clusters = Clusters(args.target_kubeconfig, args.control_kubeconfig)
+    clusters = Clusters(args.target_kubeconfig or kubeconfig_from_env(), args.control_kubeconfig)
     return run_agent(settings, options, clusters, parse_listen(settings.listen))
 
 

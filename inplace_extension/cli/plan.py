@@ -9,12 +9,13 @@ import time
 from pathlib import Path
 
 from inplace_extension.cli.command import Command, load_document
+from inplace_extension.cli.flags import Parser
 from inplace_extension.engine import load_config
 from inplace_extension.hooks.explain import explain_request
 from inplace_extension.settings import Settings
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def configure(parser: Parser) -> None:
     parser.add_argument("file", help="request body, JSON or YAML ('-' = stdin)")
     parser.add_argument(
         "--capabilities-file",

@@ -9,14 +9,15 @@ from pathlib import Path
 
 from inplace_extension import schemas
 from inplace_extension.cli.command import Command
+from inplace_extension.cli.flags import Parser
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def configure(parser: Parser) -> None:
     parser.add_argument(
         "--write", dest="dir", default="schemas", metavar="DIR", help="target directory [schemas]"
     )
-    parser.add_argument(
-        "--check", action="store_true", help="compare DIR instead of writing; exit 1 on drift"
+    parser.add_boolean(
+        "--check", dest="check", default=False, help="compare DIR instead of writing; exit 1 on drift"
     )
 
 

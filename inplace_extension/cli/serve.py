@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import socket
 from typing import Any
 
@@ -15,7 +16,7 @@ import uvicorn
 
 from inplace_extension.app import create_app, normalize_prefix
 from inplace_extension.auth import server_tls
-from inplace_extension.cli.command import Command
+from inplace_extension.cli.command import Command, kubeconfig_from_env
 from inplace_extension.cli.flags import add_settings_flags, parse_listen, settings_from_args
 from inplace_extension.engine import build_engine, load_config
 from inplace_extension.kubeaware.cluster_side import connect_cluster_side
@@ -24,6 +25,8 @@ from inplace_extension.metrics import Metrics
 from inplace_extension.runs.model import NO_CLUSTER_SIDE
 from inplace_extension.settings import Settings
 from inplace_extension.tls import default_hosts, ensure_dev_certificate
+
+logger = logging.getLogger(__name__)
 
 
 def tls_options(settings: Settings, host: str) -> dict[str, Any]:
@@ -66,6 +69,9 @@ def bind(host: str, port: int) -> socket.socket:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    if settings.kube and settings.kubeconfig is None and (path := kubeconfig_from_env()) is not None:
+        # --kube without --kubeconfig: $KUBECONFIG as kubectl reads it, else the in-cluster account
+        settings = settings.model_copy(update={"kubeconfig": path})
     configure_logging(settings.log_format, settings.log_level)
     host, port = parse_listen(settings.listen)
     tls = tls_options(settings, host)
@@ -75,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
     # Kubernetes-aware mode: a management client (--kubeconfig or in-cluster); a bad config stops the start
     cluster = connect_cluster_side(settings, custom) if settings.kube_aware else None
     executor = build_engine(settings, config_file, metrics, cluster or NO_CLUSTER_SIDE)
-    app = create_app(settings, executor, metrics, custom)  # mypy: RunService is an Executor
+    if (problem := executor.hosts_problem()) is not None:
+        logger.warning("%s", problem)
+    app = create_app(settings, executor, metrics, custom, executor.hosts_problem)
     sock = bind(host, port)
     scheme = "https" if tls else "http"
     shown = f"[{host}]" if ":" in host else host

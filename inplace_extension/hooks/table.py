@@ -91,3 +91,27 @@ def find_hook(word: str, hooks: tuple[Hook[Any, Any], ...] = HOOKS) -> Hook[Any,
             return hook
     known = ", ".join(hook.name or hook.hook.lower() for hook in hooks)
     raise LookupError(f"unknown hook {word!r}; known: {known}")
+
+
+def hook_of_body(
+    document: Any, hooks: tuple[Hook[Any, Any], ...] = HOOKS
+) -> tuple[Hook[Any, Any], str] | None:
+    """The hook a request body was written for, and how that shows (its ``kind``, else its objects);
+    None when it does not tell. Used to say so when a body is posted to another hook's path."""
+    if not isinstance(document, dict):
+        return None
+    kind = document.get("kind")
+    for hook in hooks:
+        if kind and kind == getattr(hook.request_model, "KIND", None):
+            return hook, f"its kind {kind}"
+    desired = document.get("desired")
+    if kind is not None or not isinstance(desired, dict):
+        return None
+    by_name = {hook.hook: hook for hook in hooks}
+    if "machineSet" in desired:
+        return by_name["CanUpdateMachineSet"], "its desired.machineSet"
+    if "machine" in desired:
+        if "current" in document:
+            return by_name["CanUpdateMachine"], "its current and desired Machine"
+        return by_name["UpdateMachine"], "its desired Machine without a current one"
+    return None

@@ -183,6 +183,17 @@ class RunService:
             return Progress(settled.state, settled.message, self._retry_after, waiting="health_check")
         return settled
 
+    def hosts_problem(self) -> str | None:
+        """Why no UpdateMachine can reach a host with the settings as they are, or None: every address
+        must be inside --allowed-cidrs, so with none no run can start (``serve`` warns, ``/readyz`` says)."""
+        if self._allowed:
+            return None
+        entries = "" if self._inventory.current().hosts else ", and the inventory has no entry"
+        return (
+            "UpdateMachine cannot reach any host: no --allowed-cidrs (nothing is allowed until configured)"
+            + entries
+        )
+
     def close(self, timeout: float = CLOSE_WAIT_SECONDS) -> None:
         """Admit no more runs and give the running ones ``timeout`` seconds to end.
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from inplace_extension.app import create_app
 from inplace_extension.errors import INTERNAL_ERROR_MESSAGE
 from inplace_extension.runs.model import Progress, RunRequest
 from inplace_extension.settings import Settings
@@ -157,3 +158,66 @@ async def test_an_unexpected_exception_is_200_internal_error_and_a_logged_traceb
     records = [r for r in caplog.records if r.exc_info]
     assert records, "the bug must be logged with its traceback"
     assert "hook=UpdateMachine decision=failure reason=InternalError" in records[0].getMessage()
+
+
+async def test_a_wrong_path_is_404_listing_the_hook_paths() -> None:
+    async with client_for(Settings(plain_http=True, path_prefix="/ext")) as c:
+        reply = await c.post(PATHS["can-update-machine"], content=b"{}")  # the prefix is missing
+    assert reply.status_code == 404
+    message = reply.json()["message"]
+    assert message.startswith("NotFound: Not Found; the hook paths are ")
+    assert message.endswith(", ".join("/ext" + PATHS[name] for name in PATHS))
+
+
+@pytest.mark.parametrize(
+    ("fixture", "posted_to", "expected"),
+    [
+        (
+            "can_update_machine_set/5A.request.json",
+            "can-update-machine",
+            "InvalidRequest: kind: this is a CanUpdateMachineSet request "
+            "(its kind CanUpdateMachineSetRequest), "
+            f"not CanUpdateMachine; post it to {PATHS['can-update-machineset']}",
+        ),
+        (
+            "can_update_machine/4A.request.json",
+            "update-machine",
+            "InvalidRequest: kind: this is a CanUpdateMachine request (its kind CanUpdateMachineRequest), "
+            f"not UpdateMachine; post it to {PATHS['can-update-machine']}",
+        ),
+    ],
+)
+async def test_a_body_of_another_hook_says_which_hook_it_is_for(
+    client: httpx.AsyncClient, fixture: str, posted_to: str, expected: str
+) -> None:
+    reply = await client.post(PATHS[posted_to], content=fixture_bytes(fixture))
+    assert reply.status_code == 200
+    assert reply.json()["message"] == expected
+
+
+async def test_a_body_of_another_hook_without_kind_is_told_by_its_objects(client: httpx.AsyncClient) -> None:
+    body = fixture_json("can_update_machine_set/5A.request.json")
+    del body["kind"]
+    reply = await client.post(PATHS["can-update-machine"], content=json.dumps(body).encode())
+    assert reply.json()["message"] == (
+        "InvalidRequest: (body): this is a CanUpdateMachineSet request (its desired.machineSet), "
+        f"not CanUpdateMachine; post it to {PATHS['can-update-machineset']}"
+    )
+    # a body for this hook that is only incomplete still names its field
+    own = fixture_json("can_update_machine/4A.request.json")
+    del own["desired"]["machine"]["metadata"]
+    reply = await client.post(PATHS["can-update-machine"], content=json.dumps(own).encode())
+    assert reply.json()["message"].startswith("InvalidRequest: desired.machine.metadata: missing")
+
+
+async def test_readyz_says_when_updatemachine_cannot_reach_any_host() -> None:
+    class Idle:
+        async def poll(self, request: RunRequest) -> Progress:
+            raise AssertionError("not called")
+
+    problem = "UpdateMachine cannot reach any host: no --allowed-cidrs"
+    app = create_app(Settings(plain_http=True), Idle(), hosts_problem=lambda: problem)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        ready = await c.get("/readyz")
+    assert ready.status_code == 200  # CanUpdate* and Discovery still work
+    assert ready.json()["updates"] == problem
