@@ -40,8 +40,9 @@ def start_node(host: Host, state: LabState, base: Path, client_key: Path) -> int
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     pid = spawn(argv, output=host.dir / "console.log", env=env)
     try:
-        # without --fork, unshare becomes the script in the new namespaces: eth0 goes into its own
-        if not wait_until(lambda: NODE_INIT.name in " ".join(cmdline(pid)) or not alive(pid), 10):
+        # without --fork, unshare becomes the script in the new namespaces (it unshares, then execs
+        # /bin/sh): eth0 goes into its network namespace once that exec happened
+        if not wait_until(lambda: cmdline(pid)[:1] == ["/bin/sh"] or not alive(pid), 10):
             raise LabError(f"{host.name}: node_init.sh did not start:\n{console_tail(host)}")
         plug_and_go(host, pid, pid, fifo, f"hlb{state.slot}", BOOT_TIMEOUT)
     except BaseException:

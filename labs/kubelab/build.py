@@ -26,6 +26,8 @@ from hostlab.proc import file_lock
 from kubelab.config import GO_MODULES_DIR, Config
 
 KUBERNETES_VERSION = "v1.36.3"
+# kubelet + kubeadm of the real lab nodes (nodelab): a node joins at the first, upgrades in place to the last
+NODE_VERSIONS = ("v1.36.1", "v1.36.3")
 ETCD_VERSION = "v3.6.14"
 KWOK_VERSION = "v0.8.0"
 CAPI_VERSION = "v1.14.2"
@@ -53,6 +55,8 @@ K8S_VERSION_FLAGS = _version_vars(
     ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"), KUBERNETES_VERSION
 )
 CAPI_VERSION_FLAGS = _version_vars(("sigs.k8s.io/cluster-api/version",), CAPI_VERSION)
+
+
 MCM_COMMIT = "07f7e729412792a109afcf2f4f914db2a60a36b2"  # tag v0.62.1 (the module's .info Origin)
 MCM_VERSION_FLAGS = (
     f"-X github.com/gardener/machine-controller-manager/pkg/version.Version={MCM_VERSION}",
@@ -68,6 +72,15 @@ class Binary:
     module: str
     package: str
     ldflags: tuple[str, ...] = ()
+
+
+def _node_binaries(version: str) -> tuple[Binary, ...]:
+    """``kubelet-<version>`` and ``kubeadm-<version>``, from the wrapper module ``node-<version>``."""
+    flags = _version_vars(("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"), version)
+    return tuple(
+        Binary(f"{name}-{version}", f"node-{version}", f"k8s.io/kubernetes/cmd/{name}", flags)
+        for name in ("kubelet", "kubeadm")
+    )
 
 
 # The one table of everything kubelab builds. Flavours list the names they need (``binaries``).
@@ -105,8 +118,10 @@ BINARIES: dict[str, Binary] = {
             "inplace-extension.invalid/kubelab/mcm/cmd/static-hosts-machine-controller",
             MCM_VERSION_FLAGS,
         ),
+        *(binary for version in NODE_VERSIONS for binary in _node_binaries(version)),
     )
 }
+NODE_BINARIES = tuple(f"{name}-{version}" for version in NODE_VERSIONS for name in ("kubelet", "kubeadm"))
 CORE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kwok")
 
 Progress = Callable[[str], None]

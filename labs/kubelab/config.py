@@ -18,6 +18,9 @@ from pathlib import Path
 
 GO_MODULES_DIR = Path(__file__).resolve().parent / "go"  # the wrapper modules (go.mod + go.sum)
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+# The apiserver's name in its serving certificate besides 127.0.0.1: real nodes (flavour "nodes") reach it
+# through their lab's gateway and map this name to that address in their /etc/hosts
+APISERVER_NAME = "kubelab-apiserver"
 KWOK_NODE_LABEL = "type=kwok"  # kwok manages exactly the Nodes carrying this label
 
 

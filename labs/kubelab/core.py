@@ -74,7 +74,10 @@ def apiserver_argv(binary: Path, paths: CorePaths, etcd_port: int, port: int) ->
         f"--tls-private-key-file={paths.serving.key}",
         f"--client-ca-file={paths.ca}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
-        "--authorization-mode=RBAC",
+        # as kubeadm's control plane: the Node authorizer and bootstrap tokens let real nodes join with
+        # `kubeadm join` (flavour "nodes"); without nodes or tokens they change nothing
+        "--authorization-mode=Node,RBAC",
+        "--enable-bootstrap-token-auth",
         f"--service-account-issuer=https://127.0.0.1:{port}/",
         f"--service-account-key-file={paths.service_account.cert}",
         f"--service-account-signing-key-file={paths.service_account.key}",

@@ -25,7 +25,7 @@ from hostlab.errors import LabError
 from hostlab.proc import file_lock, kill_and_wait, not_ours_because, spawn, wait_until
 
 from kubelab import build, core, flavours, ports, state
-from kubelab.config import NAME_RE, Config
+from kubelab.config import APISERVER_NAME, NAME_RE, Config
 from kubelab.pki import CertificateAuthority
 from kubelab.state import Component, LabState
 
@@ -95,7 +95,11 @@ class Lab:
         server = f"https://127.0.0.1:{ports['apiserver']}"
         admin = ca.issue_client("admin", "kubelab-admin", ("system:masters",))
         paths = core.CorePaths(
-            self.dir, ca.cert_path, ca.issue_server("apiserver"), ca.service_account_keys(), self.kubeconfig
+            self.dir,
+            ca.cert_path,
+            ca.issue_server("apiserver", ("127.0.0.1", "localhost", APISERVER_NAME)),
+            ca.service_account_keys(),
+            self.kubeconfig,
         )
         self.kubeconfig.write_text(core.kubeconfig_text(server, ca.cert_path, admin))
         state.save(self.dir, LabState(self.name, owner_pid or os.getpid(), server, ports))

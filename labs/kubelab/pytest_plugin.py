@@ -5,7 +5,8 @@ Fixtures:
 - ``kubelab`` (session): a running core :class:`kubelab.lab.Lab` named ``pytest-<pid>`` (etcd,
   kube-apiserver, kube-controller-manager, kwok), built first if needed, torn down at the end of the
   session, also after failures. Labs left by killed sessions are torn down first.
-- ``kubelab_capi`` / ``kubelab_mcm`` (session): the same lab with that flavour started (once).
+- ``kubelab_capi`` / ``kubelab_mcm`` / ``kubelab_nodes`` (session): the same lab with that flavour
+  started (once); ``nodes`` lets real nodes join with ``kubeadm join`` (:mod:`kubelab.node_join`).
 - helpers to create kwok Nodes, Pods and evictions: :mod:`kubelab.objects`.
 
 When the lab cannot start for a reason of the machine (no Go toolchain and nothing built): with
@@ -28,7 +29,7 @@ from hostlab.pytest_plugin import lab_required
 from kubelab.config import Config
 from kubelab.lab import Lab, reap_stale
 
-FIXTURE_MARKERS = {"kubelab": "kube", "kubelab_capi": "capi", "kubelab_mcm": "mcm"}
+FIXTURE_MARKERS = {"kubelab": "kube", "kubelab_capi": "capi", "kubelab_mcm": "mcm", "kubelab_nodes": "kube"}
 
 
 def unavailable(reason: str) -> NoReturn:
@@ -85,3 +86,8 @@ def kubelab_capi(kubelab: Lab) -> Lab:
 @pytest.fixture(scope="session")
 def kubelab_mcm(kubelab: Lab) -> Lab:
     return _flavoured(kubelab, "mcm")
+
+
+@pytest.fixture(scope="session")
+def kubelab_nodes(kubelab: Lab) -> Lab:
+    return _flavoured(kubelab, "nodes")

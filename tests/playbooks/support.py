@@ -16,7 +16,7 @@ import re
 import sys
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -255,26 +255,32 @@ class BackgroundHTTPServer:
         self._thread.join()
 
 
+def _standin(name: str, version: str) -> bytes | None:
+    return standin_binary(name, version) if name in KUBERNETES_BINARIES else None
+
+
 class ReleaseServer(BackgroundHTTPServer):
-    """Serves stand-in kubeadm/kubelet/kubectl as "release binaries" on the lab gateway.
+    """Serves kubeadm/kubelet/kubectl as "release binaries" on the lab gateway (stand-ins by default).
 
     Layout as dl.k8s.io: ``/<version>/bin/linux/<arch>/<name>`` and ``<name>.sha256`` (hex digest only).
     """
 
     PATH_RE = re.compile(r"^/(v\d+\.\d+\.\d+)/bin/linux/[a-z0-9]+/([a-z]+)(\.sha256)?$")
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, binary: Callable[[str, str], bytes | None] | None = None) -> None:
+        """``binary(name, version)`` gives the bytes to serve (None: 404); default: the stand-ins."""
         self.requests: list[str] = []
         outer = self
+        serve = binary or _standin
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 outer.requests.append(self.path)
                 match = outer.PATH_RE.match(self.path)
-                if not match or match.group(2) not in KUBERNETES_BINARIES:
+                body = serve(match.group(2), match.group(1)) if match else None
+                if match is None or body is None:
                     self.send_error(404)
                     return
-                body = standin_binary(match.group(2), match.group(1))
                 if match.group(3):
                     body = hashlib.sha256(body).hexdigest().encode() + b"\n"
                 self.send_response(200)

@@ -28,6 +28,7 @@ class Flavour(Protocol):
 FLAVOURS: dict[str, str] = {
     "capi": "kubelab.flavours.capi",
     "mcm": "kubelab.flavours.mcm",
+    "nodes": "kubelab.flavours.nodes",
 }
 
 

@@ -1,0 +1,123 @@
+"""Joining lab nodes (:mod:`hostlab.nodes`) to a kubelab with ``kubeadm join``, the way users do it.
+
+On the machine: the lab's apiserver listens on loopback only, so a ``socat`` component forwards the
+node lab's gateway (the only address its nodes reach) on the apiserver's port to it; the nodes map
+:data:`kubelab.config.APISERVER_NAME` to their gateway. In each node: kubelet and kubeadm at one
+version in ``/usr/bin`` with the kubelet units the Kubernetes packages install (``kubelet.service`` and
+kubeadm's ``10-kubeadm.conf`` drop-in), then ``kubeadm join`` with the lab's bootstrap token (TLS
+bootstrap, the CSR approved and signed by the flavour's controllers). kubeadm writes
+``/etc/kubernetes/kubelet.conf``, ``/var/lib/kubelet/pki``, ``/var/lib/kubelet/config.yaml`` and
+``kubeadm-flags.env`` as on any kubeadm node. Needs the ``nodes`` flavour on the kubelab.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from contextlib import suppress
+
+from hostlab.errors import LabError
+from hostlab.lab import Host
+from hostlab.lab import Lab as HostLab
+from hostlab.proc import wait_until
+
+from kubelab.config import APISERVER_NAME
+from kubelab.flavours import nodes
+from kubelab.lab import Lab
+
+# As the Kubernetes deb packages install them (kubernetes/release: kubelet.service, 10-kubeadm.conf)
+KUBELET_SERVICE = """\
+[Unit]
+Description=kubelet: The Kubernetes Node Agent
+Documentation=https://kubernetes.io/docs/
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+ExecStart=/usr/bin/kubelet
+Restart=always
+StartLimitInterval=0
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+"""
+KUBEADM_DROPIN = (
+    "# Note: This dropin only works with kubeadm and kubelet v1.11+\n"
+    "[Service]\n"
+    'Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf'
+    ' --kubeconfig=/etc/kubernetes/kubelet.conf"\n'
+    'Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"\n'
+    "EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env\n"
+    "EnvironmentFile=-/etc/default/kubelet\n"
+    "ExecStart=\n"
+    "ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS"
+    " $KUBELET_EXTRA_ARGS\n"
+)
+JOIN_TIMEOUT = 180.0
+
+
+def forward_apiserver(kube: Lab, gateway: str) -> None:
+    """Make the apiserver reachable on ``gateway`` (same port) for the nodes behind it; idempotent."""
+    port = kube.state().ports["apiserver"]
+    component = f"apiserver-on-{gateway}"
+    existing = kube.state().component(component)
+    if existing is not None and existing.running():
+        return
+
+    def listening() -> bool:
+        with suppress(OSError), socket.create_connection((gateway, port), timeout=1):
+            return True
+        return False
+
+    socat = shutil.which("socat")
+    if socat is None:
+        raise LabError("kubelab: socat forwards the apiserver to the nodes (apt-get install socat)")
+    argv = [socat, f"TCP-LISTEN:{port},bind={gateway},reuseaddr,fork", f"TCP:127.0.0.1:{port}"]
+    kube.start_component(component, argv, ready=listening, timeout=30)
+
+
+def install_kubernetes(hosts: HostLab, host: Host, kube: Lab, version: str) -> None:
+    """kubelet and kubeadm at ``version`` into the node's /usr/bin, with the packages' kubelet units."""
+    root = host.root()
+    for name in ("kubelet", "kubeadm"):
+        target = root / "usr/bin" / name
+        shutil.copyfile(kube.binary(f"{name}-{version}"), target)
+        target.chmod(0o755)
+    (root / "lib/systemd/system/kubelet.service").write_text(KUBELET_SERVICE)
+    dropin = root / "etc/systemd/system/kubelet.service.d"
+    dropin.mkdir(parents=True, exist_ok=True)
+    (dropin / "10-kubeadm.conf").write_text(KUBEADM_DROPIN)
+    for argv in (["systemctl", "daemon-reload"], ["systemctl", "enable", "kubelet"]):
+        result = hosts.exec_in(host, argv)
+        if result.returncode != 0:
+            raise LabError(f"{host.name}: {' '.join(argv)} failed: {result.stderr.strip()}")
+
+
+def node_ready(kube: Lab, name: str) -> bool:
+    proc = kube.kubectl("get", "node", name, "-o", "json", check=False, timeout=30)
+    if proc.returncode != 0:
+        return False
+    conditions = json.loads(proc.stdout).get("status", {}).get("conditions", [])
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def join(kube: Lab, hosts: HostLab, host: Host, version: str = nodes.START_VERSION) -> None:
+    """Join ``host`` (a running node) to ``kube`` as the Node named like the host; wait until it is Ready."""
+    if "nodes" not in kube.state().flavours:
+        raise LabError("kubelab: joining nodes needs the 'nodes' flavour on the lab")
+    forward_apiserver(kube, hosts.gateway)
+    install_kubernetes(hosts, host, kube, version)
+    with (host.root() / "etc/hosts").open("a") as etc_hosts:
+        etc_hosts.write(f"{hosts.gateway} {APISERVER_NAME}\n")
+    argv = ["kubeadm", "join", nodes.endpoint(kube), f"--token={nodes.token(kube)}",
+            "--discovery-token-unsafe-skip-ca-verification", f"--node-name={host.name}",
+            f"--cri-socket={nodes.CONTAINERD_SOCKET}", "--ignore-preflight-errors=all"]  # fmt: skip
+    result = hosts.exec_in(host, argv, timeout=JOIN_TIMEOUT)
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip()[-3000:]
+        raise LabError(f"{host.name}: kubeadm join failed: {detail}")
+    if not wait_until(lambda: node_ready(kube, host.name), JOIN_TIMEOUT, 1.0):
+        status = hosts.exec_in(host, ["journalctl", "-u", "kubelet", "-n", "30", "--no-pager"]).stdout
+        raise LabError(f"{host.name}: Node not Ready within {JOIN_TIMEOUT:g}s of kubeadm join:\n{status}")

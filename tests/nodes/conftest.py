@@ -1,0 +1,125 @@
+"""Real Kubernetes nodes for the host-side capabilities: hostlab nodes (systemd booted by systemd-nspawn,
+containerd, runc and the CNI plugins from Debian packages) joined to the session's kubelab with
+``kubeadm join`` (flavour ``nodes``), kubelet and kubeadm built from the pinned Go modules.
+
+Nothing here is a stand-in but the os_update command (tests/playbooks/shipped.py: it only stages a
+version; the reboot after it is the node's real one). The service is the real ``inplace-extension
+serve`` with the project's playbooks; the Kubernetes binaries come from a release server on the node
+lab's gateway that serves the lab's own builds in dl.k8s.io's layout.
+
+One node lab per session (three nodes, joined at the first node version), shared by the tests: each test
+uses the node it names, and leaves it Ready.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from e2e.service import Service
+from hostlab import prereqs
+from hostlab.config import Config
+from hostlab.errors import LabError
+from hostlab.inventory import render
+from hostlab.lab import Host
+from hostlab.lab import Lab as HostLab
+from hostlab.pytest_plugin import unavailable
+from hostlab.state import NODE
+from kubelab import build, node_join
+from kubelab.lab import Lab as KubeLab
+from playbooks.shipped import CAPABILITIES_FILE
+from playbooks.support import ReleaseServer
+
+from inplace_extension.runs.ssh import close_control_masters
+
+REPO = Path(__file__).resolve().parents[2]
+START, TARGET = build.NODE_VERSIONS[0], build.NODE_VERSIONS[-1]
+NODES = 3
+# kubeadm >= v1.35 stops "upgrade node" at preflight on cgroup v1 (this machine) unless told to skip it
+KUBEADM_UPGRADE_ARGS = ["--ignore-preflight-errors=SystemVerification"]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    kube: KubeLab
+    lab: HostLab
+    hosts: list[Host]
+    playbooks: Path
+
+
+def release_binary(kube: KubeLab) -> Callable[[str, str], bytes | None]:
+    """The lab's builds as release binaries: kubelet/kubeadm at the node versions, kubectl at its own."""
+
+    def serve(name: str, version: str) -> bytes | None:
+        if name in ("kubelet", "kubeadm") and version in build.NODE_VERSIONS:
+            return kube.binary(f"{name}-{version}").read_bytes()
+        if name == "kubectl" and version == build.KUBERNETES_VERSION:
+            return kube.binary("kubectl").read_bytes()
+        return None
+
+    return serve
+
+
+@pytest.fixture(scope="session")
+def node_cluster(kubelab_nodes: KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    why = prereqs.missing(Config.from_env(), NODE)
+    if why:
+        unavailable(why)
+    lab = HostLab(f"pytest-{os.getpid()}-k8s")
+    try:
+        hosts = lab.up(NODES, owner_pid=os.getpid(), kind=NODE)
+        for host in hosts:
+            node_join.join(kubelab_nodes, lab, host, START)
+        with ReleaseServer(lab.gateway, release_binary(kubelab_nodes)) as server:
+            playbooks = tmp_path_factory.mktemp("node-playbooks") / "playbooks"
+            shutil.copytree(REPO / "playbooks", playbooks)
+            (playbooks / "group_vars").mkdir(exist_ok=True)
+            (playbooks / "group_vars" / "all.yml").write_text(
+                "---\n"
+                "# tests/nodes: the nodes reach only their gateway, where the lab's builds are served\n"
+                "kubernetes_version_package_source: binary\n"
+                f"kubernetes_version_binary_base_url: {server.base_url}\n"
+                f"kubernetes_version_kubeadm_upgrade_args: {KUBEADM_UPGRADE_ARGS}\n"
+                "kubernetes_version_health_delay_seconds: 1\n"
+            )
+            yield Cluster(kubelab_nodes, lab, hosts, playbooks)
+    except LabError as exc:
+        pytest.fail(f"real nodes did not start: {exc}", pytrace=False)
+    finally:
+        for host in lab.hosts() if lab.exists() else []:
+            kubelab_nodes.kubectl("delete", "node", host.name, "--ignore-not-found", check=False)
+        lab.down()
+
+
+StartService = Callable[[], Service]
+
+
+@pytest.fixture
+def node_service(node_cluster: Cluster, tmp_path: Path) -> Iterator[StartService]:
+    """``node_service()`` starts the real service for the node lab (Machines named like the nodes), with
+    the shipped capabilities' file of the lab tests (os_update, kubelet_credentials)."""
+    started: list[Service] = []
+
+    def start() -> Service:
+        inventory = tmp_path / "inventory.yaml"
+        inventory.write_text(render(node_cluster.lab, "service", [h.name for h in node_cluster.hosts]))
+        caps = tmp_path / "capabilities.yaml"
+        caps.write_text(CAPABILITIES_FILE % {"retries": 1})
+        runs = tmp_path / "runs"
+        argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
+        argv += ["--inventory", str(inventory), "--allowed-cidrs", str(node_cluster.lab.network)]
+        argv += ["--runs-dir", str(runs), "--playbooks-dir", str(node_cluster.playbooks)]
+        argv += ["--retry-after-seconds", "1", "--capabilities-file", str(caps)]
+        service = Service(argv, tmp_path / "service.log", runs)
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        service.stop()
+        close_control_masters(service.runs_dir)
