@@ -61,15 +61,9 @@ class Podman:
     runroot: Path = Path("/run/inplace-extension/podman")
 
     def argv(self, *args: str) -> list[str]:
-        return [
-            "podman",
-            "--root", str(self.root),
-            "--runroot", str(self.runroot),
-            "--cgroup-manager=cgroupfs",
-            "--events-backend=file",
-            "--runtime", "runc",
-            *args,
-        ]  # fmt: skip
+        storage = [f"--root={self.root}", f"--runroot={self.runroot}"]
+        engine = ["--cgroup-manager=cgroupfs", "--events-backend=file", "--runtime=runc"]
+        return ["podman", *storage, *engine, *args]
 
     def run(self, *args: str, timeout: float = 120, input_bytes: bytes | None = None) -> str:
         try:
@@ -127,10 +121,8 @@ def _build_base(podman: Podman, tag: str, mirror: str) -> None:
                 f"--customize-hook=copy-in {' '.join(str(c) for c in cas)} /usr/local/share/ca-certificates",
                 '--customize-hook=chroot "$1" update-ca-certificates',
             ]
-        argv = [
-            "mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", *hooks,
-            SUITE, str(rootfs), mirror,
-        ]  # fmt: skip
+        options = ["--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", *hooks]
+        argv = ["mmdebstrap", *options, SUITE, str(rootfs), mirror]
         _checked(argv, BASE_BUILD_TIMEOUT)
         # the python image's locale: the same text handling as the default base
         podman.run("import", "--change", "ENV=LANG=C.UTF-8", str(rootfs), tag, timeout=300)

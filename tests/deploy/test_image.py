@@ -77,11 +77,9 @@ def image(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     base = base_image(podman)
     iidfile = tmp_path_factory.mktemp("image") / "iid"
     try:
-        podman.run(
-            "build", "--format", "docker", "--layers=false", "--force-rm",
-            "--build-arg", f"BASE_IMAGE={base}", "--iidfile", str(iidfile), str(ROOT),
-            timeout=BUILD_TIMEOUT,
-        )  # fmt: skip
+        build = ["build", "--format=docker", "--layers=false", "--force-rm"]
+        inputs = [f"--build-arg=BASE_IMAGE={base}", f"--iidfile={iidfile}", str(ROOT)]
+        podman.run(*build, *inputs, timeout=BUILD_TIMEOUT)
     except EngineError as exc:
         pytest.fail(f"podman build failed: {exc}", pytrace=False)
     image_id = iidfile.read_text().strip()
