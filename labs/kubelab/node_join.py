@@ -111,9 +111,17 @@ def join(kube: Lab, hosts: HostLab, host: Host, version: str = nodes.START_VERSI
     install_kubernetes(hosts, host, kube, version)
     with (host.root() / "etc/hosts").open("a") as etc_hosts:
         etc_hosts.write(f"{hosts.gateway} {APISERVER_NAME}\n")
-    argv = ["kubeadm", "join", nodes.endpoint(kube), f"--token={nodes.token(kube)}",
-            "--discovery-token-unsafe-skip-ca-verification", f"--node-name={host.name}",
-            f"--cri-socket={nodes.CONTAINERD_SOCKET}", "--ignore-preflight-errors=all"]  # fmt: skip
+    discovery = [
+        nodes.endpoint(kube),
+        f"--token={nodes.token(kube)}",
+        "--discovery-token-unsafe-skip-ca-verification",
+    ]
+    node = [
+        f"--node-name={host.name}",
+        f"--cri-socket={nodes.CONTAINERD_SOCKET}",
+        "--ignore-preflight-errors=all",
+    ]
+    argv = ["kubeadm", "join", *discovery, *node]
     result = hosts.exec_in(host, argv, timeout=JOIN_TIMEOUT)
     if result.returncode != 0:
         detail = (result.stderr or result.stdout).strip()[-3000:]

@@ -75,8 +75,8 @@ def endpoint(lab: Lab) -> str:
 def _machine_address() -> str:
     """A non-loopback address of this machine: kubeadm refuses a loopback advertiseAddress (nothing is
     sent to it: the phases run here only upload configuration)."""
-    out = subprocess.run(["ip", "-j", "-4", "addr", "show", "scope", "global"], capture_output=True,
-                         text=True, check=True, timeout=30).stdout  # fmt: skip
+    argv = ["ip", "-j", "-4", "addr", "show", "scope", "global"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
     for link in json.loads(out or "[]"):
         for info in link.get("addr_info", []):
             return str(info["local"])
