@@ -103,6 +103,7 @@ class FakeManagement:
     def __init__(self) -> None:
         self.calls = Calls()
         self.machines: dict[tuple[str, str], MachineFacts] = {}
+        self.owners: dict[tuple[str, str, str], dict[str, str]] = {}  # (kind, ns, name) -> annotations
         self.events: list[KubeEvent] = []
         self.cluster = FakeWorkload(self.calls)
         self.closed = False
@@ -118,6 +119,11 @@ class FakeManagement:
         self.calls("machine")
         found = self.machines.get((namespace, name))
         return replace(found, annotations=dict(found.annotations)) if found else None
+
+    def owner_annotations(self, kind: str, namespace: str, name: str) -> Mapping[str, str] | None:
+        self.calls("owner_annotations")
+        found = self.owners.get((kind, namespace, name))
+        return None if found is None else dict(found)
 
     def mark_skip_remediation(self, machine: MachineFacts, owner: str) -> bool:
         self.calls("mark_skip_remediation")

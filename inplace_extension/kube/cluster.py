@@ -11,7 +11,7 @@ from typing import Any
 
 from lightkube import AsyncClient, Client
 
-from inplace_extension.kube import drain, events, machines, mcm_objects, nodes
+from inplace_extension.kube import drain, events, machines, mcm_objects, nodes, owners
 from inplace_extension.kube.client import connect, connect_async
 from inplace_extension.kube.port import DrainPolicy, KubeEvent, MachineFacts, NodeHealth
 from inplace_extension.kube.workload import WorkloadClients
@@ -53,6 +53,9 @@ class KubeManagement:
 
     def mark_skip_remediation(self, machine: MachineFacts, owner: str) -> bool:
         return machines.mark_skip_remediation(self._client, machine, owner)
+
+    def owner_annotations(self, kind: str, namespace: str, name: str) -> Mapping[str, str] | None:
+        return owners.owner_annotations(self._client, kind, namespace, name)
 
     def unmark_skip_remediation(self, machine: MachineFacts) -> bool:
         return machines.unmark_skip_remediation(self._client, machine)

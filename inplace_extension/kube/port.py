@@ -140,6 +140,11 @@ class ManagementCluster(Protocol):
         call did it (of two concurrent callers exactly one)."""
         ...
 
+    def owner_annotations(self, kind: str, namespace: str, name: str) -> Mapping[str, str] | None:
+        """The annotations of a Machine's Cluster, MachineDeployment or KubeadmControlPlane (``kind``);
+        None when it does not exist."""
+        ...
+
     def record(self, event: KubeEvent) -> None:
         """Queue an Event (a Machine's uid is looked up when the event has none); never blocks."""
         ...

@@ -19,13 +19,22 @@ from inplace_extension.kube.events import machine_event
 from inplace_extension.kube.port import DrainError, DrainPolicy, MachineFacts, ManagementCluster
 from inplace_extension.kubeaware import health
 from inplace_extension.runs import progress
-from inplace_extension.runs.model import Blocked, Progress, ProgressState, RunRequest
+from inplace_extension.runs.model import Blocked, Hold, Progress, ProgressState, RunRequest
 from inplace_extension.settings import Settings
 
 log = logging.getLogger(__name__)
 
 VERSION_STEP = "kubernetes_version"
 VERSION_INPUT = "kubernetes_version_target"
+# an operator's hold on updates (docs/operator-controls.md): any value pauses, "cancel" cancels
+PAUSE_ANNOTATION = "inplace-extension.io/pause"
+CANCEL = "cancel"
+# the objects a Machine's labels name, most specific first (CAPI sets these labels on every Machine)
+HOLD_OWNERS = (
+    ("MachineDeployment", "cluster.x-k8s.io/deployment-name"),
+    ("KubeadmControlPlane", "cluster.x-k8s.io/control-plane-name"),
+    ("Cluster", "cluster.x-k8s.io/cluster-name"),
+)
 
 
 class KubeClusterSide:
@@ -59,6 +68,27 @@ class KubeClusterSide:
             log.warning("machine=%s: cannot read the Machine: %s", request.machine, exc.message)
             return ()
         return facts.addresses if facts is not None else ()
+
+    def hold(self, request: RunRequest) -> Hold | None:
+        """The pause annotation on the Machine's MachineDeployment or control plane, then its Cluster;
+        ``cancel`` on any of them wins. An owner that cannot be read holds too (a pause must not be
+        missed because the API server did not answer)."""
+        found: list[Hold] = []
+        for kind, label in HOLD_OWNERS:
+            name = request.labels.get(label)
+            if not name:
+                continue
+            owner = f"{kind} {request.namespace}/{name}"
+            try:
+                annotations = self._management.owner_annotations(kind, request.namespace, name)
+            except KubeError as exc:
+                return Hold(f"pause: cannot read {owner} ({exc.message})")
+            value = (annotations or {}).get(PAUSE_ANNOTATION)
+            if value == CANCEL:
+                return Hold(f"cancelled by {owner} (annotation {PAUSE_ANNOTATION}={CANCEL})", cancel=True)
+            if value is not None:
+                found.append(Hold(f"paused by {owner} (annotation {PAUSE_ANNOTATION})"))
+        return found[0] if found else None
 
     def before_play(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
         try:

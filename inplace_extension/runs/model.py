@@ -106,6 +106,16 @@ class Blocked:
     retriable: bool = False
 
 
+@dataclass(frozen=True)
+class Hold:
+    """An operator holds the Machine's update (the pause annotation on its Cluster, MachineDeployment or
+    control plane): no run starts while it holds; ``cancel``: an update not started yet fails with
+    ``message``."""
+
+    message: str
+    cancel: bool = False
+
+
 class ClusterSide(Protocol):
     """What a run does in the cluster around the play (the Kubernetes-aware mode, ``inplace_extension.
     kubeaware``); :data:`NO_CLUSTER_SIDE` when the service has no cluster access. Every method may block
@@ -114,6 +124,10 @@ class ClusterSide(Protocol):
 
     def addresses(self, request: RunRequest) -> Sequence[tuple[str, str]]:
         """The live Machine's ``status.addresses`` as (type, address); empty when unknown."""
+        ...
+
+    def hold(self, request: RunRequest) -> Hold | None:
+        """Whether an operator paused or cancelled this Machine's update (None: it may start)."""
         ...
 
     def before_play(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
@@ -146,6 +160,9 @@ class NoClusterSide:
 
     def addresses(self, request: RunRequest) -> Sequence[tuple[str, str]]:
         return ()
+
+    def hold(self, request: RunRequest) -> Hold | None:
+        return None
 
     def before_play(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
         return None

@@ -37,6 +37,8 @@ from .kube_aware import (
     DRAIN_SECONDS,
     EXTENSION,
     GATE_SECONDS,
+    MACHINES,
+    MD,
     SELECTOR,
     SERVING_RE,
     SKIP_REMEDIATION,
@@ -220,3 +222,35 @@ def test_a_service_killed_while_the_node_is_cordoned_uncordons_it_once_and_compl
     assert len(uncordons) == 1, uncordons
     wait(lambda: "Done" in worker.events(), 30, "the Done Event", worker.explain)
     assert worker.events()["Uncordoned"] == [f"uncordoned Node {worker.node}"]
+
+
+def test_a_paused_deployment_holds_the_update_a_cancel_fails_it_and_removing_it_resumes(
+    kube_extension: KubeExtension, host: Host
+) -> None:
+    worker = create_worker(kube_extension, host, "ka-pause")
+    owner = f"MachineDeployment {worker.namespace}/{worker.md}"
+
+    def annotate(value: str) -> None:
+        worker.kube.kubectl("annotate", MD, worker.md, "-n", worker.namespace, value, "--overwrite")
+
+    annotate("inplace-extension.io/pause=true")
+    stamps = len(stamp_writes(kube_extension.hosts, host))
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci1lMmUtdGVzdHMtb25seQ ka@test"
+    worker.change({"format": "cloud-config", "users": [{"name": "kapause", "sshAuthorizedKeys": [key]}]})
+    paused = f"paused by {owner} (annotation inplace-extension.io/pause)"
+    wait(lambda: paused in worker.events().get("Waiting", []), 120, "the pause Event", worker.explain)
+    annotate("inplace-extension.io/pause=cancel")
+    cancelled = f"cancelled by {owner} (annotation inplace-extension.io/pause=cancel)"
+    wait(lambda: cancelled in worker.events().get("Cancelled", []), 120, "the cancel Event", worker.explain)
+    assert not worker.updated_in_place()
+    assert len(stamp_writes(kube_extension.hosts, host)) == stamps, "nothing ran on the host"
+    annotate("inplace-extension.io/pause-")
+    # CAPI calls a failed hook again on its backoff; a change of the Machine (the retry annotation, as
+    # docs/operator-controls.md says) makes it call at once
+    worker.kube.kubectl(
+        "annotate", MACHINES, worker.machine, "-n", worker.namespace, "inplace-extension.io/retry=1"
+    )
+    wait(worker.updated_in_place, 300, "the update once the annotation is gone", worker.explain)
+    assert len(stamp_writes(kube_extension.hosts, host)) == stamps + 1
+    log = kube_extension.log()
+    assert re.search(rf"hook=UpdateMachine machine={worker.namespace}/\S+ .*decision=failed", log)

@@ -337,6 +337,9 @@ def test_kube_aware_component_validates_and_grants_only_what_the_mode_uses(
     assert rules == {
         ("cluster.x-k8s.io", "machines", "get"),
         ("cluster.x-k8s.io", "machines", "patch"),
+        ("cluster.x-k8s.io", "clusters", "get"),
+        ("cluster.x-k8s.io", "machinedeployments", "get"),
+        ("controlplane.cluster.x-k8s.io", "kubeadmcontrolplanes", "get"),
         ("", "events", "create"),
         ("", "secrets", "get"),
     }

@@ -12,9 +12,10 @@ from kubefake import FakeManagement
 
 from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.drain import CORDONED_BY
+from inplace_extension.kube.errors import Unreachable
 from inplace_extension.kube.machines import SKIP_REMEDIATION, SKIP_REMEDIATION_BY
 from inplace_extension.kubeaware.cluster_side import KubeClusterSide
-from inplace_extension.runs.model import Blocked, ProgressState, RunRequest
+from inplace_extension.runs.model import Blocked, Hold, ProgressState, RunRequest
 from inplace_extension.settings import Settings
 
 NS, NAME, NODE = "default", "md-0-abc", "node-1"
@@ -167,3 +168,42 @@ def test_events_are_one_per_state(cluster: FakeManagement) -> None:
     side.state(run, "Running", "running: users")
     assert cluster.reasons() == ["Queued", "Running"]
     assert {event.about.kind for event in cluster.events} == {"Machine"}
+
+
+def labelled(*pairs: tuple[str, str]) -> RunRequest:
+    return RunRequest(NS, NAME, "ab" * 32, ("users",), {"users": {}}, labels=dict(pairs))
+
+
+MD_LABEL = ("cluster.x-k8s.io/deployment-name", "md-0")
+CLUSTER_LABEL = ("cluster.x-k8s.io/cluster-name", "c1")
+
+
+def test_the_pause_annotation_on_the_deployment_or_cluster_holds_and_cancel_wins(
+    cluster: FakeManagement,
+) -> None:
+    side, run = side_for(cluster), labelled(MD_LABEL, CLUSTER_LABEL)
+    assert side.hold(run) is None
+    cluster.owners[("Cluster", NS, "c1")] = {"inplace-extension.io/pause": "true", "other": "x"}
+    assert side.hold(run) == Hold("paused by Cluster default/c1 (annotation inplace-extension.io/pause)")
+    cluster.owners[("MachineDeployment", NS, "md-0")] = {"inplace-extension.io/pause": ""}
+    assert side.hold(run) == Hold(
+        "paused by MachineDeployment default/md-0 (annotation inplace-extension.io/pause)"
+    )
+    cluster.owners[("Cluster", NS, "c1")] = {"inplace-extension.io/pause": "cancel"}
+    assert side.hold(run) == Hold(
+        "cancelled by Cluster default/c1 (annotation inplace-extension.io/pause=cancel)", cancel=True
+    )
+    assert side.hold(labelled(("cluster.x-k8s.io/cluster-name", "other"))) is None  # not its cluster
+
+
+def test_an_owner_that_cannot_be_read_holds_with_the_reason(
+    cluster: FakeManagement, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unreachable(kind: str, namespace: str, name: str) -> None:
+        raise Unreachable("the API server is unreachable (ConnectError)")
+
+    monkeypatch.setattr(cluster, "owner_annotations", unreachable)
+    held = side_for(cluster).hold(labelled(CLUSTER_LABEL))
+    assert held == Hold(
+        "pause: cannot read Cluster default/c1 (the API server is unreachable (ConnectError))"
+    )

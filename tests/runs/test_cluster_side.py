@@ -4,20 +4,22 @@ from the live Machine, a drain failure as a remembered Failure, the health gate,
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+import anyio
 import pytest
 
 from inplace_extension.runs import runner as runner_mod
-from inplace_extension.runs.model import Blocked, Progress, ProgressState, RunRequest
+from inplace_extension.runs.model import Blocked, Hold, Progress, ProgressState, RunRequest
 from inplace_extension.runs.resolve import pick_address
 from inplace_extension.runs.service import RunService
 from inplace_extension.runs.windows import MaintenanceWindow, Schedule
 from inplace_extension.settings import Settings
 
-from .fakes import FakeRunner
+from .fakes import FakeRunner, unreachable_events
 from .test_service import KEY, PLAYBOOKS, req, settle
 
 pytestmark = pytest.mark.anyio
@@ -28,6 +30,7 @@ class FakeClusterSide:
         self.addrs: list[tuple[str, str]] = []
         self.drain_failure: Blocked | None = None
         self.gate: list[Progress] = []  # answers of settle(), in turn; then done
+        self.held: Hold | None = None
         self.calls: list[str] = []
         self.lock = threading.Lock()
 
@@ -38,6 +41,9 @@ class FakeClusterSide:
     def addresses(self, request: RunRequest) -> Sequence[tuple[str, str]]:
         self._log("addresses")
         return self.addrs
+
+    def hold(self, request: RunRequest) -> Hold | None:
+        return self.held
 
     def before_play(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
         self._log("before_play")
@@ -204,3 +210,42 @@ async def test_waiting_for_a_window_posts_one_event_and_the_health_gate_is_a_wai
         )
     finally:
         service.close()
+
+
+PAUSED = "paused by MachineDeployment default/md-0 (annotation inplace-extension.io/pause)"
+CANCELLED = "cancelled by Cluster default/c1 (annotation inplace-extension.io/pause=cancel)"
+
+
+async def test_a_pause_holds_new_runs_until_it_is_removed(
+    svc: RunService, fake: FakeRunner, side: FakeClusterSide
+) -> None:
+    side.addrs = [("InternalIP", "10.79.9.20")]
+    side.held = Hold(PAUSED)
+    for _ in range(2):
+        answer = await svc.poll(req())
+        assert (answer.state, answer.message, answer.waiting) == (ProgressState.IN_PROGRESS, PAUSED, "pause")
+        assert answer.retry_after_seconds == 30
+    assert fake.count("m1") == 0
+    assert side.calls == [f"state Waiting: {PAUSED}"]
+    side.held = None  # the annotation was removed: resumed
+    assert (await settle(svc, req())).state is ProgressState.DONE
+    assert fake.count("m1") == 1
+
+
+async def test_cancel_fails_a_machine_not_started_and_lets_a_started_one_finish(
+    svc: RunService, fake: FakeRunner, side: FakeClusterSide
+) -> None:
+    side.addrs = [("InternalIP", "10.79.9.20")]
+    fake.scripts["m1"] = [lambda spec: ("failed", 4, unreachable_events())]
+    started = await settle(svc, req("m1"))
+    assert started.message == "host unreachable, retrying (attempt 2)"
+    side.held = Hold(CANCELLED, cancel=True)
+    for _ in range(2):
+        assert await svc.poll(req("m2")) == Progress(ProgressState.FAILED, CANCELLED)
+    assert fake.count("m2") == 0
+    assert side.calls.count(f"state Cancelled: {CANCELLED}") == 1
+    deadline = time.monotonic() + 10  # m1 started before the cancel: after its backoff it runs again
+    while (answer := await svc.poll(req("m1"))).state is not ProgressState.DONE:
+        assert answer.state is ProgressState.IN_PROGRESS and time.monotonic() < deadline, answer
+        await anyio.sleep(0.05)
+    assert fake.count("m1") == 2
