@@ -95,7 +95,9 @@ class Settings(BaseSettings):
         description="Machine status.addresses types to take the host address from, in this order",
     )
     drain: Literal["auto", "always", "never"] = Field(
-        "auto", description="auto: before the first restart-kubelet-or-above step; always; never"
+        "auto",
+        description="auto: right before the first restart-kubelet-or-above step; "
+        "always: before the first step; never",
     )
     drain_timeout_seconds: int = Field(300, ge=1, le=86400, description="give up draining after this long")
     drain_grace_seconds: int | None = Field(

@@ -90,12 +90,31 @@ class KubeClusterSide:
                 found.append(Hold(f"paused by {owner} (annotation {PAUSE_ANNOTATION})"))
         return found[0] if found else None
 
-    def before_play(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
+    def before_play(self, request: RunRequest) -> Blocked | None:
         try:
             facts = self._machine(request)
             self._idle[request.ident] = self._idle_steps(request, facts)
-            if not self.needs_drain(request):
-                return None
+        except KubeError as exc:  # the API, not the workloads: try again with backoff
+            message = f"drain: {exc.message}"
+            self.state(request, "DrainFailed", message, warning=True)
+            return Blocked(message, retriable=True)
+        if self.drain_point(request) is not None and (facts is None or facts.node_name is None):
+            return Blocked("drain: the Machine has no status.nodeRef, so there is no Node to drain")
+        return None
+
+    def drain_point(self, request: RunRequest) -> str | None:
+        """Right before the first step that disrupts the node this time (``--drain auto``), or the first
+        step (``always``): the steps before it run on a schedulable Node."""
+        if self._drain == "never" or not request.capabilities:
+            return None
+        if self._drain == "always":
+            return request.capabilities[0]
+        steps = [c for c in request.capabilities if c not in self._idle.get(request.ident, ())]
+        return first_disruptive(steps, self._custom)
+
+    def drain(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
+        try:
+            facts = self._machine(request)
             if facts is None or facts.node_name is None:
                 return Blocked("drain: the Machine has no status.nodeRef, so there is no Node to drain")
             workload, node = self._management.workload(facts.namespace, facts.cluster), facts.node_name
@@ -170,12 +189,6 @@ class KubeClusterSide:
         )
 
     # -- helpers --------------------------------------------------------------------------------------
-
-    def needs_drain(self, request: RunRequest) -> bool:
-        if self._drain == "never":
-            return False
-        steps = [c for c in request.capabilities if c not in self._idle.get(request.ident, ())]
-        return self._drain == "always" or first_disruptive(steps, self._custom) is not None
 
     def _disruption(self, request: RunRequest, capability: str) -> Disruption:
         if capability in self._idle.get(request.ident, ()):

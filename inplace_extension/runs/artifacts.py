@@ -212,3 +212,21 @@ def ended_lock_tokens(ident_dir: Path) -> tuple[str, ...]:
         if isinstance(token, str) and token and batch is not None and play_ended(batch.dir):
             tokens.append(token)
     return tuple(tokens)
+
+
+def drain_file(attempt_dir: Path) -> Path:
+    """Where the service tells the play at its drain point how the drain ended: ``{"drained": bool}``."""
+    return attempt_dir / "drain.json"
+
+
+def drain_failure_file(attempt_dir: Path) -> Path:
+    """Why the drain at the play's drain point failed: ``{"message", "retriable"}`` (for the outcome)."""
+    return attempt_dir / "drain-failure.json"
+
+
+def stop_waiting_plays(ident_dir: Path) -> None:
+    """Tell any play of this ident's earlier attempts still waiting at its drain point that no drain is
+    coming (a service that died left it there): it stops and releases the host lock for the new one."""
+    for _, path in attempt_dirs(ident_dir):
+        if not drain_file(path).exists():
+            write_json(drain_file(path), {"drained": False})

@@ -130,8 +130,17 @@ class ClusterSide(Protocol):
         """Whether an operator paused or cancelled this Machine's update (None: it may start)."""
         ...
 
-    def before_play(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
-        """Drain if the steps need it (progress through ``report``); None when the play may start."""
+    def before_play(self, request: RunRequest) -> Blocked | None:
+        """Prepare the run (what its steps will disrupt); None when the play may start."""
+        ...
+
+    def drain_point(self, request: RunRequest) -> str | None:
+        """The capability right before which the play waits for the Node's drain (None: no drain)."""
+        ...
+
+    def drain(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
+        """The play reached its drain point: cordon and drain (progress through ``report``); None when
+        drained. The steps before the drain point are applied by then, whatever this answers."""
         ...
 
     def step_started(self, request: RunRequest, capability: str) -> None:
@@ -164,7 +173,13 @@ class NoClusterSide:
     def hold(self, request: RunRequest) -> Hold | None:
         return None
 
-    def before_play(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
+    def before_play(self, request: RunRequest) -> Blocked | None:
+        return None
+
+    def drain_point(self, request: RunRequest) -> str | None:
+        return None
+
+    def drain(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
         return None
 
     def step_started(self, request: RunRequest, capability: str) -> None:

@@ -23,7 +23,7 @@ import ansible_runner
 
 import inplace_extension
 from inplace_extension.runs import ssh
-from inplace_extension.runs.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, write_json
+from inplace_extension.runs.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, drain_file, write_json
 from inplace_extension.runs.model import HostCheck
 from inplace_extension.runs.resolve import HostTarget
 
@@ -48,6 +48,8 @@ class HostRun:
     roles: Mapping[str, str] = field(default_factory=dict)  # user-defined capability -> role (ours, checked)
     lock_token: str = ""  # the host lock token this attempt's play holds ("" = the module picks one)
     takeover_tokens: tuple[str, ...] = ()  # this Machine's dead plays' lock tokens: taken over at once
+    drain_before: str | None = None  # the capability before which the play waits for the Node's drain
+    drain_wait_seconds: int = 0  # how long it waits there for the service's word (drain.json)
 
 
 @dataclass(frozen=True)
@@ -170,13 +172,17 @@ def _role_vars_args(spec: BatchSpec) -> list[str]:
 
 def run_parameters(run: HostRun, inputs_file: Path) -> dict[str, Any]:
     """The play's ``update_machine_*`` variables for one Machine: all ours, no request string among them."""
-    lock: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     if run.lock_token:
-        lock["update_machine_lock_token"] = run.lock_token
+        extra["update_machine_lock_token"] = run.lock_token
     if run.takeover_tokens:
-        lock["update_machine_lock_takeover_tokens"] = list(run.takeover_tokens)
+        extra["update_machine_lock_takeover_tokens"] = list(run.takeover_tokens)
+    if run.drain_before is not None:  # the drain point (tasks/drain_point.yml)
+        extra["update_machine_drain_before"] = run.drain_before
+        extra["update_machine_drain_file"] = str(drain_file(run.attempt_dir))
+        extra["update_machine_drain_wait_seconds"] = run.drain_wait_seconds
     return {
-        **lock,
+        **extra,
         "update_machine_ident": run.ident,
         "update_machine_fingerprint": run.fingerprint,
         "update_machine_capabilities": list(run.capabilities),

@@ -30,19 +30,29 @@ from inplace_extension.runs.artifacts import (
     BatchRef,
     Outcome,
     OutcomeKind,
+    drain_failure_file,
+    drain_file,
     ended_lock_tokens,
     new_attempt_dir,
     prune_batches,
+    stop_waiting_plays,
     write_json,
 )
 from inplace_extension.runs.inventory import InventorySource
-from inplace_extension.runs.model import NO_CLUSTER_SIDE, ClusterSide, Progress, ProgressState, RunRequest
+from inplace_extension.runs.model import (
+    NO_CLUSTER_SIDE,
+    Blocked,
+    ClusterSide,
+    Progress,
+    ProgressState,
+    RunRequest,
+)
 from inplace_extension.runs.outcomes import classify, load_attempts
 from inplace_extension.runs.policy import RETRY_ANNOTATION, Verdict, decide, retry_token
 from inplace_extension.runs.registry import Job, RunRegistry
 from inplace_extension.runs.resolve import HostTarget, ResolveError, parse_cidrs, resolve_host
 from inplace_extension.runs.status import StatusBoard
-from inplace_extension.runs.steps import StepTracker, blocked_outcome
+from inplace_extension.runs.steps import StepTracker, blocked_outcome, drain_outcome
 from inplace_extension.runs.waiters import EndWaiters
 from inplace_extension.runs.windows import NO_WINDOWS, Schedule
 from inplace_extension.settings import Settings
@@ -59,6 +69,8 @@ LONG_POLL_SECONDS = 2.0
 BATCH_WINDOW_SECONDS = 0.15
 # retryAfterSeconds while an operator pauses: removing the annotation resumes within this long
 PAUSE_RETRY_SECONDS = 30
+# Beyond the drain timeout, how long a play waits at its drain point (cordon, API retries, the file write)
+DRAIN_POINT_MARGIN_SECONDS = 120
 # Finished plays' ansible-runner artifacts (events, stdout) are kept this long for operators to read.
 BATCH_RETENTION_SECONDS = 7 * 24 * 3600
 
@@ -104,6 +116,8 @@ class RunService:
         self._roles_paths = tuple(Path(path) for path in roles_paths)
         self._host_checks = tuple(host_checks)
         self._host_checks_timeout = settings.health_gate_timeout_seconds
+        # a play at its drain point waits this long for the drain's end (it has its own timeout)
+        self._drain_wait_seconds = settings.drain_timeout_seconds + DRAIN_POINT_MARGIN_SECONDS
         self._prune()
         self._retry_after = settings.retry_after_seconds
         self._budget = settings.max_failed_attempts
@@ -275,6 +289,7 @@ class RunService:
             # before the new attempt exists: the lock tokens of this Machine's plays that have ended
             takeover_tokens = ended_lock_tokens(self._runs_dir / request.ident)
             lock_token = secrets.token_hex(16)
+            stop_waiting_plays(self._runs_dir / request.ident)  # an orphaned play at its drain point gives up
             number, attempt_dir = new_attempt_dir(self._runs_dir / request.ident)
             job.attempt = number
             ref = BatchRef(batch_dir, batch_ident, request.ident)  # the ident is the inventory host name
@@ -298,9 +313,8 @@ class RunService:
                 batch_ident,
             )
             self._cluster.state(request, "Started", f"started on host {target.address} ({target.source})")
-            # the cluster side reports progress (``draining: 3 pods left``) as the job's phase
-            failure = self._cluster.before_play(request, partial(self._registry.set_phase, request.ident))
-            if failure is not None:  # not drained: this Machine stays out of the play
+            failure = self._cluster.before_play(request)
+            if failure is not None:  # no Node to drain: this Machine stays out of the play
                 self._finish(job, attempt_dir, blocked_outcome(failure, self._clock()), "not started")
                 continue
             hosts.append(
@@ -315,9 +329,12 @@ class RunService:
                     roles=request.roles,
                     lock_token=lock_token,
                     takeover_tokens=takeover_tokens,
+                    drain_before=self._cluster.drain_point(request),
+                    drain_wait_seconds=self._drain_wait_seconds,
                 )
             )
         played = [job for job in jobs if job.payload.request.ident in {run.ident for run in hosts}]
+        jobs_by_ident = {job.payload.request.ident: job for job in played}
         if not hosts:
             return
         spec = runner.BatchSpec(
@@ -333,14 +350,21 @@ class RunService:
             host_checks_timeout_seconds=self._host_checks_timeout,
             role_vars=self._role_vars,
         )
-        steps = StepTracker([job.payload.request for job in played], self._registry.set_phase, self._cluster)
+        drains = {run.ident: run for run in hosts}
+        steps = StepTracker(
+            [job.payload.request for job in played],
+            self._registry.set_phase,
+            self._cluster,
+            on_drain_point=lambda ident: self._start_drain(drains[ident], jobs_by_ident[ident]),
+        )
 
         started = time.monotonic()
         try:
             status = runner.start(spec, steps.on_task).wait()
             ended = self._clock()
             outcomes = {
-                run.ident: classify(BatchRef(batch_dir, batch_ident, run.host_name), run.fingerprint, ended)
+                run.ident: drain_outcome(run.attempt_dir, ended)
+                or classify(BatchRef(batch_dir, batch_ident, run.host_name), run.fingerprint, ended)
                 for run in hosts
             }
         except runner.RunStartError as exc:
@@ -354,6 +378,36 @@ class RunService:
             if self._metrics is not None:
                 self._metrics.run_finished(outcomes[run.ident].kind.value, seconds)
         self._prune()
+
+    def _start_drain(self, run: runner.HostRun, job: Job[_Pending]) -> None:
+        """The play reached ``run``'s drain point: drain in a thread of its own (the event thread serves
+        every host of the batch), then tell the play waiting there how it went."""
+        thread = threading.Thread(
+            target=self._drain_at_point, args=(run, job), name=f"drain-{run.ident}", daemon=True
+        )
+        thread.start()
+
+    def _drain_at_point(self, run: runner.HostRun, job: Job[_Pending]) -> None:
+        request = job.payload.request
+        try:
+            # the cluster side reports progress (``draining: 3 pods left``) as the job's phase
+            failure = self._cluster.drain(request, partial(self._registry.set_phase, request.ident))
+        except Exception:  # the play must hear back in any case, or it waits until its own timeout
+            log.exception("machine=%s run=%s: drain failed unexpectedly", request.machine, request.ident)
+            failure = Blocked("drain: failed unexpectedly (see the service log)", retriable=True)
+        if failure is not None:
+            done = (
+                request.capabilities[: request.capabilities.index(run.drain_before)]
+                if run.drain_before
+                else ()
+            )
+            message = failure.message
+            if done:  # they stay applied: say so, the host is not as it was
+                message += f"; applied before the drain: {', '.join(done)}"
+            write_json(
+                drain_failure_file(run.attempt_dir), {"message": message, "retriable": failure.retriable}
+            )
+        write_json(drain_file(run.attempt_dir), {"drained": failure is None})
 
     def _prune(self) -> None:
         for removed in prune_batches(self._runs_dir / ".batches", BATCH_RETENTION_SECONDS, self._clock()):

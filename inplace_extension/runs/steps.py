@@ -8,35 +8,52 @@ while the play runs, and the cluster side hears of each capability as it starts 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from inplace_extension.runs import progress
-from inplace_extension.runs.artifacts import Outcome, OutcomeKind
+from inplace_extension.runs.artifacts import Outcome, OutcomeKind, drain_failure_file, read_json
 from inplace_extension.runs.model import Blocked, ClusterSide, RunRequest
 
 # the name of update_machine.yml's task that runs the health gate's command checks (before the stamp)
 HEALTH_TASK = "Health gate, run the command checks on the host"
+# the name of tasks/drain_point.yml's task where the play waits for the service to drain the Node
+DRAIN_TASK = "Drain point, wait for the service to drain the Node"
 
 
 def blocked_outcome(failure: Blocked, now: float) -> Outcome:
-    """The outcome of a Machine the cluster side kept out of the play (not drained)."""
+    """The outcome of a Machine the cluster side kept out of the play, or stopped at its drain point."""
     if failure.retriable:  # retried with backoff, like an unreachable host
         return Outcome(OutcomeKind.INTERRUPTED, detail=failure.message, finished=now, message=failure.message)
     # remembered until the retry annotation changes, like a failed task
     return Outcome(OutcomeKind.TASK_FAILED, capability="drain", message=failure.message, finished=now)
 
 
+def drain_outcome(attempt_dir: Path, now: float) -> Outcome | None:
+    """The outcome of a Machine whose play stopped at its drain point because the drain failed."""
+    failure = read_json(drain_failure_file(attempt_dir))
+    if failure is None:
+        return None
+    return blocked_outcome(Blocked(str(failure.get("message")), bool(failure.get("retriable"))), now)
+
+
 class StepTracker:
     """Turns the play's task events into each Machine's phase and step-started notices."""
 
     def __init__(
-        self, requests: Sequence[RunRequest], set_phase: Callable[[str, str], None], cluster: ClusterSide
+        self,
+        requests: Sequence[RunRequest],
+        set_phase: Callable[[str, str], None],
+        cluster: ClusterSide,
+        on_drain_point: Callable[[str], None] = lambda ident: None,
     ) -> None:
+        """``on_drain_point(ident)``: that Machine's play waits at its drain point now."""
         self._requests = {request.ident: request for request in requests}
         self._step_of_role = {r.ident: {role: cap for cap, role in r.roles.items()} for r in requests}
         self._set_phase = set_phase
         self._cluster = cluster
         self._current: dict[str, str] = {}
         self._seen_capability: set[str] = set()
+        self._on_drain_point = on_drain_point
 
     def on_task(self, host: str, role: str | None, task: str) -> None:
         request = self._requests.get(host)
@@ -51,5 +68,7 @@ class StepTracker:
                 self._cluster.step_started(request, step)
         elif task.startswith(HEALTH_TASK):
             self._set_phase(host, progress.HEALTH_COMMANDS)
+        elif task == DRAIN_TASK:
+            self._on_drain_point(host)  # the drain reports its own phase (draining: N pods left)
         else:
             self._set_phase(host, progress.FINISHING if host in self._seen_capability else progress.STARTING)

@@ -93,6 +93,7 @@ def kube_extension(
         "management",
         "--drain-timeout-seconds",
         str(DRAIN_SECONDS),
+        "--drain-wait-for-blocking-pdbs",  # guarded_pod's budget holds the drain until the timeout
         "--health-gate-timeout-seconds",
         str(GATE_SECONDS),
     ]

@@ -4,8 +4,9 @@ played by tests/e2e/capi.py; the Node and its Pods are kwok's (no kubelet behind
 kubelet is the stand-in of tests/playbooks/standins.py.
 
 The host address comes from the Machine's status.addresses (the inventory has no entry for it), a
-kubelet_args change drains the Node, and the service SIGKILLed while the Node is cordoned uncordons it
-exactly once after the restart and completes the update.
+kubelet_args change drains the Node right before the kubelet step (a file step runs before the drain),
+and the service SIGKILLed while the Node is cordoned uncordons it exactly once after the restart and
+completes the update.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from kubelab.lab import Lab as KubeLab
 
 from .capi import NodeSpec, poll_update_machine
 from .conftest import START_VERSION, StartService
-from .hostcheck import stamp_writes
+from .hostcheck import run_on, stamp_writes
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
@@ -98,6 +99,7 @@ def test_a_service_killed_while_the_node_is_cordoned_uncordons_it_once_after_res
         "management",
         "--drain-timeout-seconds",
         "300",
+        "--drain-wait-for-blocking-pdbs",  # the budget holds the drain while the test kills the service
     ]
     spec = NodeSpec(START_VERSION, {"joinConfiguration": kubelet_args(("max-pods", "120"))})
 
@@ -136,3 +138,66 @@ def test_a_service_killed_while_the_node_is_cordoned_uncordons_it_once_after_res
     assert events["Uncordoned"] == [f"uncordoned Node {node_name}"]
     assert sorted(events["Running"]) == ["running: kubelet_args", "running: kubernetes_version"]
     assert events["Done"] == ["update applied"]
+
+
+def test_the_node_is_drained_right_before_the_first_disruptive_step(
+    lab: Lab, nodes: list[Host], cluster: KubeLab, start_service: StartService, tmp_path: Path
+) -> None:
+    """A file (no disruption) lands before the drain; the kubelet restart comes after it. A budget that
+    refuses the drain stops the play there: the Failure says the file step was applied."""
+    host = nodes[0]
+    name, node_name = machine_for(cluster, host)
+    pods_ns = f"w-{uuid.uuid4().hex[:6]}"
+    objects.create_pod(cluster, pods_ns, "guarded", node_name, labels={"app": "guarded"})
+    objects.apply(
+        cluster,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "guarded", "namespace": pods_ns},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
+        },
+    )
+    observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
+    objects.wait_for(cluster, "pdb", "guarded", pods_ns, observed, "observed")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(defaults_only_inventory(lab, host)))
+    kube_args = ["--kubeconfig", str(cluster.kubeconfig), "--workload-kubeconfig", "management"]
+    before = {
+        "path": "/etc/e2e/before-drain.conf",
+        "content": "early\n",
+        "owner": "root:root",
+        "permissions": "0644",
+    }
+    spec = NodeSpec(
+        START_VERSION, {"files": [before], "joinConfiguration": kubelet_args(("max-pods", "150"))}
+    )
+    service = start_service(inventory, extra_args=kube_args)
+
+    failed = poll_update_machine(service.client, name, spec, within=120)
+    assert (failed.status, failed.message) == (
+        "Failure",
+        f"drain: PodDisruptionBudget {pods_ns}/guarded can never allow evicting Pod {pods_ns}/guarded from "
+        f"Node {node_name} (maxUnavailable is 0); --drain-wait-for-blocking-pdbs waits instead; "
+        "applied before the drain: kubeadm_files",
+    ), failed.messages
+    assert run_on(lab, host, ["cat", "/etc/e2e/before-drain.conf"]) == "early\n"  # landed before the drain
+    kubelet_flags = lab.exec_in(host, ["grep", "-q", "max-pods=150", "/etc/default/kubelet"])
+    assert kubelet_flags.returncode != 0  # the kubelet step did not run
+    assert stamp_writes(lab, host) == []
+    assert not node(cluster, node_name)["spec"].get("unschedulable")
+
+    cluster.kubectl("delete", "pdb", "guarded", "-n", pods_ns)
+    done = poll_update_machine(service.client, name, spec, {"inplace-extension.io/retry": "1"}, within=180)
+    assert (done.status, done.message) == ("Success", "update applied"), done.messages
+    assert "max-pods=150" in run_on(lab, host, ["cat", "/etc/default/kubelet"])
+    assert len(stamp_writes(lab, host)) == 1
+    # the retried run's order in the service log: the file step, then the cordon, then the kubelet step
+    lines = service.log().splitlines()
+    cordoned = [i for i, line in enumerate(lines) if f"node={node_name} cordoned" in line]
+    assert len(cordoned) == 2, cordoned  # once per run
+    files_step = [i for i, line in enumerate(lines) if "phase=kubeadm_files" in line]
+    kubelet_step = [i for i, line in enumerate(lines) if "phase=kubelet_args" in line]
+    assert len(kubelet_step) == 1, kubelet_step  # the failed run never got there
+    assert files_step[-1] < cordoned[-1] < kubelet_step[0]
+    assert not node(cluster, node_name)["spec"].get("unschedulable")

@@ -134,6 +134,10 @@ async def test_a_kubelet_restart_drains_marks_the_machine_and_cleans_up(
     await svc.poll(req)
     assert wait_until(lambda: len(fake.started) == 1, 30, 0.1)  # the play is running (held by the gate)
     assert fake.started[0].target.address == "10.79.9.31"  # from the Machine's status.addresses
+    assert fake.started[0].drain_before == "kubelet_args"  # users first, on a schedulable Node
+    # drained at the drain point, then the play enters kubelet_args and marks the Machine
+    marked = lambda: SKIP_REMEDIATION in annotations_of(with_machines, "machine.cluster.x-k8s.io", name, ns)  # noqa: E731
+    assert wait_until(marked, 30, 0.1)
     machine = annotations_of(with_machines, "machine.cluster.x-k8s.io", name, ns)
     assert machine[SKIP_REMEDIATION] == "" and machine[SKIP_REMEDIATION_BY] == req.ident
     assert unschedulable(with_machines, node)
@@ -202,15 +206,17 @@ async def test_a_pdb_blocks_the_drain_the_update_fails_and_the_node_is_uncordone
     )
     observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
     objects.wait_for(with_machines, "pdb", "guarded", ns, observed, "observed")
-    req = request(ns, name, ("kubelet_args",))
+    req = request(ns, name, ("users", "kubelet_args"))
     failed = await answer(svc, req)
+    # maxUnavailable 0 can never allow the eviction: at once, not after the 4 s drain timeout
     message = (
-        f"drain: timed out after 4s with 1 pod left on Node {node}; "
-        f"evictions refused by a PodDisruptionBudget: {ns}/guarded"
+        f"drain: PodDisruptionBudget {ns}/guarded can never allow evicting Pod {ns}/guarded from Node "
+        f"{node} (maxUnavailable is 0); --drain-wait-for-blocking-pdbs waits instead; "
+        "applied before the drain: users"
     )
     assert (failed.state, failed.message) == (ProgressState.FAILED, message)
     assert (await svc.poll(req)).message == message  # remembered: the same Failure on every call
-    assert fake.started == []  # the play never started
+    assert len(fake.started) == 1  # one play: users applied, stopped at the drain point
     assert not unschedulable(with_machines, node)
     assert wait_until(lambda: ("Failed", message) in events(with_machines, ns), 10, 0.2)
 
@@ -260,7 +266,12 @@ async def test_a_version_step_drains_only_when_the_node_runs_another_version(
     req = request(ns, name, ("users", "kubernetes_version"))
     await svc.poll(req)
     assert wait_until(lambda: len(fake.started) == 1, 30, 0.1)  # the play runs, held by the gate
-    assert unschedulable(with_machines, node) is drains
+    assert fake.started[0].drain_before == ("kubernetes_version" if drains else None)
+    assert (
+        wait_until(lambda: unschedulable(with_machines, node), 30, 0.1)
+        if drains
+        else not unschedulable(with_machines, node)
+    )
     if drains:  # from the moment the play enters kubernetes_version
 
         def marked() -> bool:

@@ -1,7 +1,8 @@
 """KubeClusterSide (the Kubernetes-aware steps around a play) against the in-memory fake of the adapter's
-ports: drain before a disruptive step and only then, skip-remediation while a kubelet-restarting step
-runs, clean-up exactly once, the health gate's messages, API trouble as a retriable Blocked, and one read
-of the Machine per step. tests/kube runs the same class against the real API server."""
+ports: a drain point before the first disruptive step and only then, skip-remediation while a
+kubelet-restarting step runs, clean-up exactly once, the health gate's messages, API trouble as a
+retriable Blocked, and one read of the Machine per step. tests/kube runs the same class against the real
+API server."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def test_a_disruptive_step_is_drained_first_and_uncordoned_once(cluster: FakeMan
     side, run = side_for(cluster), request("kubelet_args")
     cluster.cluster.nodes[NODE].pods = 3
     reports: list[str] = []
-    assert side.before_play(run, reports.append) is None
+    assert side.before_play(run) is None
+    assert side.drain_point(run) == "kubelet_args"
+    assert side.drain(run, reports.append) is None
     node = cluster.cluster.nodes[NODE]
     assert node.unschedulable and node.annotations[CORDONED_BY] == run.machine and node.pods == 0
     assert reports == ["draining: 3 pods left", "draining: 0 pods left"]
@@ -55,23 +58,25 @@ def test_a_disruptive_step_is_drained_first_and_uncordoned_once(cluster: FakeMan
 
 def test_a_step_that_disrupts_nothing_is_not_drained(cluster: FakeManagement) -> None:
     side = side_for(cluster)
-    assert side.before_play(request("users", "ntp"), lambda message: None) is None
+    run = request("users", "ntp")
+    assert side.before_play(run) is None and side.drain_point(run) is None
     assert cluster.calls.count["cordon"] == 0 and not cluster.cluster.nodes[NODE].unschedulable
 
 
 def test_a_version_the_kubelet_already_runs_needs_no_drain(cluster: FakeManagement) -> None:
     side = side_for(cluster)
-    assert side.before_play(request("kubernetes_version", target="v1.31.0"), lambda message: None) is None
-    assert cluster.calls.count["cordon"] == 0
-    assert side.before_play(request("kubernetes_version", target="v1.32.0"), lambda message: None) is None
-    assert cluster.calls.count["cordon"] == 1
+    same = request("kubernetes_version", target="v1.31.0")
+    assert side.before_play(same) is None and side.drain_point(same) is None
+    other = request("users", "kubernetes_version", target="v1.32.0")
+    assert side.before_play(other) is None and side.drain_point(other) == "kubernetes_version"
+    assert cluster.calls.count["cordon"] == 0  # the play drains at its drain point, not before
 
 
 def test_a_node_someone_else_cordoned_is_drained_but_left_cordoned(cluster: FakeManagement) -> None:
     node = cluster.cluster.nodes[NODE]
     node.unschedulable, node.annotations[CORDONED_BY] = True, "someone/else"
     side, run = side_for(cluster), request("kubelet_args")
-    assert side.before_play(run, lambda message: None) is None
+    assert side.before_play(run) is None and side.drain(run, lambda message: None) is None
     side.after_play(run)
     assert node.unschedulable and node.annotations[CORDONED_BY] == "someone/else"
 
@@ -81,10 +86,11 @@ def test_a_refused_drain_is_a_remembered_failure_and_an_unreachable_api_a_retria
 ) -> None:
     side, run = side_for(cluster), request("kubelet_args")
     cluster.cluster.nodes[NODE].pods, cluster.cluster.nodes[NODE].stuck = 2, True
-    blocked = side.before_play(run, lambda message: None)
+    assert side.before_play(run) is None
+    blocked = side.drain(run, lambda message: None)
     assert blocked == Blocked("drain: timed out after 300s with 2 pods left")
     cluster.calls.failing.add("machine")
-    assert side.before_play(run, lambda message: None) == Blocked(
+    assert side.before_play(run) == Blocked(
         "drain: the API server is unreachable (ConnectError)", retriable=True
     )
     assert cluster.reasons() == ["DrainFailed", "DrainFailed"]
@@ -92,7 +98,7 @@ def test_a_refused_drain_is_a_remembered_failure_and_an_unreachable_api_a_retria
 
 def test_no_node_ref_blocks_the_drain(cluster: FakeManagement) -> None:
     cluster.add_machine(NS, NAME, None)
-    blocked = side_for(cluster).before_play(request("kubelet_args"), lambda message: None)
+    blocked = side_for(cluster).before_play(request("kubelet_args"))
     assert blocked == Blocked("drain: the Machine has no status.nodeRef, so there is no Node to drain")
 
 
@@ -142,7 +148,8 @@ def test_each_step_reads_the_machine_once(cluster: FakeManagement) -> None:
     side, run = side_for(cluster), request("kubelet_args")
     steps: list[Callable[[], object]] = [
         lambda: side.addresses(run),
-        lambda: side.before_play(run, lambda message: None),
+        lambda: side.before_play(run),
+        lambda: side.drain(run, lambda message: None),
         lambda: side.step_started(run, "kubelet_args"),
         lambda: side.after_play(run),
         lambda: side.settle(run, applied_at=1e12, address=None),

@@ -109,7 +109,14 @@ def test_user_defined_roles_run_after_the_built_ins_with_inputs_from_the_inputs_
     assert custom["ansible.builtin.include_tasks"] == "tasks/custom_capability.yml"
     assert custom["loop"] == "{{ update_machine_custom | default([]) }}"
     assert "when" not in custom  # update_machine_custom lists exactly the steps to run
-    set_fact, include = yaml.safe_load((PLAYBOOKS / "tasks" / "custom_capability.yml").read_text())
+    drain_point, set_fact, include = yaml.safe_load(
+        (PLAYBOOKS / "tasks" / "custom_capability.yml").read_text()
+    )
+    # a user-defined step can be the first disruptive one: the drain point comes before its inputs and role
+    assert drain_point["ansible.builtin.include_tasks"] == "drain_point.yml"
+    assert (
+        drain_point["when"] == "update_machine_drain_before | default('') == update_machine_step.capability"
+    )
     [(key, value)] = set_fact["ansible.builtin.set_fact"].items()
     assert key == "{{ update_machine_step.capability }}_values"
     # the value is read out of the inputs document (lookup + from_json), never written into the task text

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from inplace_extension.runs import runner
+from inplace_extension.runs.artifacts import drain_file
+from inplace_extension.runs.steps import DRAIN_TASK
 
 FP = "ab" * 32
 
@@ -108,15 +111,26 @@ class _FakeHandle:
     ) -> None:
         self.fake, self.spec, self.scripts, self.on_task = fake, spec, scripts, on_task
 
+    def _drained(self, run: runner.HostRun) -> bool:
+        return _wait_drained(run, self.on_task)
+
     def wait(self) -> str:
+        stopped = set()
         for run in self.spec.hosts:
             for cap in run.capabilities:
+                if cap == run.drain_before and not self._drained(run):
+                    stopped.add(run.ident)  # the play stops at its drain point (tasks/drain_point.yml)
+                    break
                 self.on_task(run.host_name, cap, "Do it")
         if self.fake.gate is not None:
             self.fake.gate.wait(30)
         statuses, events = [], []
         for run, script in zip(self.spec.hosts, self.scripts, strict=True):
-            status, _, host_events = script(run)
+            status, _, host_events = (
+                ("failed", 2, failed_events("update_machine", DRAIN_CHECK))
+                if run.ident in stopped
+                else script(run)
+            )
             statuses.append(status)
             for event in host_events:
                 data = dict(event.get("event_data") or {})
@@ -128,3 +142,16 @@ class _FakeHandle:
             self.spec.batch_dir, self.spec.ident, status, 0 if status == "successful" else 2, events
         )
         return status
+
+
+DRAIN_CHECK = "Drain point, go on only if the Node was drained"
+
+
+def _wait_drained(run: runner.HostRun, on_task: runner.TaskListener) -> bool:
+    """Like the play at its drain point: announce it, then wait for the service's word."""
+    on_task(run.host_name, None, DRAIN_TASK)
+    deadline = time.monotonic() + 10
+    while not drain_file(run.attempt_dir).exists():
+        assert time.monotonic() < deadline, "the service never answered the drain point"
+        time.sleep(0.01)  # the play polls the file too (once a second)
+    return bool(json.loads(drain_file(run.attempt_dir).read_text())["drained"])

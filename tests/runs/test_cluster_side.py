@@ -29,6 +29,7 @@ class FakeClusterSide:
     def __init__(self) -> None:
         self.addrs: list[tuple[str, str]] = []
         self.drain_failure: Blocked | None = None
+        self.drain_before: str | None = "kubeadm_files"  # the first disruptive step of req()'s
         self.gate: list[Progress] = []  # answers of settle(), in turn; then done
         self.held: Hold | None = None
         self.calls: list[str] = []
@@ -45,8 +46,15 @@ class FakeClusterSide:
     def hold(self, request: RunRequest) -> Hold | None:
         return self.held
 
-    def before_play(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
+    def before_play(self, request: RunRequest) -> Blocked | None:
         self._log("before_play")
+        return None
+
+    def drain_point(self, request: RunRequest) -> str | None:
+        return self.drain_before
+
+    def drain(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
+        self._log("drain")
         report("draining: 1 pod left")
         return self.drain_failure
 
@@ -130,7 +138,8 @@ async def test_the_host_comes_from_the_machine_status_and_the_run_is_wrapped(
         "state Queued: queued",
         "state Started: started on host 10.79.9.66 (machine status)",
         "before_play",
-        "step ntp",
+        "step ntp",  # not disruptive: before the drain, on a schedulable Node
+        "drain",
         "step kubeadm_files",
         "after_play",
         "settle 10.79.9.66",
@@ -150,19 +159,30 @@ async def test_no_address_anywhere_is_host_not_found(svc: RunService, side: Fake
     assert refused.message == "HostNotAllowed: the address from the machine status is outside --allowed-cidrs"
 
 
-async def test_a_drain_failure_is_a_remembered_failure_and_the_play_never_starts(
+async def test_a_drain_failure_stops_the_play_at_the_drain_point_says_what_was_applied_and_is_remembered(
     svc: RunService, fake: FakeRunner, side: FakeClusterSide
 ) -> None:
     side.addrs = [("InternalIP", "10.79.9.66")]
-    message = "drain: timed out after 3s with 1 pod left on Node n1"
-    side.drain_failure = Blocked(message)
+    drained = "drain: timed out after 3s with 1 pod left on Node n1"
+    side.drain_failure = Blocked(drained)
     request = req("x3")
     first = await settle(svc, request)
+    message = f"{drained}; applied before the drain: ntp"
     assert (first.state, first.message) == (ProgressState.FAILED, message)
     assert (await svc.poll(request)).message == message
-    assert fake.count("x3") == 0
+    assert fake.count("x3") == 1  # one play: ntp applied, stopped before kubeadm_files
+    assert "step kubeadm_files" not in side.calls
+    assert side.calls.index("step ntp") < side.calls.index("drain")
     assert side.calls.count(f"failed {message}") == 1  # clean-up and Event once, not per poll
     assert side.calls.index("after_play") < side.calls.index(f"failed {message}")
+
+
+async def test_no_drain_point_no_drain(svc: RunService, fake: FakeRunner, side: FakeClusterSide) -> None:
+    side.addrs = [("InternalIP", "10.79.9.66")]
+    side.drain_before = None
+    side.drain_failure = Blocked("never asked")
+    assert (await settle(svc, req("x5"))).state is ProgressState.DONE
+    assert "drain" not in side.calls and "step kubeadm_files" in side.calls
 
 
 async def test_an_unreachable_api_server_is_retried_with_backoff(
@@ -177,7 +197,7 @@ async def test_an_unreachable_api_server_is_retried_with_backoff(
         "run interrupted, retrying (attempt 2)",
     )
     assert not any(call.startswith("failed") for call in side.calls)
-    assert fake.count("x4") == 0
+    assert fake.count("x4") == 1 and "step kubeadm_files" not in side.calls
 
 
 async def test_waiting_for_a_window_posts_one_event_and_the_health_gate_is_a_wait(
