@@ -21,6 +21,8 @@ from hostlab.config import DEFAULT_DISK_MB, Config
 from hostlab.errors import LabError, LabUnavailable
 from hostlab.inventory import FORMATS, render
 from hostlab.lab import Lab, all_labs, reap_stale
+from hostlab.nodes import DEFAULT_NODE_DISK_MB
+from hostlab.state import HOST, NODE
 
 EXIT_UNAVAILABLE = 77
 
@@ -35,7 +37,14 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start N hosts (building the Debian base first if needed)")
     up.add_argument("count", type=int)
     up.add_argument("--slot", type=int, help="use 10.77.SLOT.0/24 (default: the first free one)")
-    up.add_argument("--disk-mb", type=int, default=DEFAULT_DISK_MB, help="size of each host's writable layer")
+    disk_help = f"MB of each host's writable layer (default {DEFAULT_DISK_MB}, nodes {DEFAULT_NODE_DISK_MB})"
+    up.add_argument("--disk-mb", type=int, help=disk_help)
+    up.add_argument(
+        "--kind",
+        choices=[HOST, NODE],
+        default=HOST,
+        help="chroot hosts (sshd only, fast) or nodes that boot systemd with systemd-nspawn (real services)",
+    )
     down = sub.add_parser("down", help="stop the lab and remove everything it created")
     down.add_argument("--stale", action="store_true", help="instead: down every lab whose owner process died")
     status = sub.add_parser("status", help="show the lab (or every lab with --all)")
@@ -122,6 +131,7 @@ def _run(args: argparse.Namespace) -> int:
             disk_mb=args.disk_mb,
             owner_pid=int(owner) if owner else None,
             log=print,
+            kind=args.kind,
         )
         print(f"hostlab: lab {lab.name} with {len(hosts)} hosts up in {time.monotonic() - started:.1f}s")
         _print_status(lab.status())

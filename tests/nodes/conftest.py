@@ -5,7 +5,9 @@ containerd, runc and the CNI plugins from Debian packages) joined to the session
 Nothing here is a stand-in but the os_update command (tests/playbooks/shipped.py: it only stages a
 version; the reboot after it is the node's real one). The service is the real ``inplace-extension
 serve`` with the project's playbooks; the Kubernetes binaries come from a release server on the node
-lab's gateway that serves the lab's own builds in dl.k8s.io's layout.
+lab's gateway that serves the lab's own builds in dl.k8s.io's layout (the capabilities file's
+``role_settings`` point the kubernetes_version role at it and pass kubeadm the flag a cgroup v1
+machine needs).
 
 One node lab per session (three nodes, joined at the first node version), shared by the tests: each test
 uses the node it names, and leaves it Ready.
@@ -13,10 +15,10 @@ uses the node it names, and leaves it Ready.
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +51,7 @@ class Cluster:
     kube: KubeLab
     lab: HostLab
     hosts: list[Host]
-    playbooks: Path
+    release_url: str  # the lab's builds in dl.k8s.io's layout, on the node lab's gateway
 
 
 def release_binary(kube: KubeLab) -> Callable[[str, str], bytes | None]:
@@ -66,7 +68,7 @@ def release_binary(kube: KubeLab) -> Callable[[str, str], bytes | None]:
 
 
 @pytest.fixture(scope="session")
-def node_cluster(kubelab_nodes: KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def node_cluster(kubelab_nodes: KubeLab) -> Iterator[Cluster]:
     why = prereqs.missing(Config.from_env(), NODE)
     if why:
         unavailable(why)
@@ -76,18 +78,7 @@ def node_cluster(kubelab_nodes: KubeLab, tmp_path_factory: pytest.TempPathFactor
         for host in hosts:
             node_join.join(kubelab_nodes, lab, host, START)
         with ReleaseServer(lab.gateway, release_binary(kubelab_nodes)) as server:
-            playbooks = tmp_path_factory.mktemp("node-playbooks") / "playbooks"
-            shutil.copytree(REPO / "playbooks", playbooks)
-            (playbooks / "group_vars").mkdir(exist_ok=True)
-            (playbooks / "group_vars" / "all.yml").write_text(
-                "---\n"
-                "# tests/nodes: the nodes reach only their gateway, where the lab's builds are served\n"
-                "kubernetes_version_package_source: binary\n"
-                f"kubernetes_version_binary_base_url: {server.base_url}\n"
-                f"kubernetes_version_kubeadm_upgrade_args: {KUBEADM_UPGRADE_ARGS}\n"
-                "kubernetes_version_health_delay_seconds: 1\n"
-            )
-            yield Cluster(kubelab_nodes, lab, hosts, playbooks)
+            yield Cluster(kubelab_nodes, lab, hosts, server.base_url)
     except LabError as exc:
         pytest.fail(f"real nodes did not start: {exc}", pytrace=False)
     finally:
@@ -96,25 +87,33 @@ def node_cluster(kubelab_nodes: KubeLab, tmp_path_factory: pytest.TempPathFactor
         lab.down()
 
 
-StartService = Callable[[], Service]
+StartService = Callable[..., Service]
 
 
 @pytest.fixture
 def node_service(node_cluster: Cluster, tmp_path: Path) -> Iterator[StartService]:
-    """``node_service()`` starts the real service for the node lab (Machines named like the nodes), with
-    the shipped capabilities' file of the lab tests (os_update, kubelet_credentials)."""
+    """``node_service(extra_caps="", extra_args=())`` starts the real service for the node lab (Machines
+    named like the nodes), with the shipped capabilities' file of the lab tests (os_update,
+    kubelet_credentials) plus ``extra_caps`` (YAML text), and ``extra_args`` for ``serve``."""
     started: list[Service] = []
 
-    def start() -> Service:
+    def start(extra_caps: str = "", extra_args: Sequence[str] = ()) -> Service:
         inventory = tmp_path / "inventory.yaml"
         inventory.write_text(render(node_cluster.lab, "service", [h.name for h in node_cluster.hosts]))
         caps = tmp_path / "capabilities.yaml"
-        caps.write_text(CAPABILITIES_FILE % {"retries": 1})
+        caps.write_text(
+            CAPABILITIES_FILE % {"retries": 1} + "role_settings:\n"
+            "  kubernetes_version:\n"
+            "    package_source: binary\n"
+            f"    binary_base_url: {node_cluster.release_url}\n"
+            f"    kubeadm_upgrade_args: {json.dumps(KUBEADM_UPGRADE_ARGS)}\n"
+            "    health_delay_seconds: 1\n" + extra_caps
+        )
         runs = tmp_path / "runs"
         argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
         argv += ["--inventory", str(inventory), "--allowed-cidrs", str(node_cluster.lab.network)]
-        argv += ["--runs-dir", str(runs), "--playbooks-dir", str(node_cluster.playbooks)]
-        argv += ["--retry-after-seconds", "1", "--capabilities-file", str(caps)]
+        argv += ["--runs-dir", str(runs), "--playbooks-dir", str(REPO / "playbooks")]
+        argv += ["--retry-after-seconds", "1", "--capabilities-file", str(caps), *extra_args]
         service = Service(argv, tmp_path / "service.log", runs)
         started.append(service)
         return service

@@ -49,6 +49,12 @@ def client_cert_serial(cluster: Cluster, host: Host) -> int:
     return x509.load_pem_x509_certificate(pem).serial_number
 
 
+def stamp_writes(cluster: Cluster, host: Host) -> int:
+    """How many stamps were written on the node (stamp.log: one line each; none before the first)."""
+    log = cluster.lab.exec_in(host, ["cat", "/var/lib/inplace-extension/stamp.log"])
+    return len(log.stdout.splitlines()) if log.returncode == 0 else 0
+
+
 def kubelet_args(*pairs: tuple[str, str]) -> dict[str, Any]:
     return {
         "joinConfiguration": {
@@ -193,3 +199,33 @@ def test_os_update_reboots_the_real_node_and_our_state_survives(
     assert on_node(node_cluster, host, "test", "-d", "/var/lib/inplace-extension") == ""
     # the kubelet came back with the node (enabled in systemd) and the Node is Ready again
     assert wait_until(lambda: ready(node_cluster, host), 120, 1)
+
+
+HEALTH_CHECKS = """\
+health_checks:
+  - name: kubelet
+    command: [systemctl, is-active, --quiet, kubelet]
+  - name: unit
+    command: [systemctl, is-active, --quiet, %s]
+"""
+
+
+@pytest.mark.parametrize(
+    ("unit", "status", "message"),
+    [
+        ("containerd", "Success", "update applied"),
+        ("no-such-unit", "Failure", "health gate: check unit: exit status 3"),
+    ],
+)
+def test_health_gate_command_checks_ask_the_real_systemd(
+    node_cluster: Cluster, node_service: StartService, unit: str, status: str, message: str
+) -> None:
+    host = node_cluster.hosts[1]
+    spec = NodeSpec(START, {"files": [{"path": f"/etc/nodes-test/{unit}", "content": "x\n"}]})
+    stamps = stamp_writes(node_cluster, host)
+    service = node_service(HEALTH_CHECKS % unit, ["--health-gate-timeout-seconds", "5"])
+    polled = poll_update_machine(service.client, host.name, spec)
+    assert (polled.status, polled.message) == (status, message), polled.messages
+    assert on_node(node_cluster, host, "cat", f"/etc/nodes-test/{unit}") == "x\n"  # applied before the gate
+    # the stamp is written only when every check passed
+    assert stamp_writes(node_cluster, host) == stamps + (1 if status == "Success" else 0)
