@@ -4,6 +4,10 @@ it shares with ``serve`` plus the agent's own flags); the process itself is ``in
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +68,33 @@ def configure(parser: Parser) -> None:
         "--poll-seconds", default=2.0, help="poll a running update this often (default: 2)", **seconds
     )
     parser.add_argument(
+        "--agent-id",
+        default=None,
+        help="this replica's name in its Node claims: give it one that survives a restart (the Pod's name, "
+        "which deploy/mcm passes as INPLACE_AGENT_ID) and a restarted replica resumes its own Nodes at "
+        "once, while another live replica's claim still blocks (default: $INPLACE_AGENT_ID, else random)",
+    )
+    parser.add_argument(
         "--claim-seconds",
         default=120.0,
         help="a replica's claim on a Node lasts this long (default: 120)",
         **seconds,
     )
+
+
+AGENT_ID_ENV = "INPLACE_AGENT_ID"
+AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")  # a Pod name fits; no blank (claim syntax)
+
+
+def agent_id(flag: str | None, environ: Mapping[str, str]) -> str:
+    """The replica's identity in its claims: ``--agent-id``, else ``$INPLACE_AGENT_ID``, else random (a
+    restart is then a new replica that waits for its predecessor's claims to expire)."""
+    value = flag if flag is not None else environ.get(AGENT_ID_ENV, "")
+    if not value:
+        return uuid.uuid4().hex[:12]
+    if not AGENT_ID_RE.match(value):
+        raise ValueError(f"--agent-id / {AGENT_ID_ENV}: letters, digits, '.', '_' and '-' only (at most 253)")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         poll_seconds=args.poll_seconds,
         resync_seconds=args.resync_seconds,
         claim_seconds=args.claim_seconds,
+        agent_id=agent_id(args.agent_id, os.environ),
     )
     clusters = Clusters(args.target_kubeconfig or kubeconfig_from_env(), args.control_kubeconfig)
     return run_agent(settings, options, clusters, parse_listen(settings.listen))

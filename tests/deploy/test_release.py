@@ -84,6 +84,7 @@ def test_mcm_agent_manifest_takes_the_values_and_validates(tmp_path: Path) -> No
         for d in docs
         if d["kind"] == "Deployment"
         for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+        if "value" in e  # INPLACE_AGENT_ID comes from the Pod's name (valueFrom)
     }
     assert env["INPLACE_ALLOWED_CIDRS"] == "10.2.0.0/16" and env["INPLACE_MCM_NAMESPACE"] == "shoot--a"
     binding = next(d for d in docs if d["kind"] == "RoleBinding")

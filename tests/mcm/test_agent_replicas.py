@@ -175,3 +175,32 @@ def test_dead_replicas_claim_is_taken_over_once_it_expires(kube: Lab, start_repl
     assert len({r.ident for r in survivor.executor.seen(name)}) == 1, "one run, polled until done"
     assert len(victim.polls) == victim_polls, "a stopped replica does nothing more"
     assert ns.CLAIM_ANNOTATION not in ns.node_annotations(node(kube, name))
+
+
+def test_a_restarted_replica_resumes_its_own_claim_at_once(kube: Lab, start_replica: StartReplica) -> None:
+    """The same identity after a restart (deploy/mcm: the Pod's name): its Node goes on at once, long
+    before the claim would expire, and the other live replica never touches it."""
+    claim_seconds = 120.0
+    restarted = threading.Event()
+
+    def answer(request: RunRequest, calls: int) -> Progress:
+        if not restarted.is_set():
+            return Progress(ProgressState.IN_PROGRESS, "running", 1)
+        return Progress(ProgressState.DONE, "update applied")
+
+    first = start_replica("agent-pod-e", claim_seconds, answer)
+    assert wait_until(lambda: first.thread.connected, WAIT, 0.1), "the replica watches Nodes"
+    pool, machine = unique("pool"), unique("m")
+    make_pool(kube, pool, machine)
+    name = unique("resumed")
+    make_node(kube, name, machine, ns.READY_FOR_UPDATE)
+    assert wait_until(lambda: first.applied() == {name}, WAIT, 0.1), "the first life took the Node"
+    first.stop()  # killed: its claim stays on the Node
+    claim = _claim(kube, name)
+    assert claim.holder == "agent-pod-e"
+    other = start_replica("agent-pod-f", claim_seconds, answer)
+    restarted.set()
+    again = start_replica("agent-pod-e", claim_seconds, answer)  # the same Pod, its container restarted
+    assert wait_until(lambda: label(kube, name) == ns.SUCCESSFUL, WAIT, 0.2), "resumed at once"
+    assert time.time() < claim.expires - claim_seconds / 2, "well before the old claim would expire"
+    assert again.applied() == {name} and not other.applied()
