@@ -10,11 +10,13 @@ one worker, in order, as in a serial run:
 - every test marked ``capi`` is in one unit: CAPD listens on fixed ports, so one CAPI lab runs per
   machine at a time, and its tests share the worker's lab (and module-scoped clusters) that way;
 - every test marked ``mcm`` is in one unit: one MCM lab serves them all, as in a serial run;
+- every test on the real nodes (fixture ``node_cluster``) is in one unit: one node lab (three booted
+  nodes with kubelets) per run;
 - every other test is in the unit of its module, so a module-scoped fixture is made once.
 
 The lab units come first in the collection, then the modules that use a lab, then the rest
 (``--no-loadscope-reorder`` keeps this order): xdist hands the first units to the workers as they start,
-so the two longest units start at once on two workers while the others share the remaining modules,
+so the three lab units start at once on three workers and the others share the remaining modules,
 longest first, and the quick ones fill the end.
 """
 
@@ -24,17 +26,24 @@ import pytest
 
 pytest_plugins = ["hostlab.pytest_plugin", "kubelab.pytest_plugin"]
 
-# marker -> work unit; in this order at the start of the collection (the longest first)
-LAB_UNITS = {"capi": "capi-lab", "mcm": "mcm-lab"}
+# the lab units, in this order at the start of the collection (the longest first)
+LAB_UNITS = ("capi-lab", "mcm-lab", "node-lab")
 LAB_MARKERS = ("lab", "kube", "image")  # tests that start hosts, a control plane or a container
+
+
+def _lab_unit(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("capi") is not None:
+        return "capi-lab"
+    if item.get_closest_marker("mcm") is not None:
+        return "mcm-lab"
+    if "node_cluster" in getattr(item, "fixturenames", ()):
+        return "node-lab"  # the real nodes (tests/nodes/conftest.py): one node lab per run
+    return None
 
 
 def work_unit(item: pytest.Item) -> str:
     """The xdist_group of a test: its lab's unit, else its module."""
-    for marker, unit in LAB_UNITS.items():
-        if item.get_closest_marker(marker) is not None:
-            return unit
-    return item.nodeid.split("::", 1)[0]
+    return _lab_unit(item) or item.nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
@@ -48,9 +57,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _start_rank(item: pytest.Item) -> int:
     """Longest first: the lab units, then modules that use a lab, then the rest (seconds each)."""
-    units = list(LAB_UNITS.values())
-    unit = work_unit(item)
-    if unit in units:
-        return units.index(unit)
+    unit = _lab_unit(item)
+    if unit is not None:
+        return LAB_UNITS.index(unit)
     uses_lab = any(item.get_closest_marker(m) is not None for m in LAB_MARKERS)
-    return len(units) + (0 if uses_lab else 1)
+    return len(LAB_UNITS) + (0 if uses_lab else 1)

@@ -27,10 +27,17 @@ class Service:
             list(argv), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO
         )
         deadline = time.monotonic() + 30
-        while not (match := SERVING_RE.search(self.log())):
-            assert self.proc.poll() is None, f"service exited: {self.log()}"
-            assert time.monotonic() < deadline, f"service did not start: {self.log()}"
-            time.sleep(0.05)
+        try:
+            while not (match := SERVING_RE.search(self.log())):
+                assert self.proc.poll() is None, f"service exited: {self.log()}"
+                assert time.monotonic() < deadline, f"service did not start: {self.log()}"
+                time.sleep(0.05)
+        except BaseException:
+            # the caller never gets this object to stop it: a service that did not start must not outlive us
+            self.proc.kill()
+            self.proc.wait(10)
+            self._log.close()
+            raise
         self.url = f"{match.group(1)}://127.0.0.1:{match.group(2)}"
         verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(ca)) if ca else True
         self.client = httpx.Client(base_url=self.url, timeout=15, verify=verify)
