@@ -42,8 +42,10 @@ def kubelet_args(*pairs: tuple[str, str]) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def cluster(kubelab: KubeLab) -> KubeLab:
-    crd = manifests.capi_crd(kubelab, "cluster.x-k8s.io_machines.yaml")
-    manifests.install_crds(kubelab, [crd], only_missing=True)
+    # the Machine, and the owners its labels name (read for the operator's pause annotation)
+    names = ("machines", "machinedeployments", "clusters")
+    crds = [manifests.capi_crd(kubelab, f"cluster.x-k8s.io_{name}.yaml") for name in names]
+    manifests.install_crds(kubelab, crds, only_missing=True)
     objects.ensure_namespace(kubelab, NAMESPACE)
     return kubelab
 
