@@ -75,8 +75,14 @@ def other_hook(hook: Hook[Any, Any], body: bytes, prefix: str) -> InvalidRequest
     where = "kind" if shown_by.startswith("its kind") else "(body)"
     return InvalidRequest(
         where,
-        f"this is a {other.hook} request ({shown_by}), not {hook.hook}; post it to {prefix}{other.path}",
+        f"this is {article(other.hook)} {other.hook} request ({shown_by}), not {hook.hook}; "
+        f"post it to {prefix}{other.path}",
     )
+
+
+def article(word: str) -> str:
+    """'an' before a vowel sound ("an UpdateMachine request"), else 'a'."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 def hook_endpoint(

@@ -66,10 +66,12 @@ def configure_logging(log_format: str, level: str, stream: TextIO | None = None)
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    # uvicorn installs its own handlers unless told otherwise; make its loggers propagate to ours
+    # uvicorn installs its own handlers and levels unless told otherwise (a Config with log_level sets
+    # them for the whole process): make its loggers propagate to ours and follow the root's level
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         logger.handlers.clear()
+        logger.setLevel(logging.NOTSET)
         logger.propagate = True
     # the Kubernetes client's transport logs one INFO line per API request (drains poll every second)
     for name in ("httpx", "httpx2"):
