@@ -33,6 +33,14 @@ class StandinAptRepo(BackgroundHTTPServer):
         self._gpg("--quick-gen-key", "inplace-extension test repository", "ed25519", "sign", "never")
         for minor in sorted({v.rsplit(".", 1)[0] for v in versions}):
             self._build_minor(minor, [v for v in versions if v.rsplit(".", 1)[0] == minor])
+        # gpg started an agent for this key's home; it would outlive the test run
+        subprocess.run(
+            ["gpgconf", "--kill", "gpg-agent"],
+            env={**os.environ, "GNUPGHOME": str(self._gnupg)},
+            capture_output=True,
+            timeout=60,
+            check=True,
+        )
         self.requests: list[str] = []
         outer = self
 

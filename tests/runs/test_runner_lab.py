@@ -41,7 +41,9 @@ def request(name: str) -> RunRequest:
 
 async def settle(service: RunService, req: RunRequest, within: float = 120) -> Progress:
     deadline = time.monotonic() + within
-    while (progress := await service.poll(req)).message.startswith(("running:", "queued:")):
+    # settled: done, failed, or waiting out a retry; every other in-progress answer (queued, running,
+    # the health gate's phase) is still on its way
+    while (progress := await service.poll(req)).state is ProgressState.IN_PROGRESS and not progress.retrying:
         assert time.monotonic() < deadline, progress
         await anyio.sleep(0.2)
     return progress
