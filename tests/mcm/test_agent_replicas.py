@@ -130,7 +130,7 @@ def test_two_replicas_apply_each_node_once(kube: Lab, start_replica: StartReplic
     print(f"split: {a.ident} {sorted(a.applied())}, {b.ident} {sorted(b.applied())}")
     assert a.applied() | b.applied() == set(names)
     for replica in replicas:
-        assert replica.holders() == {replica.ident}, "an executor ran only under its own replica's claim"
+        assert replica.holders() <= {replica.ident}, "an executor ran only under its own replica's claim"
         assert {n for n, holder in claims.items() if holder == replica.ident} == replica.applied()
     for name in names:
         assert ns.CLAIM_ANNOTATION not in ns.node_annotations(node(kube, name)), "released when answered"
