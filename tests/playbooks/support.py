@@ -229,6 +229,31 @@ def host_root(lab: Lab, host: Host, argv: Sequence[str], stdin: str | None = Non
     return proc.stdout
 
 
+KUBELET_KUBECONFIG = (
+    "apiVersion: v1\nkind: Config\nusers: [{name: default-auth, user: "
+    "{client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem}}]\n"
+)
+
+
+def write_kubelet_credentials(lab: Lab, host: Host, cert: str | None) -> None:
+    """kubelet.conf and the client certificate as kubeadm leaves them after join: the kubeconfig names
+    the current certificate by path; ``cert`` None leaves that file out (an empty pki directory)."""
+    host_root(
+        lab,
+        host,
+        ["sh", "-c", "mkdir -p /etc/kubernetes && cat >/etc/kubernetes/kubelet.conf"],
+        stdin=KUBELET_KUBECONFIG,
+    )
+    host_root(lab, host, ["mkdir", "-p", "/var/lib/kubelet/pki"])
+    if cert is not None:
+        host_root(
+            lab,
+            host,
+            ["sh", "-c", "cat >/var/lib/kubelet/pki/kubelet-client-current.pem"],
+            stdin=cert,
+        )
+
+
 def calls(lab: Lab, host: Host) -> list[str]:
     """Lines of the stand-ins' call log on the host."""
     if not host_exists(lab, host, "/var/lib/inplace-standins/calls.log"):

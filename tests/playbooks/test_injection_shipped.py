@@ -20,8 +20,7 @@ from inplace_extension.inplace.plan import PlanError
 
 from .shipped import ANNOTATION, STANDIN, desired, install_os_update_standin, plan_for, run_plan
 from .standins import install_standins, lab_run_on_host
-from .support import host_exists, host_root
-from .test_kubelet_credentials import KUBECONFIG
+from .support import host_exists, host_root, write_kubelet_credentials
 
 pytestmark = pytest.mark.lab
 
@@ -58,22 +57,7 @@ def test_annotation_payloads_are_refused_by_the_plan_and_stay_text_in_the_role(
         plan_for(desired(annotations={ANNOTATION: payload(sentinel)}))
     host = lab_hosts[0]
     install_standins(lab_run_on_host(lab, host), version="v1.30.2")
-    # as kubeadm leaves them after join: the kubeconfig names the current client certificate by path
-    host_root(
-        lab,
-        host,
-        ["sh", "-c", "mkdir -p /etc/kubernetes && cat >/etc/kubernetes/kubelet.conf"],
-        stdin=KUBECONFIG,
-    )
-    host_root(
-        lab,
-        host,
-        [
-            "sh",
-            "-c",
-            "mkdir -p /var/lib/kubelet/pki && echo cert >/var/lib/kubelet/pki/kubelet-client-current.pem",
-        ],
-    )
+    write_kubelet_credentials(lab, host, cert="cert\n")
     good = plan_for(desired(annotations={ANNOTATION: "2026-11-25T07:00:00Z"}))
     inputs = copy.deepcopy(good.inputs)
     step = inputs["kubelet_credentials"]

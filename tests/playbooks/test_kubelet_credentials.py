@@ -17,14 +17,9 @@ from hostlab.lab import Host, Lab
 
 from .shipped import ANNOTATION, desired, plan_for, run_plan
 from .standins import install_standins, lab_run_on_host
-from .support import calls, host_exists, host_root
+from .support import calls, host_exists, host_root, write_kubelet_credentials
 
 pytestmark = pytest.mark.lab
-
-KUBECONFIG = (
-    "apiVersion: v1\nkind: Config\nusers: [{name: default-auth, user: "
-    "{client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem}}]\n"
-)
 
 
 def test_rotation_embeds_the_current_cert_in_the_bootstrap_kubeconfig_removes_the_certs_and_restarts_once(
@@ -32,21 +27,7 @@ def test_rotation_embeds_the_current_cert_in_the_bootstrap_kubeconfig_removes_th
 ) -> None:
     host = lab_hosts[0]
     install_standins(lab_run_on_host(lab, host), version="v1.30.2")
-    host_root(
-        lab,
-        host,
-        ["sh", "-c", "mkdir -p /etc/kubernetes && cat >/etc/kubernetes/kubelet.conf"],
-        stdin=KUBECONFIG,
-    )
-    host_root(
-        lab,
-        host,
-        [
-            "sh",
-            "-c",
-            "mkdir -p /var/lib/kubelet/pki && echo cert >/var/lib/kubelet/pki/kubelet-client-current.pem",
-        ],
-    )
+    write_kubelet_credentials(lab, host, cert="cert\n")
     restarts = calls(lab, host).count("systemctl restart kubelet")
     plan = plan_for(desired(annotations={ANNOTATION: "2026-11-25T07:00:00Z"}))
     assert plan.capabilities == ("kubelet_credentials",)
@@ -85,13 +66,7 @@ def test_a_kubeconfig_naming_a_missing_cert_fails_before_anything_is_removed(
 ) -> None:
     host = lab_hosts[0]
     install_standins(lab_run_on_host(lab, host), version="v1.30.2")
-    host_root(
-        lab,
-        host,
-        ["sh", "-c", "mkdir -p /etc/kubernetes && cat >/etc/kubernetes/kubelet.conf"],
-        stdin=KUBECONFIG,
-    )
-    host_root(lab, host, ["mkdir", "-p", "/var/lib/kubelet/pki"])  # no kubelet-client-current.pem in it
+    write_kubelet_credentials(lab, host, cert=None)  # no kubelet-client-current.pem
     restarts = calls(lab, host).count("systemctl restart kubelet")
     result = run_plan(
         lab, host, tmp_path, plan_for(desired(annotations={ANNOTATION: "2026-11-25T07:00:00Z"}))
