@@ -131,7 +131,9 @@ def test_kubelet_args_files_users_and_ntp_on_a_real_node(
         on_node(node_cluster, host, "cat", f"/proc/{kubelet_pid(node_cluster, host)}/cmdline").split("\0")
     )
     assert wait_until(lambda: node(node_cluster, host)["status"]["capacity"]["pods"] == "42", 60, 1)
-    assert ready(node_cluster, host)
+    # a restarted kubelet first posts Ready=False ("container runtime status check may not have
+    # completed yet"), so the Node's return to Ready is waited for, not read once
+    assert wait_until(lambda: ready(node_cluster, host), 60, 1)
     # files: the literal content, never run by a shell
     assert on_node(node_cluster, host, "cat", "/etc/nodes-test/hello.conf") == "hello $(id)\n"
     # users: the node's real sshd lets the new user in with its key
@@ -161,7 +163,7 @@ def test_kubernetes_version_upgrade_with_kubeadm_upgrade_node(
     assert wait_until(
         lambda: node(node_cluster, host)["status"]["nodeInfo"]["kubeletVersion"] == TARGET, 60, 1
     )
-    assert ready(node_cluster, host)
+    assert wait_until(lambda: ready(node_cluster, host), 60, 1)
 
 
 @pytest.mark.parametrize(
