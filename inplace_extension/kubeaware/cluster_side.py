@@ -18,7 +18,7 @@ from inplace_extension.kube.errors import KubeError
 from inplace_extension.kube.events import machine_event
 from inplace_extension.kube.port import DrainError, DrainPolicy, MachineFacts, ManagementCluster
 from inplace_extension.kubeaware import health
-from inplace_extension.runs import progress
+from inplace_extension.runs import holds, progress
 from inplace_extension.runs.model import Blocked, Hold, Progress, ProgressState, RunRequest
 from inplace_extension.settings import Settings
 
@@ -26,9 +26,6 @@ log = logging.getLogger(__name__)
 
 VERSION_STEP = "kubernetes_version"
 VERSION_INPUT = "kubernetes_version_target"
-# an operator's hold on updates (docs/operator-controls.md): any value pauses, "cancel" cancels
-PAUSE_ANNOTATION = "inplace-extension.io/pause"
-CANCEL = "cancel"
 # the objects a Machine's labels name, most specific first (CAPI sets these labels on every Machine)
 HOLD_OWNERS = (
     ("MachineDeployment", "cluster.x-k8s.io/deployment-name"),
@@ -82,12 +79,12 @@ class KubeClusterSide:
             try:
                 annotations = self._management.owner_annotations(kind, request.namespace, name)
             except KubeError as exc:
-                return Hold(f"pause: cannot read {owner} ({exc.message})")
-            value = (annotations or {}).get(PAUSE_ANNOTATION)
-            if value == CANCEL:
-                return Hold(f"cancelled by {owner} (annotation {PAUSE_ANNOTATION}={CANCEL})", cancel=True)
-            if value is not None:
-                found.append(Hold(f"paused by {owner} (annotation {PAUSE_ANNOTATION})"))
+                return holds.unreadable(owner, exc.message)
+            hold = holds.hold_of(owner, annotations)
+            if hold is not None and hold.cancel:
+                return hold
+            if hold is not None:
+                found.append(hold)
         return found[0] if found else None
 
     def before_play(self, request: RunRequest) -> Blocked | None:

@@ -10,6 +10,12 @@ merge patch of the result label and reason annotation, and of the answered annot
 state it is for: no replica (nor this one restarted) acts on that state again while MCM has not consumed
 the result. Retriable failures are answered ``failed`` and retried with backoff until they succeed. A
 periodic resync re-checks every Node (retry annotations, claims of dead replicas, backoffs ending).
+
+An operator's pause annotation on the Node's MachineDeployment (read with the desired state) holds a
+Node that has not started: no result, one ``InPlaceUpdateWaiting`` Event, as outside a maintenance
+window. Its cancel value answers such a Node ``failed`` with the stable ``cancelled by ...`` reason, not
+as a final answer: removing the annotation lets the update start at the Node's next look. A change of a
+MachineDeployment wakes the held Nodes at once.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ class Agent:
     ) -> None:
         self.options = options
         self._target = target
-        self._desired = DesiredStates(control, options.namespace, custom)
+        self._desired = DesiredStates(control, options.namespace, custom, self._deployment_changed)
         self._executor = executor
         self._metrics = metrics
         self._custom = custom
@@ -70,6 +76,7 @@ class Agent:
         self._wake: dict[str, asyncio.Event] = {}
         self._known: set[str] = set()
         self._waiting: dict[str, Progress] = {}  # Node -> what its update waits for (an Event once)
+        self._cancelled: set[str] = set()  # Nodes answered "cancelled by ..." (looked at again on a change)
         self.connected = asyncio.Event()
 
     async def run(self) -> None:
@@ -94,6 +101,12 @@ class Agent:
             return
         self._wake[name] = asyncio.Event()
         self._tasks[name] = asyncio.create_task(self._work(name), name=f"node {name}")
+
+    def _deployment_changed(self) -> None:
+        """A MachineDeployment changed (a pause set or removed, or only its status): the held Nodes look
+        again now rather than at their next resync."""
+        for name in [*self._waiting, *self._cancelled]:
+            self.kick(name)
 
     async def _resync(self) -> None:
         while True:
@@ -128,6 +141,7 @@ class Agent:
             node = await self._target.get_node(name)
             if node is None:
                 self._known.discard(name)
+                self._cancelled.discard(name)
                 return False
             if self.options.remove_critical_taint and ns.wants_taint_removal(node):
                 if await self._target.remove_taint(node, *ns.CRITICAL_TAINT):
@@ -135,6 +149,7 @@ class Agent:
                     self._metrics.taint_removed()
                 return True
             if not ns.wants_update(node):
+                self._cancelled.discard(name)
                 return False
             if not ns.claimable(node, self.options.agent_id):
                 return False  # another replica works on it; the resync looks again
@@ -161,20 +176,21 @@ class Agent:
         name = ns.name(node)
         token = ns.node_annotations(node).get(RETRY_ANNOTATION, "")
         try:
-            plan = await self._desired.plan_for(node)
+            desired = await self._desired.desired_for(node)
         except DesiredStateError as exc:  # the control cluster's own errors: logged, tried again
             key = f"{exc}|{token}"
             if not ns.answered(node, key):
                 await self._answer(node, successful=False, reason=str(exc), answered_key=key)
             return False
-        key = f"{plan.fingerprint}|{token}"
+        key = f"{desired.plan.fingerprint}|{token}"
         if ns.answered(node, key):
             return False
         node = await self._claim(node)
-        request = run_request(plan, ns.node_annotations(node), ns.node_labels(node))
+        request = run_request(desired.plan, ns.node_annotations(node), ns.node_labels(node), desired.hold)
         progress = await self._executor.poll(request)
+        self._cancelled.discard(name)
         if progress.waiting is not None and progress.state is ProgressState.IN_PROGRESS:
-            # not started (outside its maintenance window): no result, so MCM keeps the Node waiting
+            # not started (outside its maintenance window, paused): no result, MCM keeps the Node waiting
             before = self._waiting.get(name)
             self._waiting[name] = progress
             if before is None or before.message != progress.message:
@@ -182,8 +198,17 @@ class Agent:
                 await self._target.post_event(
                     node_event(node, "InPlaceUpdateWaiting", progress.message, COMPONENT)
                 )
+            else:
+                log.debug("node %s: still %s", name, progress.message)
             return True
         self._waiting.pop(name, None)
+        hold = desired.hold
+        if hold is not None and hold.cancel and progress.message == hold.message:
+            # not final: the Node keeps this failed result while the annotation says cancel; once it is
+            # removed, the Node's next look starts the update (and a successful result lets MCM go on)
+            self._cancelled.add(name)
+            await self._answer(node, successful=False, reason=progress.message)
+            return False
         if progress.state is ProgressState.IN_PROGRESS:
             if not self._metrics.is_updating(name):
                 self._metrics.set_updating(name, True)

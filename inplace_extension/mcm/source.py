@@ -6,13 +6,18 @@ MachineClasses, kept by a list-then-watch per kind (:meth:`DesiredStates.run`): 
 update reads nothing from the API server, and a MachineClass's plan for a Node is made once per
 resourceVersion of that MachineClass. An object the copy does not have yet (a watch event still on its
 way) is read directly once before the answer says it is missing.
+
+The same walk finds the operator's hold: the pause annotation on the MachineDeployment it passes
+through (:mod:`inplace_extension.runs.holds`), so a pause costs no read either and is seen as soon as
+the deployment's watch event arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
@@ -28,6 +33,8 @@ from inplace_extension.mcm.desired import (
     parse_spec,
     plan_for,
 )
+from inplace_extension.runs import holds
+from inplace_extension.runs.model import Hold
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +50,28 @@ def _version(obj: Mapping[str, Any]) -> str:
     return str(obj.get("metadata", {}).get("resourceVersion", ""))
 
 
+@dataclass(frozen=True)
+class Desired:
+    """Where a Node's update should go (``plan``) and whether an operator holds it (``hold``: the pause
+    annotation on the Node's MachineDeployment)."""
+
+    plan: Plan
+    hold: Hold | None = None
+
+
 class DesiredStates:
     """The desired state of each Node's update, from the watched copy of MCM's objects."""
 
-    def __init__(self, control: ControlCluster, namespace: str, custom: CustomTable = NO_CUSTOM) -> None:
+    def __init__(
+        self,
+        control: ControlCluster,
+        namespace: str,
+        custom: CustomTable = NO_CUSTOM,
+        on_deployment: Callable[[], None] = lambda: None,
+    ) -> None:
+        """``on_deployment``: called on every change of a MachineDeployment (a pause set or removed)."""
         self._control = control
+        self._on_deployment = on_deployment
         self._namespace = namespace
         self._custom = custom
         self._objects: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in KINDS}
@@ -71,10 +95,12 @@ class DesiredStates:
                     store.pop(_name(obj), None)
                 else:
                     store[_name(obj)] = obj
+            if kind == "MachineDeployment":
+                self._on_deployment()
 
-    async def plan_for(self, node: Mapping[str, Any]) -> Plan:
-        """Node -> Machine -> MachineSet -> MachineDeployment -> current MachineSet -> MachineClass ->
-        plan."""
+    async def desired_for(self, node: Mapping[str, Any]) -> Desired:
+        """Node -> Machine -> MachineSet -> MachineDeployment (its hold) -> current MachineSet ->
+        MachineClass -> plan."""
         await self._synced()
         metadata = node.get("metadata", {})
         node_name = str(metadata.get("name", ""))
@@ -106,7 +132,8 @@ class DesiredStates:
             plan = plan_for(parse_spec(machine_class), self._namespace, node_name, self._custom)
             self._plans = {k: v for k, v in self._plans.items() if k[0] != key[0] or k[1] == key[1]}
             self._plans[key] = plan
-        return plan
+        owner = f"MachineDeployment {self._namespace}/{_name(deployment)}"
+        return Desired(plan, holds.hold_of(owner, deployment.get("metadata", {}).get("annotations")))
 
     async def _synced(self) -> None:
         try:

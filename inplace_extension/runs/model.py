@@ -14,6 +14,16 @@ from inplace_extension.runs import progress
 
 
 @dataclass(frozen=True)
+class Hold:
+    """An operator holds the machine's update (the pause annotation on its Cluster, MachineDeployment or
+    control plane; for the MCM agent, on its MachineDeployment): no run starts while it holds;
+    ``cancel``: an update not started yet fails with ``message`` (:mod:`inplace_extension.runs.holds`)."""
+
+    message: str
+    cancel: bool = False
+
+
+@dataclass(frozen=True)
 class RunRequest:
     """One update, reduced to what a run needs: a plan for one machine (:func:`run_request`).
 
@@ -30,6 +40,9 @@ class RunRequest:
     annotations: Mapping[str, str] = field(default_factory=dict)  # Machine annotations (address, retry token)
     labels: Mapping[str, str] = field(default_factory=dict)  # Machine labels (inventory label selectors)
     roles: Mapping[str, str] = field(default_factory=dict)  # user-defined capability -> its role
+    # an operator's hold the caller read with the desired state (the MCM agent); the CAPI side's comes
+    # from the service's cluster side instead
+    hold: Hold | None = None
 
     @property
     def ident(self) -> str:
@@ -41,10 +54,12 @@ class RunRequest:
         return f"{self.namespace}/{self.name}"
 
 
-def run_request(plan: Plan, annotations: Mapping[str, str], labels: Mapping[str, str]) -> RunRequest:
+def run_request(
+    plan: Plan, annotations: Mapping[str, str], labels: Mapping[str, str], hold: Hold | None = None
+) -> RunRequest:
     """The run of ``plan`` (the UpdateMachine hook's and the MCM agent's alike). ``annotations`` and
     ``labels`` are the machine's (the Machine's, or the Node's): the address annotation, the retry token,
-    the inventory's label selectors."""
+    the inventory's label selectors; ``hold``: an operator's pause or cancel the caller found."""
     return RunRequest(
         namespace=plan.namespace,
         name=plan.name,
@@ -55,6 +70,7 @@ def run_request(plan: Plan, annotations: Mapping[str, str], labels: Mapping[str,
         roles={step.capability: step.role for step in plan.steps if step.role is not None},
         annotations=dict(annotations),
         labels=dict(labels),
+        hold=hold,
     )
 
 
@@ -104,16 +120,6 @@ class Blocked:
 
     message: str
     retriable: bool = False
-
-
-@dataclass(frozen=True)
-class Hold:
-    """An operator holds the Machine's update (the pause annotation on its Cluster, MachineDeployment or
-    control plane): no run starts while it holds; ``cancel``: an update not started yet fails with
-    ``message``."""
-
-    message: str
-    cancel: bool = False
 
 
 class ClusterSide(Protocol):

@@ -1,9 +1,10 @@
-"""The messages UpdateMachine answers while an update is queued, running, retrying, held or applied.
+"""The messages UpdateMachine answers (and the MCM agent writes) while an update is queued, running,
+retrying, held or applied, and when an operator cancels it.
 
-One table (:data:`MESSAGES`) holds every progress message the engine produces; the functions below fill
-it in, and :func:`pattern` turns the same table into a regular expression, so a test that checks the
-messages a poll may see cannot miss one that is added here. Failure messages are not progress: they
-come from the play's outcome (outcomes.py) or the cluster steps and are checked where they are made.
+One table (:data:`MESSAGES`) holds every such message the engine produces; the functions below fill it
+in, and :func:`pattern` turns the same table into a regular expression, so a test that checks the
+messages a poll may see cannot miss one that is added here. Other failure messages are not progress:
+they come from the play's outcome (outcomes.py) or the cluster steps and are checked where they are made.
 """
 
 from __future__ import annotations
@@ -34,10 +35,15 @@ MESSAGES = {
     "health_waiting": "health gate: {waiting}",
     "applied": "update applied",
     "window": 'waiting for maintenance window "{window}" (opens {opens})',
+    "paused": "paused by {owner} (annotation {annotation})",
+    "pause_unreadable": "pause: cannot read {owner} ({problem})",
+    "cancelled": "cancelled by {owner} (annotation {annotation}={value})",
 }
 
 # only the Kubernetes-aware mode's cluster steps answer these
-CLUSTER_STEPS = frozenset({"draining", "health_waiting"})
+CLUSTER_STEPS = frozenset({"draining", "health_waiting", "pause_unreadable"})
+# answered as a Failure (the MCM agent: a failed result), never while an update goes on
+FAILURES = frozenset({"cancelled"})
 
 HEALTH_COMMANDS = MESSAGES["health_commands"]
 APPLIED = MESSAGES["applied"]
@@ -74,9 +80,25 @@ def window(name: str, opens: str) -> str:
     return MESSAGES["window"].format(window=name, opens=opens)
 
 
+def paused(owner: str, annotation: str) -> str:
+    """Not started: an operator's ``annotation`` on ``owner`` (``MachineDeployment default/md-0``)."""
+    return MESSAGES["paused"].format(owner=owner, annotation=annotation)
+
+
+def pause_unreadable(owner: str, problem: str) -> str:
+    """Not started: whether ``owner`` pauses it cannot be told (the API server did not answer)."""
+    return MESSAGES["pause_unreadable"].format(owner=owner, problem=problem)
+
+
+def cancelled(owner: str, annotation: str, value: str) -> str:
+    """The Failure of an update an operator cancelled before it started."""
+    return MESSAGES["cancelled"].format(owner=owner, annotation=annotation, value=value)
+
+
 def pattern(capabilities: Iterable[str], cluster_steps: bool = False) -> re.Pattern[str]:
     """A regular expression matching exactly the progress messages of a run of ``capabilities`` (with
-    ``cluster_steps``, also those of the Kubernetes-aware mode); use it with ``fullmatch``."""
+    ``cluster_steps``, also those of the Kubernetes-aware mode; never the :data:`FAILURES`); use it
+    with ``fullmatch``."""
     fields = {
         "position": r"\d+",
         "queued": r"\d+",
@@ -87,10 +109,13 @@ def pattern(capabilities: Iterable[str], cluster_steps: bool = False) -> re.Patt
         "waiting": r".+",
         "window": r"[a-z0-9][-a-z0-9]*",
         "opens": r"\d{4}-\d\d-\d\dT\d\d:\d\dZ",
+        "owner": r"(?:Cluster|MachineDeployment|KubeadmControlPlane) [-a-z0-9.]+/[-a-z0-9.]+",
+        "annotation": r"[-a-z0-9./]+",
+        "problem": r".+",
     }
     alternatives = []
     for name, template in MESSAGES.items():
-        if name in CLUSTER_STEPS and not cluster_steps:
+        if name in FAILURES or (name in CLUSTER_STEPS and not cluster_steps):
             continue
         parts = []
         for literal, field, _, _ in string.Formatter().parse(template):

@@ -170,15 +170,16 @@ class RunService:
             return Progress(ProgressState.FAILED, standing.message, blocked=standing.blocked)
         if standing.verdict is Verdict.WAIT:
             return Progress(ProgressState.IN_PROGRESS, standing.message, standing.wait_seconds, retrying=True)
-        if self._cluster is not NO_CLUSTER_SIDE:
+        hold = request.hold  # the MCM agent's, read with the desired state; else the cluster side's
+        if hold is None and self._cluster is not NO_CLUSTER_SIDE:
             hold = await anyio.to_thread.run_sync(self._cluster.hold, request)
-            if hold is not None and hold.cancel and not attempts:
-                if (request.ident, hold.message) not in self._reported:
-                    self._reported.add((request.ident, hold.message))
-                    self._cluster.state(request, "Cancelled", hold.message, warning=True)
-                return Progress(ProgressState.FAILED, hold.message)
-            if hold is not None and not hold.cancel:  # no new run starts; one in flight answered above
-                return self._waiting(request, hold.message, PAUSE_RETRY_SECONDS, "pause")
+        if hold is not None and hold.cancel and not attempts:
+            if (request.ident, hold.message) not in self._reported:
+                self._reported.add((request.ident, hold.message))
+                self._cluster.state(request, "Cancelled", hold.message, warning=True)
+            return Progress(ProgressState.FAILED, hold.message)
+        if hold is not None and not hold.cancel:  # no new run starts; one in flight answered above
+            return self._waiting(request, hold.message, PAUSE_RETRY_SECONDS, "pause")
         closed = None if attempts else self._windows.closed(request.labels, now)
         if closed is not None:  # only a first attempt waits: an update that has started finishes
             return self._waiting(request, closed.message(), closed.retry_after(now), "window")

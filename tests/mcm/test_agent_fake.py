@@ -284,3 +284,48 @@ async def test_an_object_whose_watch_event_is_still_on_its_way_is_read_once() ->
     # the copy had the old MachineSets: they were listed once, and the MachineClass read once
     assert (control.calls.count["list_all"], control.calls.count["get"]) == (1, 1)
     assert executor.requests[0].inputs["kubernetes_version"]["kubernetes_version_target"] == "v1.31.3"
+
+
+def like_the_service(request: RunRequest, calls: int) -> Progress:
+    """The run service's answers to a held request (tests/runs/test_service.py checks the service)."""
+    if request.hold is not None and request.hold.cancel:
+        return Progress(ProgressState.FAILED, request.hold.message)
+    if request.hold is not None:
+        return Progress(ProgressState.IN_PROGRESS, request.hold.message, 30, waiting="pause")
+    return Progress(ProgressState.DONE, "update applied")
+
+
+def annotate_deployment(control: FakeControl, value: str | None) -> None:
+    deployment = copy.deepcopy(control.objects["MachineDeployment"]["pool"])
+    annotations = deployment["metadata"].setdefault("annotations", {})
+    if value is None:
+        annotations.pop("inplace-extension.io/pause", None)
+    else:
+        annotations["inplace-extension.io/pause"] = value
+    control.put(deployment)
+
+
+async def test_the_pause_annotation_on_the_deployment_holds_cancels_and_resumes_the_node() -> None:
+    """Resync is an hour here: each step is woken by the MachineDeployment's watch event alone."""
+    target, control = FakeTarget(), FakeControl()
+    executor = Executor(target, like_the_service)
+    pool(control)
+    annotate_deployment(control, "true")
+    target.put_node(waiting_node())
+    paused = f"paused by MachineDeployment {NS}/pool (annotation inplace-extension.io/pause)"
+    cancelled = f"cancelled by MachineDeployment {NS}/pool (annotation inplace-extension.io/pause=cancel)"
+    async for _agent in running(target, control, executor):
+        await until(lambda: target.reasons("n1") == ["InPlaceUpdateWaiting"], target.activity)
+        assert executor.requests[-1].hold is not None
+        assert executor.requests[-1].hold.message == paused
+        assert result(target) is None, "a paused Node gets no result: MCM keeps it waiting"
+        annotate_deployment(control, "cancel")
+        await until(lambda: result(target) == ns.FAILED, target.activity)
+        annotations = ns.node_annotations(target.nodes["n1"])
+        assert annotations[ns.FAILED_REASON_ANNOTATION] == cancelled
+        assert ns.ANSWERED_ANNOTATION not in annotations, "not final: removing the cancel resumes"
+        annotate_deployment(control, None)
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
+    assert target.reasons("n1") == ["InPlaceUpdateWaiting", "InPlaceUpdateFailed", "InPlaceUpdateSucceeded"]
+    assert [e.message for e in target.events if e.reason != "InPlaceUpdateSucceeded"] == [paused, cancelled]
+    assert executor.requests[-1].hold is None

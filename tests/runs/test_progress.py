@@ -46,3 +46,20 @@ def test_cluster_steps_only_when_asked_and_other_text_never() -> None:
     assert with_cluster.fullmatch(progress.health_waiting("waiting for Node n1 to be Ready"))
     for other in ["running: users", "running: ntp and more", "queued: position x of 2", "update applied!"]:
         assert not with_cluster.fullmatch(other), other
+
+
+def test_a_pause_is_progress_and_a_cancel_is_not() -> None:
+    """The pause and cancel messages of both callers (the CAPI side, the MCM agent) come from the table;
+    a cancel is a Failure, so no poll of an update going on may answer it."""
+    owner = "MachineDeployment machines/pool"
+    paused = progress.paused(owner, "inplace-extension.io/pause")
+    assert paused == "paused by MachineDeployment machines/pool (annotation inplace-extension.io/pause)"
+    assert MESSAGES.fullmatch(paused)
+    cancelled = progress.cancelled(owner, "inplace-extension.io/pause", "cancel")
+    assert cancelled == (
+        "cancelled by MachineDeployment machines/pool (annotation inplace-extension.io/pause=cancel)"
+    )
+    assert not progress.pattern(CAPABILITIES, cluster_steps=True).fullmatch(cancelled)
+    unreadable = progress.pause_unreadable("Cluster default/c1", "connection refused")
+    assert not MESSAGES.fullmatch(unreadable)
+    assert progress.pattern(CAPABILITIES, cluster_steps=True).fullmatch(unreadable)

@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from inplace_extension.metrics import Metrics
+from inplace_extension.runs import holds
 from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.inventory import InventoryError
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
@@ -410,6 +411,39 @@ async def test_windows_apply_by_machine_labels(settings: Settings, fake: FakeRun
         assert (fake.count("m2"), fake.count("m3")) == (1, 0)
     finally:
         service.close()
+
+
+async def test_a_hold_the_request_carries_pauses_and_cancels_without_a_cluster_side(
+    svc: RunService, fake: FakeRunner
+) -> None:
+    """The MCM agent reads the pause annotation with the desired state and hands it over in the request:
+    the same answers as the CAPI side's (tests/runs/test_cluster_side.py), from the same table."""
+    owner = "MachineDeployment machines/pool"
+    paused = holds.hold_of(owner, {holds.PAUSE_ANNOTATION: "true"})
+    cancelled = holds.hold_of(owner, {holds.PAUSE_ANNOTATION: holds.CANCEL})
+    assert paused is not None and cancelled is not None
+    held = RunRequest(**{**req("m1").__dict__, "hold": paused})
+    answer = await svc.poll(held)
+    assert answer == Progress(
+        ProgressState.IN_PROGRESS,
+        "paused by MachineDeployment machines/pool (annotation inplace-extension.io/pause)",
+        30,
+        waiting="pause",
+    )
+    stopped = RunRequest(**{**req("m2").__dict__, "hold": cancelled})
+    assert await svc.poll(stopped) == Progress(
+        ProgressState.FAILED,
+        "cancelled by MachineDeployment machines/pool (annotation inplace-extension.io/pause=cancel)",
+    )
+    assert (fake.count("m1"), fake.count("m2")) == (0, 0), "nothing started"
+    # resumed (the annotation removed): the same updates start
+    assert (await settle(svc, req("m1"))).state is ProgressState.DONE
+    assert (await settle(svc, req("m2"))).state is ProgressState.DONE
+    assert (fake.count("m1"), fake.count("m2")) == (1, 1)
+    # an update that has run is answered from its attempts, whatever the hold says now
+    assert (await svc.poll(RunRequest(**{**req("m2").__dict__, "hold": cancelled}))).state is (
+        ProgressState.DONE
+    )
 
 
 async def test_the_retry_budget_blocks_and_the_retry_annotation_resets_it(
