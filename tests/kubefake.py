@@ -24,6 +24,7 @@ from inplace_extension.kube.port import (
     MachineFacts,
     NodeHealth,
 )
+from inplace_extension.kube.update_condition import IDLE_MESSAGE
 
 
 class Calls:
@@ -47,6 +48,9 @@ class FakeNode:
     annotations: dict[str, str] = field(default_factory=dict)
     pods: int = 0  # Pods a drain must evict
     stuck: bool = False  # a PodDisruptionBudget refuses every eviction
+    # the InPlaceUpdate condition as (status, message); None: the Node has no such condition
+    updating: tuple[str, str] | None = None
+    condition_writes: int = 0  # how often the condition was written
 
 
 class FakeWorkload:
@@ -96,6 +100,22 @@ class FakeWorkload:
         found = self.nodes.get(node)
         return found.annotations.get(CORDONED_BY) if found else None
 
+    def show_updating(self, node: str, message: str) -> bool:
+        self.calls("show_updating")
+        found = self.nodes.get(node)
+        if found is None or found.updating == ("True", message):
+            return False
+        found.updating, found.condition_writes = ("True", message), found.condition_writes + 1
+        return True
+
+    def clear_updating(self, node: str) -> bool:
+        self.calls("clear_updating")
+        found = self.nodes.get(node)
+        if found is None or found.updating is None or found.updating[0] != "True":
+            return False
+        found.updating, found.condition_writes = ("False", IDLE_MESSAGE), found.condition_writes + 1
+        return True
+
 
 class FakeManagement:
     """:class:`~inplace_extension.kube.port.ManagementCluster` in memory; the workload is one cluster."""
@@ -107,10 +127,24 @@ class FakeManagement:
         self.events: list[KubeEvent] = []
         self.cluster = FakeWorkload(self.calls)
         self.closed = False
+        self.annotation_writes = 0  # patches of a Machine's annotations that the API server accepted
+        self._version = 0
+
+    def _next_version(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    def annotate(self, namespace: str, name: str, changes: Mapping[str, str | None]) -> None:
+        """Another writer changes the Machine's annotations (None removes): a new resourceVersion."""
+        live = self.machines[(namespace, name)]
+        annotations = {**live.annotations, **changes}
+        kept = {k: v for k, v in annotations.items() if v is not None}
+        version = self._next_version()
+        self.machines[(namespace, name)] = replace(live, annotations=kept, resource_version=version)
 
     def add_machine(self, namespace: str, name: str, node: str | None, address: str = "10.0.0.7") -> None:
         self.machines[(namespace, name)] = MachineFacts(
-            namespace, name, f"uid-{name}", "c1", (("InternalIP", address),), node, {}
+            namespace, name, f"uid-{name}", "c1", (("InternalIP", address),), node, {}, self._next_version()
         )
         if node is not None:
             self.cluster.nodes.setdefault(node, FakeNode())
@@ -126,12 +160,18 @@ class FakeManagement:
         return None if found is None else dict(found)
 
     def mark_skip_remediation(self, machine: MachineFacts, owner: str) -> bool:
+        """As the real one: a merge patch conditional on the resourceVersion read, read again on a
+        Conflict (the API server's 409 when the Machine changed since)."""
         self.calls("mark_skip_remediation")
-        if SKIP_REMEDIATION in machine.annotations:
-            return machine.annotations.get(SKIP_REMEDIATION_BY) == owner
-        live = self.machines[(machine.namespace, machine.name)]
-        live.annotations.update({SKIP_REMEDIATION: "", SKIP_REMEDIATION_BY: owner})
-        return True
+        while SKIP_REMEDIATION not in machine.annotations:
+            live = self.machines[(machine.namespace, machine.name)]
+            if live.resource_version == machine.resource_version:
+                marks = {SKIP_REMEDIATION: "", SKIP_REMEDIATION_BY: owner}
+                self.annotate(machine.namespace, machine.name, marks)
+                self.annotation_writes += 1
+                return True
+            machine = replace(live, annotations=dict(live.annotations))
+        return machine.annotations.get(SKIP_REMEDIATION_BY) == owner
 
     def unmark_skip_remediation(self, machine: MachineFacts) -> bool:
         self.calls("unmark_skip_remediation")
@@ -139,8 +179,8 @@ class FakeManagement:
         live = self.machines.get((machine.namespace, machine.name))
         if owner is None or live is None or live.annotations.get(SKIP_REMEDIATION_BY) != owner:
             return False  # the "test" op fails: removed meanwhile
-        live.annotations.pop(SKIP_REMEDIATION_BY)
-        live.annotations.pop(SKIP_REMEDIATION, None)
+        self.annotate(machine.namespace, machine.name, {SKIP_REMEDIATION_BY: None, SKIP_REMEDIATION: None})
+        self.annotation_writes += 1
         return True
 
     def record(self, event: KubeEvent) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from lightkube import AsyncClient, Client
 
-from inplace_extension.kube import drain, events, machines, mcm_objects, nodes, owners
+from inplace_extension.kube import drain, events, machines, mcm_objects, nodes, owners, update_condition
 from inplace_extension.kube.client import connect, connect_async
 from inplace_extension.kube.port import DrainPolicy, KubeEvent, MachineFacts, NodeHealth
 from inplace_extension.kube.workload import WorkloadClients
@@ -37,6 +37,12 @@ class KubeWorkload:
 
     def cordoned_by(self, node: str) -> str | None:
         return drain.cordoned_by(self._client, node)
+
+    def show_updating(self, node: str, message: str) -> bool:
+        return update_condition.show_updating(self._client, node, message)
+
+    def clear_updating(self, node: str) -> bool:
+        return update_condition.clear_updating(self._client, node)
 
 
 class KubeManagement:

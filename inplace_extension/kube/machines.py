@@ -1,5 +1,5 @@
 """CAPI Machines in the management cluster: the facts the service reads (addresses, nodeRef, cluster)
-and the annotations it sets (``cluster.x-k8s.io/skip-remediation``).
+and the annotations it sets (``cluster.x-k8s.io/skip-remediation``, conditional on the resourceVersion read).
 
 Machines are read as generic resources of ``cluster.x-k8s.io/v1beta2`` (the version CAPI v1.14 stores);
 only the few fields below are looked at, so a newer Machine schema does not break us.
@@ -14,7 +14,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 
 from inplace_extension.kube.client import plain, translated
-from inplace_extension.kube.errors import KubeError, NotFound
+from inplace_extension.kube.errors import Conflict, KubeError, NotFound
 from inplace_extension.kube.port import MachineFacts
 
 MACHINE_API_VERSION: Final = "cluster.x-k8s.io/v1beta2"
@@ -22,6 +22,7 @@ MACHINE: Final = create_namespaced_resource("cluster.x-k8s.io", "v1beta2", "Mach
 SKIP_REMEDIATION: Final = "cluster.x-k8s.io/skip-remediation"
 # set with SKIP_REMEDIATION by us (value: the run); only a Machine carrying it has the annotation removed
 SKIP_REMEDIATION_BY: Final = "inplace-extension.io/skip-remediation-by"
+MARK_TRIES: Final = 5  # reads and conditional writes before a Machine that keeps changing is an error
 
 
 def get_machine(client: Client, namespace: str, name: str) -> MachineFacts | None:
@@ -50,6 +51,7 @@ def machine_facts(obj: dict[str, Any]) -> MachineFacts:
         addresses=addresses,
         node_name=node_ref.get("name") or None,
         annotations=dict(metadata.get("annotations") or {}),
+        resource_version=metadata.get("resourceVersion"),
     )
 
 
@@ -72,14 +74,31 @@ def _escape(key: str) -> str:
 def mark_skip_remediation(client: Client, machine: MachineFacts, owner: str) -> bool:
     """Set ``skip-remediation`` (and our marker) unless ``machine`` already has it; True when it is ours.
 
-    A ``skip-remediation`` someone else set stays theirs: we neither mark nor later remove it.
+    A ``skip-remediation`` someone else set stays theirs: we neither mark nor later remove it. The patch
+    carries the resourceVersion read with ``machine`` (a precondition): when the Machine changed since,
+    it is read again and the decision made anew, so a ``skip-remediation`` set meanwhile is not taken.
     """
-    if SKIP_REMEDIATION in machine.annotations:
-        return machine.annotations.get(SKIP_REMEDIATION_BY) == owner
-    add = {"metadata": {"annotations": {SKIP_REMEDIATION: "", SKIP_REMEDIATION_BY: owner}}}
-    with translated(f"annotate Machine {machine.namespace}/{machine.name}"):
-        client.patch(MACHINE, machine.name, add, namespace=machine.namespace, patch_type=PatchType.MERGE)
-    return True
+    for _ in range(MARK_TRIES):
+        if SKIP_REMEDIATION in machine.annotations:
+            return machine.annotations.get(SKIP_REMEDIATION_BY) == owner
+        add = {
+            "metadata": {
+                "resourceVersion": machine.resource_version,
+                "annotations": {SKIP_REMEDIATION: "", SKIP_REMEDIATION_BY: owner},
+            }
+        }
+        try:
+            with translated(f"annotate Machine {machine.namespace}/{machine.name}"):
+                client.patch(
+                    MACHINE, machine.name, add, namespace=machine.namespace, patch_type=PatchType.MERGE
+                )
+            return True
+        except Conflict:
+            fresh = get_machine(client, machine.namespace, machine.name)
+            if fresh is None:
+                return False
+            machine = fresh
+    raise Conflict(f"annotate Machine {machine.namespace}/{machine.name}: it kept changing", 409)
 
 
 def unmark_skip_remediation(client: Client, machine: MachineFacts) -> bool:

@@ -36,6 +36,8 @@ class MachineFacts:
     addresses: tuple[tuple[str, str], ...]  # status.addresses as (type, address), in CAPI's order
     node_name: str | None  # status.nodeRef.name
     annotations: dict[str, str] = field(default_factory=dict)
+    # metadata.resourceVersion as read: our annotation writes are conditional on it (optimistic concurrency)
+    resource_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,16 @@ class WorkloadCluster(Protocol):
 
     def cordoned_by(self, node: str) -> str | None:
         """Who cordoned the Node according to our annotation (None: not us, or no such Node)."""
+        ...
+
+    def show_updating(self, node: str, message: str) -> bool:
+        """Publish the Node condition ``InPlaceUpdate`` True with ``message`` (a disruptive step runs);
+        True when this call changed the Node, False when it already said so or there is no such Node."""
+        ...
+
+    def clear_updating(self, node: str) -> bool:
+        """Set ``InPlaceUpdate`` False if it is True; True when this call did it (of two concurrent
+        callers exactly one), False when it was not True or there is no such Node."""
         ...
 
 

@@ -17,6 +17,7 @@ from inplace_extension.kube.cluster import connect_management
 from inplace_extension.kube.errors import KubeError
 from inplace_extension.kube.events import machine_event
 from inplace_extension.kube.port import DrainError, DrainPolicy, MachineFacts, ManagementCluster
+from inplace_extension.kube.update_condition import CONDITION as UPDATE_CONDITION
 from inplace_extension.kubeaware import health
 from inplace_extension.runs import holds, progress
 from inplace_extension.runs.model import Blocked, Hold, Progress, ProgressState, RunRequest
@@ -131,6 +132,8 @@ class KubeClusterSide:
         return None
 
     def step_started(self, request: RunRequest, capability: str) -> None:
+        """A step that restarts the kubelet or more: skip-remediation on the Machine and the Node condition
+        ``InPlaceUpdate`` True (MachineHealthCheck leaves the Machine alone); any other step: both undone."""
         self.state(request, "Running", progress.running(capability))
         try:
             facts = self._machine(request)
@@ -138,8 +141,18 @@ class KubeClusterSide:
                 return
             if self._disruption(request, capability) >= Disruption.RESTART_KUBELET:
                 self._management.mark_skip_remediation(facts, request.ident)
+                if facts.node_name is not None:
+                    workload = self._management.workload(facts.namespace, facts.cluster)
+                    if workload.show_updating(facts.node_name, updating_message(request, capability)):
+                        log.info(
+                            "machine=%s run=%s node=%s: condition %s True",
+                            request.machine,
+                            request.ident,
+                            facts.node_name,
+                            UPDATE_CONDITION,
+                        )
             else:
-                self._management.unmark_skip_remediation(facts)
+                self._release_marks(request, facts)
         except KubeError as exc:
             log.warning(
                 "machine=%s run=%s: skip-remediation: %s", request.machine, request.ident, exc.message
@@ -229,13 +242,41 @@ class KubeClusterSide:
             return f"waiting for Node {node} to report kubelet {target} (it reports {health.kubelet_version})"
         return None
 
+    def _release_marks(self, request: RunRequest, facts: MachineFacts) -> None:
+        """Remove our skip-remediation and set ``InPlaceUpdate`` False: each at most once, any caller
+        (the run, or a restarted service that finds them on the Machine and the Node after a crash)."""
+        if self._management.unmark_skip_remediation(facts):
+            log.info("machine=%s run=%s: skip-remediation removed", request.machine, request.ident)
+        if facts.node_name is None:
+            return
+        try:
+            cleared = self._management.workload(facts.namespace, facts.cluster).clear_updating(
+                facts.node_name
+            )
+        except KubeError as exc:  # e.g. no nodes/status patch: the condition only informs, go on
+            log.warning(
+                "machine=%s run=%s: condition %s: %s",
+                request.machine,
+                request.ident,
+                UPDATE_CONDITION,
+                exc.message,
+            )
+            return
+        if cleared:
+            log.info(
+                "machine=%s run=%s node=%s: condition %s False",
+                request.machine,
+                request.ident,
+                facts.node_name,
+                UPDATE_CONDITION,
+            )
+
     def _release(self, request: RunRequest, facts: MachineFacts | None) -> None:
-        """Uncordon a Node we cordoned and remove our skip-remediation: each at most once, any caller."""
+        """Undo our marks, and uncordon a Node we cordoned: each at most once, any caller."""
         if facts is None:
             return
         try:
-            if self._management.unmark_skip_remediation(facts):
-                log.info("machine=%s run=%s: skip-remediation removed", request.machine, request.ident)
+            self._release_marks(request, facts)
             if facts.node_name is None:
                 return
             workload = self._management.workload(facts.namespace, facts.cluster)
@@ -246,6 +287,11 @@ class KubeClusterSide:
                 self.state(request, "Uncordoned", f"uncordoned Node {facts.node_name}")
         except KubeError as exc:  # the next poll (settle / failed) tries again
             log.warning("machine=%s run=%s: clean-up: %s", request.machine, request.ident, exc.message)
+
+
+def updating_message(request: RunRequest, capability: str) -> str:
+    """The ``InPlaceUpdate`` condition's message while ``capability`` runs (names the Machine and step)."""
+    return f"in-place update of Machine {request.machine}: {capability} runs (it may restart the kubelet)"
 
 
 def connect_cluster_side(settings: Settings, custom: CustomTable) -> KubeClusterSide:

@@ -15,13 +15,14 @@ from hostlab.proc import wait_until
 from kubelab import objects
 from kubelab.lab import Lab
 
-from inplace_extension.kube import events, machines, workload
+from inplace_extension.kube import events, machines, update_condition, workload
 from inplace_extension.kube.errors import KubeError
 from inplace_extension.kube.nodes import node_health
 
 from .conftest import create_machine
 
 pytestmark = pytest.mark.kube
+MACHINE = "machine.cluster.x-k8s.io"
 
 
 def test_the_live_machine_gives_addresses_node_and_cluster(with_machines: Lab, client: Any) -> None:
@@ -106,3 +107,58 @@ def test_a_workload_client_comes_from_the_cluster_kubeconfig_secret(with_machine
     assert workload.WorkloadClients(client, workload.FROM_MANAGEMENT).get(ns, "any") is client
     with pytest.raises(KubeError, match="use secret, management or an absolute path"):
         workload.WorkloadClients(client, "relative/path")
+
+
+def test_skip_remediation_is_marked_only_on_the_machine_as_read(with_machines: Lab, client: Any) -> None:
+    ns, name = f"m-{uuid.uuid4().hex[:6]}", "md-0-rv"
+    create_machine(with_machines, ns, name, [], None)
+    stale = machines.get_machine(client, ns, name)
+    assert stale is not None and stale.resource_version
+    # someone else marks the Machine after our read: the resourceVersion precondition makes us read again
+
+    def annotate(change: str) -> None:
+        with_machines.kubectl("annotate", MACHINE, name, "-n", ns, change)
+
+    annotate(f"{machines.SKIP_REMEDIATION}=")
+    assert not machines.mark_skip_remediation(client, stale, "run-1")
+    facts = machines.get_machine(client, ns, name)
+    assert facts is not None and facts.annotations == {machines.SKIP_REMEDIATION: ""}
+    assert not machines.unmark_skip_remediation(client, facts)  # theirs: never removed by us
+    annotate(f"{machines.SKIP_REMEDIATION}-")
+    assert machines.mark_skip_remediation(client, stale, "run-1")  # stale again: read again, then marked
+    marked = machines.get_machine(client, ns, name)
+    assert marked is not None
+    assert marked.annotations == {machines.SKIP_REMEDIATION: "", machines.SKIP_REMEDIATION_BY: "run-1"}
+    # two clean-ups from the same read (a run ending, a restarted service): exactly one removes it
+    assert [machines.unmark_skip_remediation(client, marked) for _ in range(2)] == [True, False]
+
+
+def node_conditions(lab: Lab, node: str) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in (objects.get(lab, "node", node) or {})["status"]["conditions"]}
+
+
+def test_the_in_place_update_condition_is_set_and_cleared_once_beside_the_kubelets(
+    kubelab: Lab, client: Any
+) -> None:
+    node = f"cond-{uuid.uuid4().hex[:6]}"
+    objects.apply(kubelab, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}
+    kubelab.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(ready))
+    try:
+        assert update_condition.show_updating(client, node, "kubelet_args runs")
+        assert not update_condition.show_updating(client, node, "kubelet_args runs")  # already says so
+        conditions = node_conditions(kubelab, node)
+        assert conditions["Ready"]["status"] == "True"  # the kubelet's condition stays as it was
+        shown = conditions[update_condition.CONDITION]
+        assert (shown["status"], shown["reason"], shown["message"]) == (
+            "True",
+            update_condition.RUNNING,
+            "kubelet_args runs",
+        )
+        assert [update_condition.clear_updating(client, node) for _ in range(2)] == [True, False]
+        conditions = node_conditions(kubelab, node)
+        assert conditions[update_condition.CONDITION]["status"] == "False"
+        assert conditions["Ready"]["status"] == "True"
+        assert not update_condition.show_updating(client, "no-such-node", "x")
+    finally:
+        kubelab.kubectl("delete", "node", node, "--ignore-not-found", check=False)

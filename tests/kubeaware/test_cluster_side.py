@@ -15,7 +15,8 @@ from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.drain import CORDONED_BY
 from inplace_extension.kube.errors import Unreachable
 from inplace_extension.kube.machines import SKIP_REMEDIATION, SKIP_REMEDIATION_BY
-from inplace_extension.kubeaware.cluster_side import KubeClusterSide
+from inplace_extension.kube.update_condition import IDLE_MESSAGE
+from inplace_extension.kubeaware.cluster_side import KubeClusterSide, updating_message
 from inplace_extension.runs.model import Blocked, Hold, ProgressState, RunRequest
 from inplace_extension.settings import Settings
 
@@ -106,15 +107,67 @@ def test_skip_remediation_while_a_kubelet_restarting_step_runs_and_only_ours_is_
     cluster: FakeManagement,
 ) -> None:
     side, run = side_for(cluster), request("users", "kubelet_args")
+
+    def annotations() -> dict[str, str]:
+        return cluster.machines[(NS, NAME)].annotations
+
     side.step_started(run, "kubelet_args")
-    annotations = cluster.machines[(NS, NAME)].annotations
-    assert annotations == {SKIP_REMEDIATION: "", SKIP_REMEDIATION_BY: run.ident}
+    assert annotations() == {SKIP_REMEDIATION: "", SKIP_REMEDIATION_BY: run.ident}
     side.step_started(run, "users")  # a step that does not restart the kubelet: removed again
-    assert annotations == {}
-    annotations[SKIP_REMEDIATION] = ""  # someone else's: never ours to remove
+    assert annotations() == {}
+    cluster.annotate(NS, NAME, {SKIP_REMEDIATION: ""})  # someone else's: never ours to remove
     side.step_started(run, "kubelet_args")
     side.after_play(run)
-    assert annotations == {SKIP_REMEDIATION: ""}
+    assert annotations() == {SKIP_REMEDIATION: ""}
+
+
+def test_skip_remediation_is_set_only_on_the_machine_as_read_and_decided_again_after_a_change(
+    cluster: FakeManagement,
+) -> None:
+    run = request("kubelet_args")
+    stale = cluster.machine(NS, NAME)
+    assert stale is not None
+    cluster.annotate(NS, NAME, {SKIP_REMEDIATION: ""})  # someone else marks it after our read
+    assert not cluster.mark_skip_remediation(stale, run.ident)  # the precondition fails; re-read: theirs
+    assert cluster.machines[(NS, NAME)].annotations == {SKIP_REMEDIATION: ""}
+    cluster.annotate(NS, NAME, {SKIP_REMEDIATION: None, "other": "x"})  # another change, not a mark
+    assert cluster.mark_skip_remediation(stale, run.ident)  # re-read, then set on the Machine as it is now
+    assert cluster.machines[(NS, NAME)].annotations == {
+        "other": "x",
+        SKIP_REMEDIATION: "",
+        SKIP_REMEDIATION_BY: run.ident,
+    }
+    assert cluster.annotation_writes == 1
+
+
+def test_the_in_place_update_condition_is_true_only_while_a_disruptive_step_runs(
+    cluster: FakeManagement,
+) -> None:
+    side, run = side_for(cluster), request("kubelet_args", "users")
+    node = cluster.cluster.nodes[NODE]
+    side.step_started(run, "kubelet_args")
+    assert node.updating == ("True", updating_message(run, "kubelet_args"))
+    assert "kubelet_args" in node.updating[1] and run.machine in node.updating[1]
+    side.step_started(run, "kubelet_args")  # the same step reported again: no second write
+    assert node.condition_writes == 1
+    side.step_started(run, "users")
+    assert node.updating == ("False", IDLE_MESSAGE)
+    side.after_play(run)
+    assert node.condition_writes == 2
+
+
+def test_after_a_crash_a_new_service_removes_the_marks_exactly_once(cluster: FakeManagement) -> None:
+    run = request("kubelet_args")
+    side_for(cluster).step_started(run, "kubelet_args")  # then the process dies
+    assert cluster.annotation_writes == 1 and cluster.cluster.nodes[NODE].updating is not None
+    restarted = side_for(cluster)  # nothing in memory: the marks on the Machine and the Node say it all
+    restarted.after_play(run)
+    restarted.settle(run, applied_at=0.0, address=None)
+    restarted.failed(run, "retried and failed")
+    assert cluster.machines[(NS, NAME)].annotations == {}
+    assert cluster.annotation_writes == 2  # one mark, one removal
+    assert cluster.cluster.nodes[NODE].updating == ("False", IDLE_MESSAGE)
+    assert cluster.cluster.nodes[NODE].condition_writes == 2
 
 
 def test_the_health_gate_waits_for_ready_and_the_target_version_then_fails_after_its_timeout(
