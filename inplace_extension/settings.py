@@ -92,7 +92,8 @@ class Settings(BaseSettings):
     )
     address_types: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["InternalIP", "ExternalIP"],
-        description="Machine status.addresses types to take the host address from, in this order",
+        description="status.addresses types (the Machine's; for mcm-agent the Node's) to take the host "
+        "address from, in this order",
     )
     drain: Literal["auto", "always", "never"] = Field(
         "auto",

@@ -23,6 +23,7 @@ AGENT_SETTINGS = (
     "log_level",
     "inventory",
     "allowed_cidrs",
+    "address_types",
     "runs_dir",
     "max_parallel_runs",
     "retry_after_seconds",

@@ -4,7 +4,8 @@ One asyncio task per Node being worked on (a Node's watch events only wake its t
 the Node; remove the critical-components taint once MCM finished it (flag); if MCM waits for an update
 (``node_state.wants_update``), claim the Node (resourceVersion-guarded annotation: two replicas never
 act on one Node), read the desired state from the control cluster (``desired``), and poll the run
-service - the same executor as the CAPI UpdateMachine hook, so the same plan, fingerprint, host lock
+service - the same executor as the CAPI UpdateMachine hook, so the same plan, fingerprint, host
+resolution (the Node's annotation, labels and ``status.addresses`` in place of the Machine's), host lock
 and stamp, and artifacts on disk: a restarted agent resumes without a second apply. A final answer is a
 merge patch of the result label and reason annotation, and of the answered annotation naming the desired
 state it is for: no replica (nor this one restarted) acts on that state again while MCM has not consumed
@@ -186,7 +187,13 @@ class Agent:
         if ns.answered(node, key):
             return False
         node = await self._claim(node)
-        request = run_request(desired.plan, ns.node_annotations(node), ns.node_labels(node), desired.hold)
+        request = run_request(
+            desired.plan,
+            ns.node_annotations(node),
+            ns.node_labels(node),
+            desired.hold,
+            ns.node_addresses(node),
+        )
         progress = await self._executor.poll(request)
         self._cancelled.discard(name)
         if progress.waiting is not None and progress.state is ProgressState.IN_PROGRESS:

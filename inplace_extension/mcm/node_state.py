@@ -42,6 +42,13 @@ def node_annotations(node: Mapping[str, Any]) -> dict[str, str]:
     return dict(node.get("metadata", {}).get("annotations") or {})
 
 
+def node_addresses(node: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The Node's ``status.addresses`` as (type, address), in the kubelet's order: where the host is when
+    neither the address annotation nor the inventory says (the CAPI side reads the Machine's)."""
+    found = node.get("status", {}).get("addresses") or []
+    return tuple((str(a.get("type", "")), str(a.get("address", ""))) for a in found if isinstance(a, Mapping))
+
+
 def resource_version(node: Mapping[str, Any]) -> str:
     return str(node.get("metadata", {}).get("resourceVersion", ""))
 

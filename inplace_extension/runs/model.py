@@ -43,6 +43,9 @@ class RunRequest:
     # an operator's hold the caller read with the desired state (the MCM agent); the CAPI side's comes
     # from the service's cluster side instead
     hold: Hold | None = None
+    # the machine's ``status.addresses`` as (type, address) when the caller holds them (the MCM agent has
+    # the Node it updates); None: the cluster side reads the live Machine when it is needed
+    addresses: tuple[tuple[str, str], ...] | None = None
 
     @property
     def ident(self) -> str:
@@ -55,11 +58,17 @@ class RunRequest:
 
 
 def run_request(
-    plan: Plan, annotations: Mapping[str, str], labels: Mapping[str, str], hold: Hold | None = None
+    plan: Plan,
+    annotations: Mapping[str, str],
+    labels: Mapping[str, str],
+    hold: Hold | None = None,
+    addresses: Sequence[tuple[str, str]] | None = None,
 ) -> RunRequest:
     """The run of ``plan`` (the UpdateMachine hook's and the MCM agent's alike). ``annotations`` and
     ``labels`` are the machine's (the Machine's, or the Node's): the address annotation, the retry token,
-    the inventory's label selectors; ``hold``: an operator's pause or cancel the caller found."""
+    the inventory's label selectors; ``hold``: an operator's pause or cancel the caller found;
+    ``addresses`` its ``status.addresses`` when the caller read them (the Node's), the host address when
+    neither the annotation nor the inventory gives one."""
     return RunRequest(
         namespace=plan.namespace,
         name=plan.name,
@@ -71,6 +80,7 @@ def run_request(
         annotations=dict(annotations),
         labels=dict(labels),
         hold=hold,
+        addresses=None if addresses is None else tuple(addresses),
     )
 
 

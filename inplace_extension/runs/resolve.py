@@ -2,10 +2,12 @@
 
 Order: the Machine annotation ``inplace-extension.io/address`` gives the address (an IP literal); every
 other SSH setting comes from the first inventory entry that matches the Machine, else the inventory
-defaults. Without the annotation, the first matching entry gives the address too; without both, in the
-Kubernetes-aware mode, the live Machine's ``status.addresses`` (the first IP literal of the preferred
-types, in that order). The address must be inside ``--allowed-cidrs`` (nothing is allowed until
-configured), and host keys follow the same rules whatever the source. Used by :mod:`runs.service`.
+defaults. Without the annotation, the first matching entry gives the address too; without both, the
+machine's ``status.addresses`` (the first IP literal of the preferred types, in that order): the live
+Machine's in the Kubernetes-aware mode, the Node's for the MCM agent (which passes the Node's annotations
+and labels in place of the Machine's, so the order and the Failures are the same). The address must be
+inside ``--allowed-cidrs`` (nothing is allowed until configured), and host keys follow the same rules
+whatever the source. Used by :mod:`runs.service`.
 """
 
 from __future__ import annotations
@@ -70,8 +72,9 @@ def resolve_host(
 ) -> HostTarget:
     """Return the SSH target of the Machine or raise :class:`ResolveError`.
 
-    ``machine_addresses`` (Kubernetes-aware mode) reads the live Machine's ``status.addresses``; it is
-    called only when neither the annotation nor the inventory gives an address.
+    ``machine_addresses`` reads the machine's ``status.addresses`` (the live Machine's in the
+    Kubernetes-aware mode, the MCM agent's Node); it is called only when neither the annotation nor the
+    inventory gives an address. None: there is no status to read (a plain ``serve``).
     """
     entry = next((e for e in inventory.hosts if matches(e, namespace, name, labels)), None)
     annotated = annotations.get(ADDRESS_ANNOTATION)

@@ -249,6 +249,15 @@ class RunService:
     async def _start(self, request: RunRequest, token: str) -> Progress:
         inventory = self._inventory.current()
 
+        # the machine's status.addresses: those the request carries (the MCM agent's Node), else the live
+        # Machine's, read (blocking) only in the Kubernetes-aware mode and only when needed
+        reads_cluster = request.addresses is None and self._cluster is not NO_CLUSTER_SIDE
+        status_addresses: Callable[[], Sequence[tuple[str, str]]] | None = None
+        if request.addresses is not None:
+            status_addresses = partial(tuple, request.addresses)
+        elif reads_cluster:
+            status_addresses = partial(self._cluster.addresses, request)
+
         def resolve() -> HostTarget:
             return resolve_host(
                 request.namespace,
@@ -257,15 +266,12 @@ class RunService:
                 request.annotations,
                 inventory,
                 self._allowed,
-                None if self._cluster is NO_CLUSTER_SIDE else lambda: self._cluster.addresses(request),
+                status_addresses,
                 self._address_types,
             )
 
         try:
-            # the live Machine is read (blocking) only in the Kubernetes-aware mode, and only when needed
-            target = (
-                resolve() if self._cluster is NO_CLUSTER_SIDE else await anyio.to_thread.run_sync(resolve)
-            )
+            target = await anyio.to_thread.run_sync(resolve) if reads_cluster else resolve()
         except ResolveError as exc:
             log.warning("machine=%s run=%s: %s", request.machine, request.ident, exc)
             return Progress(ProgressState.FAILED, str(exc))

@@ -100,7 +100,7 @@ def waiting_node(name: str = "n1", machine: str | None = "m1") -> dict[str, Any]
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "uid": f"uid-{name}", "labels": labels},
-        "status": {"conditions": conditions},
+        "status": {"conditions": conditions, "addresses": [{"type": "InternalIP", "address": "10.79.9.21"}]},
     }
 
 
@@ -171,6 +171,7 @@ async def test_a_waiting_node_is_updated_to_its_machine_class_and_answered_succe
     assert first.capabilities == ("ntp", "kubernetes_version")
     assert first.inputs["kubernetes_version"]["kubernetes_version_target"] == "v1.31.1"
     assert first.labels["keep"] == "me"
+    assert first.addresses == (("InternalIP", "10.79.9.21"),), "where the host is, unless annotated or listed"
     annotations = ns.node_annotations(target.nodes["n1"])
     assert ns.CLAIM_ANNOTATION not in annotations and ns.ANSWERED_ANNOTATION in annotations
     assert target.reasons("n1") == ["InPlaceUpdateStarted", "InPlaceUpdateSucceeded"]

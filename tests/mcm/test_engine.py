@@ -1,5 +1,6 @@
 """``mcm-agent`` builds its engine as ``serve`` does: the capabilities file's command checks run in the
-play of every update it starts (they are the health gate "in every mode").
+play of every update it starts (they are the health gate "in every mode"), and a Node no annotation or
+inventory entry places is reached at the first ``--address-types`` address of its status.
 
 No lab: the command starts for real from the CLI entry point, with a fake ansible-runner and the
 HTTP server's ``serve`` replaced by a coroutine that polls one update through the engine the agent
@@ -21,9 +22,11 @@ from inplace_extension.runs.model import HostCheck, RunRequest
 from inplace_extension.runs.service import RunService
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
-INVENTORY = """\
-hosts: [{match: {name: m1}, address: 10.79.9.11, known_hosts: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJAm"}]
-defaults: {user: ansible, private_key_file: /keys/id}
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJAm"
+# no entry for Node n1: its address comes from its status.addresses, its host key from the defaults
+INVENTORY = f"""\
+hosts: [{{match: {{name: m1}}, address: 10.79.9.11, known_hosts: "{KEY}"}}]
+defaults: {{user: ansible, private_key_file: /keys/id, known_hosts: "{KEY}"}}
 """
 
 CAPABILITIES = """\
@@ -42,7 +45,7 @@ current-context: c
 """
 
 
-def test_mcm_agent_runs_the_command_checks_of_the_capabilities_file(
+def test_mcm_agent_runs_the_command_checks_of_the_capabilities_file_and_finds_hosts_by_address_types(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "capabilities.yaml").write_text(CAPABILITIES)
@@ -63,7 +66,10 @@ def test_mcm_agent_runs_the_command_checks_of_the_capabilities_file(
         engines.append(self)
 
     monkeypatch.setattr(RunService, "__init__", record)
-    request = RunRequest("default", "m1", "ab" * 32, ("ntp",), {"ntp": {"ntp_servers": ["a"]}})
+    addresses = (("InternalIP", "10.79.9.21"), ("ExternalIP", "10.79.9.22"))
+    request = RunRequest(
+        "default", "n1", "ab" * 32, ("ntp",), {"ntp": {"ntp_servers": ["a"]}}, addresses=addresses
+    )
 
     async def update_one(server: uvicorn.Server, sockets: object = None) -> None:
         (engine,) = engines
@@ -85,6 +91,8 @@ def test_mcm_agent_runs_the_command_checks_of_the_capabilities_file(
             str(tmp_path / "inventory.yaml"),
             "--allowed-cidrs",
             "10.79.9.0/24",
+            "--address-types",
+            "ExternalIP,InternalIP",
             "--runs-dir",
             str(tmp_path / "runs"),
             "--playbooks-dir",
@@ -96,3 +104,6 @@ def test_mcm_agent_runs_the_command_checks_of_the_capabilities_file(
     assert code == 0
     (batch,) = started
     assert batch.host_checks == (HostCheck("app", ("/usr/local/bin/app-check", "--quick"), 7),)
+    (host,) = batch.hosts
+    assert (host.target.address, host.target.source) == ("10.79.9.22", "machine status"), "--address-types"
+    assert host.target.host_keys == (KEY,), "pinned by the inventory's defaults"

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -500,4 +501,47 @@ async def test_update_status_metrics_count_waiting_failed_and_the_oldest_update(
         assert _sample(metrics, "inplace_extension_updates_waiting", {"reason": "window"}) == 0
     finally:
         fake.gate.set()
+        service.close()
+
+
+async def test_status_addresses_the_request_carries_place_the_host_with_the_capi_sides_failures(
+    settings: Settings, fake: FakeRunner
+) -> None:
+    """The MCM agent's requests carry their Node's status.addresses: the same order and Failures as the
+    live Machine's in the Kubernetes-aware mode (tests/runs/test_cluster_side.py), without a cluster side."""
+    assert settings.inventory is not None
+    settings.inventory.write_text(INVENTORY.replace("defaults: {", f'defaults: {{known_hosts: "{KEY}", '))
+    service = RunService(settings)
+    try:
+
+        def node(name: str, *addresses: tuple[str, str]) -> RunRequest:
+            return replace(req(name), addresses=addresses)
+
+        missing = await service.poll(node("n1", ("Hostname", "n1"), ("InternalIP", "node-1.example")))
+        assert missing.message == (
+            "HostNotFound: no inventory entry matches this Machine and it has no "
+            "inplace-extension.io/address annotation, nor an InternalIP/ExternalIP address in its status"
+        )
+        outside = await service.poll(node("n2", ("InternalIP", "10.80.0.1")))
+        assert (
+            outside.message
+            == "HostNotAllowed: the address from the machine status is outside --allowed-cidrs"
+        )
+        found = node("n3", ("Hostname", "n3"), ("ExternalIP", "10.79.9.77"), ("InternalIP", "10.79.9.66"))
+        assert (await settle(service, found)).state is ProgressState.DONE
+        (run,) = fake.started
+        assert (run.target.address, run.target.source, run.target.host_keys) == (
+            "10.79.9.66",
+            "machine status",
+            (KEY,),
+        )
+        annotated = replace(
+            node("n4", ("InternalIP", "10.79.9.66")), annotations={ADDRESS_ANNOTATION: "10.79.9.5"}
+        )
+        assert (await settle(service, annotated)).state is ProgressState.DONE
+        assert fake.started[1].target.address == "10.79.9.5", "the annotation comes first"
+        entry = node("m1", ("InternalIP", "10.79.9.66"))
+        assert (await settle(service, entry)).state is ProgressState.DONE
+        assert fake.started[2].target.address == "10.79.9.11", "then the inventory"
+    finally:
         service.close()
