@@ -25,6 +25,7 @@ ValueError                configuration refused at start-up, the message says wh
 ├── AuthConfigError       auth
 ├── CapabilitiesFileError capabilities_file
 ├── InventoryError        runs.inventory
+├── PlanInputError        preview.inputs: a file ``plan --old/--new`` cannot read or compare
 └── RunConfigError        runs.runner
 Exception                 control flow, caught by the next layer up and turned into an answer:
 ├── EntrySkipped          inplace.entries: an entry that is not ours to carry out

@@ -1,38 +1,107 @@
-"""``inplace-extension plan``: explain a CanUpdate*/UpdateMachine request field by field, offline, judged
-as the service would judge it (with the same capabilities file)."""
+"""``inplace-extension plan``: preview an update offline, judged as the service would judge it (the same
+settings, capabilities file and inventory): from old and new objects (``--old FILE --new FILE``: CAPI
+templates or an MCM MachineClass pair) or from a saved hook request (``plan FILE``). The preview itself
+is ``inplace_extension.preview``.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
-from inplace_extension.cli.command import Command, load_document
-from inplace_extension.cli.flags import Parser
+from inplace_extension.cli.command import Command
+from inplace_extension.cli.flags import Parser, add_settings_flags, settings_from_args
 from inplace_extension.engine import load_config
-from inplace_extension.hooks.explain import explain_request
-from inplace_extension.settings import Settings
+from inplace_extension.preview.inputs import (
+    Machine,
+    Part,
+    PlanInputError,
+    machines_of,
+    pair,
+    read_request,
+    read_side,
+)
+from inplace_extension.preview.judge import (
+    Context,
+    preview_machine_classes,
+    preview_request,
+    preview_templates,
+)
+from inplace_extension.preview.model import Preview
+from inplace_extension.preview.render import render
+from inplace_extension.runs.inventory import load_inventory
+
+# the settings that change what the service would do with an update (the rest only say how it serves)
+SETTINGS = (
+    "capabilities_file",
+    "inventory",
+    "allowed_cidrs",
+    "address_types",
+    "kube",
+    "kubeconfig",
+    "drain",
+    "affects_availability",
+)
 
 
 def configure(parser: Parser) -> None:
-    parser.add_argument("file", help="request body, JSON or YAML ('-' = stdin)")
     parser.add_argument(
-        "--capabilities-file",
-        metavar="FILE",
-        help="user-defined capabilities YAML, judged as the service would [INPLACE_CAPABILITIES_FILE]",
+        "file", nargs="?", help="a saved hook request, JSON or YAML ('-' = stdin); or give --old and --new"
     )
+    parser.add_argument(
+        "--old",
+        metavar="FILE",
+        help="the objects as they are: MachineDeployment/MachineSet, KubeadmConfigTemplate, infrastructure "
+        "machine template, or MachineClass (MCM); JSON or YAML, a List (kubectl get -o yaml) too",
+    )
+    parser.add_argument("--new", metavar="FILE", help="the same objects as they will be")
+    parser.add_argument(
+        "--machine",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a Machine (MCM: a Node) to preview the host, run and window of (repeatable; Machine or Node "
+        "objects in the files count too)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json", "yaml"),
+        default="table",
+        help="table (default), or the PlanPreview document as json or yaml",
+    )
+    add_settings_flags(parser, SETTINGS)
 
 
 def run(args: argparse.Namespace) -> int:
-    path = Path(args.capabilities_file) if args.capabilities_file else Settings().capabilities_file
-    config = load_config(path)
-    body = json.dumps(load_document(args.file)).encode()
-    lines, ok = explain_request(body, config.custom, config.windows, time.time())
-    print("\n".join(lines))
-    return 0 if ok else 1
+    if (args.file is None) == (args.old is None and args.new is None):
+        raise PlanInputError(
+            "give a saved request (plan FILE) or two object files (plan --old FILE --new FILE)"
+        )
+    if args.file is None and (args.old is None or args.new is None):
+        raise PlanInputError(f"--{'new' if args.new is None else 'old'} FILE is missing: give both")
+    settings = settings_from_args(args)
+    config = load_config(settings.capabilities_file)
+    inventory = load_inventory(settings.inventory.expanduser()) if settings.inventory is not None else None
+    context = Context(settings, config.custom, config.windows, inventory, time.time())
+    names = tuple(args.machine)
+    preview: Preview
+    if args.file is not None:
+        preview = preview_request(read_request(args.file), tuple(Machine(name) for name in names), context)
+    else:
+        old, new = read_side(args.old), read_side(args.new)
+        pair(old, new)
+        if Part.MACHINE_CLASS in new.parts:
+            preview = preview_machine_classes(old, new, machines_of((old, new), names, "Node"), context)
+        else:
+            preview = preview_templates(old, new, machines_of((old, new), names, "Machine"), context)
+    print(render(preview, args.output))
+    return 1 if preview.outcome == "invalid" else 0
 
 
 COMMAND = Command(
-    "plan", "explain a CanUpdate*/UpdateMachine request field by field (offline)", configure, run
+    "plan",
+    "preview an update (old and new objects, or a saved request): changes, steps, drain, hosts (offline)",
+    configure,
+    run,
 )

@@ -74,6 +74,26 @@ def answer_can_update(
     return CanUpdateAnswer(ResponseStatus.SUCCESS, decision.message() or None, label, patches, affects)
 
 
+def judge_machine(
+    request: CanUpdateMachineRequest, custom: CustomTable = NO_CUSTOM, send_affects_availability: bool = True
+) -> tuple[Decision, CanUpdateAnswer]:
+    """The decision on a CanUpdateMachine request and the hook's answer (the hook and ``plan`` alike)."""
+    decision = decide_can_update_machine(request.current.to_json(), request.desired.to_json(), custom)
+    options = HookOptions.from_settings(request.settings)
+    return decision, answer_can_update(options, lambda: decision, custom, send_affects_availability)
+
+
+def judge_machine_set(
+    request: CanUpdateMachineSetRequest,
+    custom: CustomTable = NO_CUSTOM,
+    send_affects_availability: bool = True,
+) -> tuple[Decision, CanUpdateAnswer]:
+    """The decision on a CanUpdateMachineSet request and the hook's answer (the hook and ``plan`` alike)."""
+    decision = decide_can_update_machine_set(request.current.to_json(), request.desired.to_json(), custom)
+    options = HookOptions.from_settings(request.settings)
+    return decision, answer_can_update(options, lambda: decision, custom, send_affects_availability)
+
+
 MACHINE_TARGETS = ("machinePatch", "infrastructureMachinePatch", "bootstrapConfigPatch")
 MACHINE_SET_TARGETS = (
     "machineSetPatch",
@@ -106,13 +126,7 @@ def _log(hook: str, machine: str, answer: CanUpdateAnswer) -> None:
 async def can_update_machine(
     request: CanUpdateMachineRequest, context: HookContext
 ) -> CanUpdateMachineResponse:
-    current, desired = request.current.to_json(), request.desired.to_json()
-    answer = answer_can_update(
-        HookOptions.from_settings(request.settings),
-        lambda: decide_can_update_machine(current, desired, context.custom),
-        context.custom,
-        context.settings.affects_availability,
-    )
+    _, answer = judge_machine(request, context.custom, context.settings.affects_availability)
     machine, infrastructure, bootstrap = _patches_for(answer, MACHINE_TARGETS)
     _log("CanUpdateMachine", request.desired.machine.key, answer)
     return CanUpdateMachineResponse(
@@ -128,13 +142,7 @@ async def can_update_machine(
 async def can_update_machine_set(
     request: CanUpdateMachineSetRequest, context: HookContext
 ) -> CanUpdateMachineSetResponse:
-    current, desired = request.current.to_json(), request.desired.to_json()
-    answer = answer_can_update(
-        HookOptions.from_settings(request.settings),
-        lambda: decide_can_update_machine_set(current, desired, context.custom),
-        context.custom,
-        context.settings.affects_availability,
-    )
+    _, answer = judge_machine_set(request, context.custom, context.settings.affects_availability)
     # the old MachineSet is the object CAPI asks about (its Machines would move)
     machine_set, infrastructure, bootstrap = _patches_for(answer, MACHINE_SET_TARGETS)
     _log("CanUpdateMachineSet", request.current.machine_set.key, answer)

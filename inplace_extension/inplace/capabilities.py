@@ -17,7 +17,7 @@ in the capabilities file (:mod:`inplace_extension.inplace.custom`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -185,3 +185,17 @@ def first_disruptive(
     """The first capability (in run order) whose class is ``at_least`` or above: the node is drained
     before it runs."""
     return next((name for name in names if disruption_of(name, custom) >= at_least), None)
+
+
+def drain_point(
+    steps: Sequence[str], mode: str, custom: CustomTable = NO_CUSTOM, idle: Collection[str] = ()
+) -> str | None:
+    """The step right before which the Node is drained (the Kubernetes-aware mode's ``--drain``), or
+    None: ``never``; ``always``: the first step; ``auto``: the first step whose class disrupts the node,
+    not counting the ``idle`` steps (found to change nothing on this host this time). The steps before
+    it run on a schedulable Node. The service and ``plan`` both ask this."""
+    if mode == "never" or not steps:
+        return None
+    if mode == "always":
+        return steps[0]
+    return first_disruptive([step for step in steps if step not in idle], custom)

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from inplace_extension.inplace.capabilities import disruption_of, first_disruptive
+from inplace_extension.inplace.capabilities import disruption_of, drain_point
 from inplace_extension.inplace.custom import CustomTable, Disruption
 from inplace_extension.kube.cluster import connect_management
 from inplace_extension.kube.errors import KubeError
@@ -103,12 +103,8 @@ class KubeClusterSide:
     def drain_point(self, request: RunRequest) -> str | None:
         """Right before the first step that disrupts the node this time (``--drain auto``), or the first
         step (``always``): the steps before it run on a schedulable Node."""
-        if self._drain == "never" or not request.capabilities:
-            return None
-        if self._drain == "always":
-            return request.capabilities[0]
-        steps = [c for c in request.capabilities if c not in self._idle.get(request.ident, ())]
-        return first_disruptive(steps, self._custom)
+        idle = self._idle.get(request.ident, frozenset())
+        return drain_point(request.capabilities, self._drain, self._custom, idle)
 
     def drain(self, request: RunRequest, report: Callable[[str], None]) -> Blocked | None:
         try:

@@ -38,7 +38,8 @@ def test_plan_shows_custom_steps_with_the_flag(tmp_path: Path) -> None:
     caps = capabilities_file(tmp_path)
     result = run_cli("plan", str(request), "--capabilities-file", str(caps), env=clean_env(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert "4. os_image (role os_image): os_image_values (object[1])" in result.stdout
+    step = ["4", "os_image", "reboot", "unknown", "schedulable", "os_image_values"]
+    assert step in [line.split() for line in result.stdout.splitlines()]
     assert URL not in result.stdout  # values are never printed
     without = run_cli("plan", str(request), env=clean_env(tmp_path))
     assert "os_image" not in without.stdout
@@ -48,7 +49,7 @@ def test_plan_reads_the_file_from_the_environment_too(tmp_path: Path) -> None:
     env = {**clean_env(tmp_path), "INPLACE_CAPABILITIES_FILE": str(capabilities_file(tmp_path))}
     result = run_cli("plan", str(update_request(tmp_path)), env=env)
     assert result.returncode == 0, result.stderr
-    assert "os_image (role os_image)" in result.stdout
+    assert " os_image " in result.stdout
 
 
 def test_serve_refuses_a_bad_capabilities_file(tmp_path: Path) -> None:

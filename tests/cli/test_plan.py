@@ -1,0 +1,273 @@
+"""``plan --old FILE --new FILE``: the preview of CAPI templates and of an MCM MachineClass pair (steps,
+disruption, drain, hosts, windows), its JSON/YAML shape, and precise errors for bad input (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from inplace_extension.cli import main
+from inplace_extension.inplace.custom import NO_CUSTOM
+from inplace_extension.preview.inputs import Machine
+from inplace_extension.preview.judge import Context, preview_request
+from inplace_extension.runs.windows import MaintenanceWindow, Schedule
+from inplace_extension.settings import Settings
+
+from .conftest import FIXTURES, ROOT
+
+EXAMPLES = ROOT / "examples" / "plan"
+CAPI = ("--old", str(EXAMPLES / "capi-old.yaml"), "--new", str(EXAMPLES / "capi-new.yaml"))
+MCM = ("--old", str(EXAMPLES / "mcm-old.yaml"), "--new", str(EXAMPLES / "mcm-new.yaml"))
+INVENTORY = ("--inventory", str(EXAMPLES / "inventory.yaml"), "--allowed-cidrs", "10.77.0.0/16")
+
+
+@pytest.fixture(autouse=True)
+def no_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in [name for name in os.environ if name.startswith("INPLACE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+
+
+def plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["plan", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def document(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    code, out, err = plan(capsys, *args, "-o", "json")
+    assert code == 0, err
+    loaded: dict[str, Any] = json.loads(out)
+    return loaded
+
+
+def test_the_table_shows_changes_steps_the_drain_point_and_each_machines_host(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = plan(capsys, *CAPI, *INVENTORY, "--kube", "--machine", "md-0-a", "--machine", "md-0-b")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "MachineDeployment default/md-0: in place"
+    assert lines[1].startswith("CanUpdateMachineSet answers Success, patches: bootstrapConfigTemplatePatch")
+    steps = [line.split()[:5] for line in lines if line[:1].isdigit() or line.startswith("--")]
+    assert steps == [
+        ["1", "kubeadm_files", "none", "yes", "schedulable"],
+        ["--", "drain", "point:", "the", "service"],
+        ["2", "kubelet_args", "restart-kubelet", "yes", "drained"],
+        ["3", "kubernetes_version", "restart-kubelet", "yes", "drained"],
+    ]
+    host_a = next(line for line in lines if line.startswith("default/md-0-a "))
+    assert host_a.endswith("ansible@10.77.1.11:22 (inventory)")
+    host_b = next(line for line in lines if line.startswith("default/md-0-b "))
+    assert "none: HostNotFound: no inventory entry matches this Machine" in host_b
+    assert "managed by cluster-api" not in out and "updated in place" not in out  # values: never shown
+
+
+def test_without_kube_aware_mode_nothing_is_drained_and_always_drains_before_the_first_step(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    offline = document(capsys, *CAPI)
+    assert offline["drain"] == {
+        "by": "none",
+        "before": None,
+        "why": "the service drains only in its Kubernetes-aware mode (--kube)",
+    }
+    assert not any(step["drained"] for step in offline["steps"])
+    always = document(capsys, *CAPI, "--kube", "--drain", "always")
+    assert always["drain"]["before"] == "kubeadm_files"
+    assert all(step["drained"] for step in always["steps"])
+
+
+def test_an_unchanged_version_is_no_reason_to_drain(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The kubelet already runs the target: the version step changes nothing (the service asks the Node)."""
+    new = tmp_path / "new.yaml"
+    new.write_text(
+        (EXAMPLES / "capi-new.yaml")
+        .read_text()
+        .replace('{name: max-pods, value: "120"}', '{name: max-pods, value: "110"}')
+        .replace("v1.31.0", "v1.30.0")
+    )
+    preview = document(capsys, "--old", str(EXAMPLES / "capi-old.yaml"), "--new", str(new), "--kube")
+    assert [(s["capability"], s["changed"]) for s in preview["steps"]] == [
+        ("kubeadm_files", True),
+        ("kubelet_args", False),
+        ("kubernetes_version", False),
+    ]
+    # kubelet_args converges (unchanged) but is still a restart-kubelet step: the service drains before it
+    assert preview["drain"]["before"] == "kubelet_args"
+    assert "kubernetes_version does not count" in preview["drain"]["why"]
+
+
+def test_a_change_no_capability_carries_out_is_a_rollout_with_no_steps(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    new = tmp_path / "new.yaml"
+    new.write_text(
+        (EXAMPLES / "capi-new.yaml").read_text().replace("/var/run/docker.sock}", "/run/docker.sock}")
+    )
+    preview = document(capsys, *CAPI[:2], "--new", str(new), "--machine", "md-0-a")
+    assert preview["outcome"] == "rollout"
+    refused = [c for c in preview["changes"] if not c["inPlace"]]
+    assert [(c["object"], c["field"]) for c in refused] == [("DockerMachineTemplate", "/extraMounts")]
+    assert preview["steps"] == [] and preview["machines"][0]["run"] is None
+
+
+def test_the_yaml_document_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = plan(capsys, *CAPI, *INVENTORY, "--machine", "md-0-a", "-o", "yaml")
+    assert code == 0
+    loaded = yaml.safe_load(out)
+    assert list(loaded) == [
+        "apiVersion",
+        "kind",
+        "subject",
+        "source",
+        "outcome",
+        "answer",
+        "changes",
+        "steps",
+        "fingerprint",
+        "drain",
+        "machines",
+        "window",
+    ]
+    assert loaded["kind"] == "PlanPreview"
+    assert loaded["machines"][0]["host"] == {
+        "resolved": True,
+        "address": "10.77.1.11",
+        "port": 22,
+        "user": "ansible",
+        "source": "inventory",
+    }
+
+
+def test_a_machine_class_pair_previews_what_the_agent_runs_on_a_drained_node(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    preview = document(capsys, *MCM, "--machine", "node-1")
+    assert preview["source"] == "mcm" and preview["outcome"] == "partial"
+    fields = {c["field"]: (c["inPlace"], c["capability"]) for c in preview["changes"]}
+    assert fields == {
+        "/providerSpec/inPlaceUpdate/kubeadmConfigSpec/files": (True, "kubeadm_files"),
+        "/providerSpec/inPlaceUpdate/kubeadmConfigSpec/ntp/servers": (True, "ntp"),
+        "/providerSpec/machineType": (False, None),
+    }
+    assert preview["drain"]["by"] == "mcm" and all(step["drained"] for step in preview["steps"])
+    assert preview["machines"][0]["run"].startswith("machines.node-1.")
+
+
+def test_an_invalid_desired_state_is_the_agents_failure_and_exits_1(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    new = tmp_path / "new.yaml"
+    new.write_text(
+        (EXAMPLES / "mcm-new.yaml")
+        .read_text()
+        .replace("kubernetesVersion: v1.31.0", "kubernetesVersion: v1.x")
+    )
+    code, out, _ = plan(capsys, *MCM[:2], "--new", str(new))
+    assert code == 1
+    assert "failure: the agent answers update-result failed: InvalidDesiredState: " in out
+    assert "providerSpec.inPlaceUpdate.kubernetesVersion" in out
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            lambda text: text + "---\nkind: Service\napiVersion: v1\nmetadata: {name: x}\n",
+            "{new}: document 4: kind Service (v1): expected MachineDeployment or MachineSet",
+        ),
+        (
+            lambda text: text.replace(
+                "bootstrap.cluster.x-k8s.io/v1beta2\nkind", "bootstrap.cluster.x-k8s.io/v1beta1\nkind"
+            ),
+            "{new}: document 2: apiVersion: bootstrap.cluster.x-k8s.io/v1beta1: "
+            "only bootstrap.cluster.x-k8s.io/v1beta2 is understood",
+        ),
+        (
+            lambda text: text.split("---\n", 1)[1],
+            "{new}: no MachineDeployment/MachineSet, but {old} has one ({old}: document 1); give both sides",
+        ),
+        (
+            lambda text: text.replace(
+                "kind: KubeadmConfigTemplate\nmetadata: {name: md-0-v2, namespace: default}",
+                "kind: KubeadmConfigTemplate\nmetadata: {namespace: default}",
+            ),
+            "{new}: document 2: metadata.name: must be a non-empty string",
+        ),
+        (
+            lambda text: text.replace(
+                "  template:\n    spec:\n      files", "  template:\n    spec: [1]\n    x:\n      files"
+            ),
+            "{new}: document 2: spec.template.spec: must be an object",
+        ),
+        (lambda text: "a: [1\n", "{new}: not JSON or YAML: line 2: expected ',' or ']'"),
+    ],
+)
+def test_bad_input_names_the_file_and_field_and_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, edit: Any, expected: str
+) -> None:
+    new = tmp_path / "new.yaml"
+    new.write_text(edit((EXAMPLES / "capi-new.yaml").read_text()))
+    code, out, err = plan(capsys, *CAPI[:2], "--new", str(new))
+    assert code == 2 and out == ""
+    assert err.startswith("inplace-extension: " + expected.format(new=new, old=CAPI[1])), err
+    assert "Traceback" not in err
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = plan(capsys, "--old", str(EXAMPLES / "capi-old.yaml"))
+    assert code == 2 and "--new FILE is missing" in err
+    code, _, err = plan(capsys, *CAPI[:2], "--new", str(tmp_path / "nope.yaml"))
+    assert code == 2 and f"{tmp_path / 'nope.yaml'}: cannot read: No such file or directory" in err
+    request = str(FIXTURES / "can_update_machine_set" / "5A.request.json")
+    code, _, err = plan(capsys, *CAPI[:2], "--new", request)
+    assert code == 2 and f"{request}: a hook request; preview it with: plan FILE" in err
+    code, _, err = plan(capsys, *MCM[:2], *CAPI[2:])
+    assert code == 2 and "mcm-old.yaml: no MachineDeployment/MachineSet, but" in err
+
+
+# -- maintenance windows (the preview of a saved UpdateMachine request, in process) ------------------
+
+NIGHTS = MaintenanceWindow(
+    "nights", "0 22 * * *", 3600, labels=(("cluster.x-k8s.io/cluster-name", "my-cluster"),)
+)
+ELSEWHERE = MaintenanceWindow(
+    "elsewhere", "0 22 * * *", 3600, labels=(("cluster.x-k8s.io/cluster-name", "x"),)
+)
+REQUEST = json.loads((FIXTURES / "update_machine" / "6A.request.json").read_text())
+
+
+def window_at(windows: Schedule, when: str) -> Any:
+    now = datetime.fromisoformat(when).replace(tzinfo=UTC).timestamp()
+    context = Context(Settings(), NO_CUSTOM, windows, None, now)
+    return preview_request(REQUEST, (), context).machines[0].window
+
+
+def test_plan_shows_a_closed_window_and_when_it_opens() -> None:
+    window = window_at(Schedule((NIGHTS,)), "2026-12-01T12:00:00")
+    assert (window.open, window.name, window.opens) == (False, "nights", "2026-12-01T22:00Z")
+
+
+def test_plan_shows_an_open_window() -> None:
+    assert window_at(Schedule((NIGHTS,)), "2026-12-01T22:30:00").open
+
+
+def test_plan_says_nothing_when_no_window_applies_to_the_machine() -> None:
+    assert window_at(Schedule((ELSEWHERE,)), "2026-12-01T12:00:00") is None
+
+
+def test_machine_names_are_refused_for_a_request_that_names_its_own(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = plan(capsys, str(FIXTURES / "update_machine" / "6A.request.json"), "--machine", "m")
+    assert code == 2 and "--machine: a UpdateMachineRequest names its Machine itself" in err
+    assert Machine("m").labels == {}

@@ -1,0 +1,138 @@
+"""``plan`` agrees with the service: the same objects posted to the real hooks (the app over ASGI) get
+the answer plan previewed, UpdateMachine starts the run plan named, and the Kubernetes-aware cluster
+side drains before the step plan showed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import pytest
+import yaml
+
+from inplace_extension.app import create_app
+from inplace_extension.inplace.custom import NO_CUSTOM
+from inplace_extension.kube.port import ManagementCluster
+from inplace_extension.kubeaware.cluster_side import KubeClusterSide
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.settings import Settings
+
+from .conftest import FIXTURES, ROOT, clean_env, run_cli
+
+pytestmark = pytest.mark.anyio
+API = "/hooks.runtime.cluster.x-k8s.io/v1alpha1"
+EXAMPLES = ROOT / "examples" / "plan"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Recorder:
+    """An executor that records the run UpdateMachine hands it."""
+
+    def __init__(self) -> None:
+        self.requests: list[RunRequest] = []
+
+    async def poll(self, request: RunRequest) -> Progress:
+        self.requests.append(request)
+        return Progress(ProgressState.IN_PROGRESS, "running", 5)
+
+
+def planned(tmp_path: Path, *args: str) -> dict[str, Any]:
+    result = run_cli("plan", *args, "-o", "json", env=clean_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+async def post(path: str, body: Any, executor: Recorder | None = None) -> dict[str, Any]:
+    app = create_app(Settings(plain_http=True), executor)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://capi.test") as c:
+        response = await c.post(f"{API}/{path}", content=json.dumps(body))
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def split(request: dict[str, Any], tmp_path: Path) -> tuple[Path, Path]:
+    """A CanUpdateMachineSet request's current and desired objects as two List files (kubectl's shape)."""
+    paths = []
+    for side in ("current", "desired"):
+        path = tmp_path / f"{side}.yaml"
+        path.write_text(
+            yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [*request[side].values()]})
+        )
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+@pytest.mark.parametrize("fixture", ["5A", "5B"])
+async def test_plan_of_the_objects_is_the_can_update_machine_set_answer(tmp_path: Path, fixture: str) -> None:
+    request = json.loads((FIXTURES / "can_update_machine_set" / f"{fixture}.request.json").read_text())
+    old, new = split(request, tmp_path)
+    preview = planned(tmp_path, "--old", str(old), "--new", str(new))
+    answer = await post("canupdatemachineset/can-update-machineset", request)
+    assert preview["answer"]["status"] == answer["status"]
+    assert preview["answer"]["message"] == answer["message"]
+    assert preview["answer"]["affectsAvailability"] == answer.get("affectsAvailability")
+    assert preview["answer"]["patches"] == sorted(key for key in answer if key.endswith("Patch"))
+    rollout = "rollout needed" in answer["message"]
+    assert preview["outcome"] == ("rollout" if rollout else "in-place")
+    assert [c["inPlace"] for c in preview["changes"]].count(False) == answer["message"].count("no capability")
+
+
+async def test_plan_of_the_templates_is_what_update_machine_runs_and_where_it_drains(tmp_path: Path) -> None:
+    preview = planned(
+        tmp_path,
+        "--old",
+        str(EXAMPLES / "capi-old.yaml"),
+        "--new",
+        str(EXAMPLES / "capi-new.yaml"),
+        "--machine",
+        "md-0-a",
+        "--kube",
+    )
+    # what CAPI sends once the MachineSet answer is applied: the Machine with the new template's spec,
+    # its labels; its KubeadmConfig and DockerMachine with the new templates' specs
+    documents = list(yaml.safe_load_all((EXAMPLES / "capi-new.yaml").read_text()))
+    deployment, bootstrap, infrastructure = documents
+    template = deployment["spec"]["template"]
+    metadata = {"name": "md-0-a", "namespace": "default", "labels": template["metadata"]["labels"]}
+    update = {
+        "kind": "UpdateMachineRequest",
+        "desired": {
+            "machine": {
+                "apiVersion": "cluster.x-k8s.io/v1beta2",
+                "kind": "Machine",
+                "metadata": metadata,
+                "spec": template["spec"],
+            },
+            "infrastructureMachine": {
+                "apiVersion": infrastructure["apiVersion"],
+                "kind": "DockerMachine",
+                "metadata": {"name": "md-0-a", "namespace": "default"},
+                "spec": infrastructure["spec"]["template"]["spec"],
+            },
+            "bootstrapConfig": {
+                "apiVersion": bootstrap["apiVersion"],
+                "kind": "KubeadmConfig",
+                "metadata": {"name": "md-0-a", "namespace": "default"},
+                "spec": bootstrap["spec"]["template"]["spec"],
+            },
+        },
+    }
+    recorder = Recorder()
+    answer = await post("updatemachine/update-machine", update, recorder)
+    assert answer["status"] == "Success"
+    (run,) = recorder.requests
+    assert preview["machines"][0]["run"] == run.ident
+    assert preview["fingerprint"] == run.fingerprint
+    assert [step["capability"] for step in preview["steps"]] == list(run.capabilities)
+    # the Kubernetes-aware cluster side (drain --auto) drains right before the step plan named; the
+    # drain point reads no cluster (the management port is never called for it)
+    side = KubeClusterSide(cast(ManagementCluster, object()), Settings(kube=True), NO_CUSTOM)
+    assert preview["drain"]["before"] == side.drain_point(run) == "kubelet_args"
+    assert [step["drained"] for step in preview["steps"]] == [False, True, True]
