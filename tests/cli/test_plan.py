@@ -271,3 +271,14 @@ def test_machine_names_are_refused_for_a_request_that_names_its_own(
     code, _, err = plan(capsys, str(FIXTURES / "update_machine" / "6A.request.json"), "--machine", "m")
     assert code == 2 and "--machine: a UpdateMachineRequest names its Machine itself" in err
     assert Machine("m").labels == {}
+
+
+def test_kubectl_json_lists_are_read_as_they_are(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    files = []
+    for name in ("capi-old", "capi-new"):
+        items = list(yaml.safe_load_all((EXAMPLES / f"{name}.yaml").read_text()))
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items, "metadata": {}}))
+        files.append(str(path))
+    from_json = document(capsys, "--old", files[0], "--new", files[1])
+    assert from_json == document(capsys, *CAPI)
