@@ -286,7 +286,9 @@ def preview_machine_classes(old: Side, new: Side, nodes: tuple[Machine, ...], co
     else:
         outcome = "in-place" if all(change.in_place for change in changes) else "partial"
     machines = tuple(
-        _machine_preview(run_request(node_plan, node.annotations, node.labels), node, context, True)
+        _machine_preview(
+            run_request(node_plan, node.annotations, node.labels, None, node.addresses), node, context, True
+        )
         for node, node_plan in plans
     )
     window = None if plans else _window({}, context)
@@ -395,11 +397,15 @@ def _machine_preview(run: RunRequest, machine: Machine, context: Context, in_pla
 
 
 def _host(run: RunRequest, machine: Machine, context: Context) -> Host | None:
-    """The SSH target as the service resolves it; in the Kubernetes-aware mode the Machine's
-    ``status.addresses`` (from the Machine object given in a file) come last, as the service reads them."""
+    """The SSH target as the service resolves it. The ``status.addresses`` that come last: those the
+    run carries (the MCM agent's Node), else in the Kubernetes-aware mode the Machine's (from a Machine
+    object given in a file; the service reads the live one), else none."""
     if context.inventory is None:
         return None
     settings = context.settings
+    addresses = run.addresses
+    if addresses is None and settings.kube_aware:
+        addresses = machine.addresses
     try:
         target = resolve_host(
             run.namespace,
@@ -408,7 +414,7 @@ def _host(run: RunRequest, machine: Machine, context: Context) -> Host | None:
             run.annotations,
             context.inventory,
             parse_cidrs(settings.allowed_cidrs),
-            (lambda: machine.addresses) if settings.kube_aware else None,
+            None if addresses is None else (lambda: addresses or ()),
             settings.address_types,
         )
     except ResolveError as exc:

@@ -282,3 +282,42 @@ def test_kubectl_json_lists_are_read_as_they_are(capsys: pytest.CaptureFixture[s
         files.append(str(path))
     from_json = document(capsys, "--old", files[0], "--new", files[1])
     assert from_json == document(capsys, *CAPI)
+
+
+def test_a_nodes_status_address_is_its_host_and_each_failure_has_the_services_reason(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """MCM: Node objects in a file are the machines; their addresses come last, as the agent reads them."""
+    nodes = [
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"pool": "a"}},
+            "status": {
+                "addresses": [{"type": "Hostname", "address": name}, {"type": "InternalIP", "address": ip}]
+            },
+        }
+        for name, ip in (("node-in", "10.77.2.5"), ("node-out", "192.0.2.9"))
+    ]
+    new = tmp_path / "new.yaml"
+    new.write_text((EXAMPLES / "mcm-new.yaml").read_text() + "---\n" + yaml.safe_dump_all(nodes))
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("defaults: {insecure_skip_host_key_check: true, user: ops}\n")
+    flags = ("--inventory", str(inventory), "--allowed-cidrs", "10.77.0.0/16")
+    preview = document(capsys, *MCM[:2], "--new", str(new), *flags)
+    hosts = {m["name"]: m["host"] for m in preview["machines"]}
+    assert hosts["machines/node-in"] == {
+        "resolved": True,
+        "address": "10.77.2.5",
+        "port": 22,
+        "user": "ops",
+        "source": "machine status",
+    }
+    assert hosts["machines/node-out"] == {
+        "resolved": False,
+        "reason": "HostNotAllowed",
+        "message": "the address from the machine status is outside --allowed-cidrs",
+    }
+    inventory.write_text("hosts: []\n")
+    strict = document(capsys, *MCM[:2], "--new", str(new), *flags)
+    assert strict["machines"][0]["host"]["reason"] == "NoHostKey"
