@@ -73,6 +73,7 @@ def configure_logging(log_format: str, level: str, stream: TextIO | None = None)
         logger.handlers.clear()
         logger.setLevel(logging.NOTSET)
         logger.propagate = True
-    # the Kubernetes client's transport logs one INFO line per API request (drains poll every second)
-    for name in ("httpx", "httpx2"):
+    # the Kubernetes client's transport logs one INFO line per API request (drains poll every second),
+    # and its connection layer half a dozen DEBUG lines more: --log-level debug is for our decisions
+    for name in ("httpx", "httpx2", "httpcore", "httpcore2"):
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))

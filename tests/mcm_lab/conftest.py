@@ -5,7 +5,7 @@ playbooks of the end-to-end tests (tests/e2e/conftest.py, reused as they are), a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -29,10 +29,17 @@ def start_agent(
     started: list[AgentProcess] = []
     inventory = write_inventory(lab, tmp_path / "inventory.yaml")
 
-    def start(runs_dir: Path | None = None, name: str = "agent") -> AgentProcess:
+    def start(
+        runs_dir: Path | None = None,
+        name: str = "agent",
+        capabilities: Path | None = None,
+        extra: Sequence[str] = (),
+    ) -> AgentProcess:
+        """``capabilities``: another capabilities file (a test's own windows); ``extra``: more flags."""
         runs = runs_dir or tmp_path / f"runs-{name}"
         port = kubelab_mcm.free_port()
-        argv = agent_argv(kubelab_mcm, lab, inventory, runs, e2e_capabilities, port)
+        argv = agent_argv(kubelab_mcm, lab, inventory, runs, capabilities or e2e_capabilities, port)
+        argv.extend(extra)
         agent = AgentProcess(argv, tmp_path / f"{name}.log", port, runs)
         started.append(agent)
         return agent

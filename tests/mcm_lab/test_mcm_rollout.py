@@ -9,6 +9,9 @@ binaries on the hosts (stand-ins, see tests/e2e/conftest.py).
 
 from __future__ import annotations
 
+import json
+import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +205,104 @@ def test_api_outage_mid_rollout(
     watch_rollout(pool, pool.finished)
     for node in pool.nodes():
         assert_host_updated(lab, pool.host_of(node))
+
+
+# from the agent's start, the first Node is drained and handed to it well inside this (10 s measured
+# with a load average of 20 on 2 cores); the window opens at the first whole minute after it
+WINDOW_LEAD = timedelta(seconds=30)
+PAUSE = "inplace-extension.io/pause"
+
+
+def node_event_messages(lab: Lab, node: str) -> list[str]:
+    selector = f"involvedObject.kind=Node,involvedObject.name={node}"
+    out = lab.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
+    return [str(event.get("message", "")) for event in json.loads(out.stdout)["items"]]
+
+
+def test_a_window_a_pause_a_cancel_and_a_resume_in_one_rollout(
+    kubelab_mcm: Lab,
+    lab: HostLab,
+    pool_factory: Any,
+    start_agent: StartAgent,
+    e2e_capabilities: Path,
+    tmp_path: Path,
+) -> None:
+    """Every hold of docs/operator-controls.md in one rollout of 3 with the real MCM: the first Node waits
+    for a maintenance window that opens during the test; a pause set while its run is in flight lets that
+    run finish and holds the next Node MCM hands over (and MCM drains no third meanwhile); a cancel fails
+    the held Node visibly in MCM; removing the annotation resumes and the rollout completes."""
+    pool = pool_factory("held")
+    opens = (datetime.now(UTC) + WINDOW_LEAD + timedelta(minutes=1)).replace(second=0, microsecond=0)
+    capabilities = tmp_path / "capabilities.yaml"
+    capabilities.write_text(
+        e2e_capabilities.read_text()
+        + f"maintenance_windows:\n  - name: held-nights\n    cron: '{opens.minute} {opens.hour} * * *'\n"
+        + "    duration: 1h\n"
+    )
+    agent = start_agent(capabilities=capabilities, extra=("--log-level", "debug"))
+    runs = agent.runs_dir
+
+    def annotate(value: str) -> None:
+        kubelab_mcm.kubectl(
+            "annotate", mcm_objects.MACHINE_DEPLOYMENTS, "held", "-n", mcm.NAMESPACE, value, "--overwrite"
+        )
+
+    def told(message: str) -> set[str]:
+        """The Nodes the agent logged ``message`` for (once per change of what a Node waits for)."""
+        return set(re.findall(rf"node (\S+): {re.escape(message)}$", agent.log(), re.MULTILINE))
+
+    def attempts(node: str) -> list[Path]:
+        return sorted(runs.glob(f"{mcm.NAMESPACE}.{node}.*/attempt-*/meta.json"))
+
+    pool.switch("v2")
+    window = f'waiting for maintenance window "held-nights" (opens {opens:%Y-%m-%dT%H:%M}Z)'
+    assert wait_until(lambda: bool(told(window)), WINDOW_LEAD.total_seconds(), 0.25), agent.log()
+    assert datetime.now(UTC) < opens, "the wait was seen only after the opening: raise WINDOW_LEAD"
+    (first,) = told(window)
+    assert not list(runs.glob("*/attempt-*")), "nothing starts before the window opens"
+    assert window in node_event_messages(kubelab_mcm, first)
+
+    # the window opens: the first run starts; a pause set while it is in flight lets it finish
+    until_open = (opens - datetime.now(UTC)).total_seconds()
+    assert wait_until(lambda: bool(attempts(first)), until_open + 60, 0.1), agent.log()
+    annotate(f"{PAUSE}=true")
+    assert not (attempts(first)[0].parent / "outcome.json").exists(), "paused while the run is in flight"
+    assert json.loads(attempts(first)[0].read_text())["started"] >= opens.timestamp()
+    paused = f"paused by MachineDeployment {mcm.NAMESPACE}/held (annotation {PAUSE})"
+    assert wait_until(lambda: bool(told(paused)), ROLLOUT, 0.25), "MCM hands over the next Node, held"
+    (second,) = told(paused)
+    assert second != first and stamp_writes(lab, pool.host_of(pool.node(first))) == [V2_FINGERPRINT]
+    # observed over the agent's own next looks at the held Node (it looks every resync, 2 s here)
+    still = f"node {second}: still {paused}"
+    assert wait_until(lambda: agent.log().count(still) >= 3, 60, 0.25), agent.log()
+    held = pool.node(second)
+    assert ns.in_place_reason(held) == ns.READY_FOR_UPDATE and ns.RESULT_LABEL not in ns.node_labels(held)
+    assert not attempts(second) and stamp_writes(lab, pool.host_of(held)) == [], "nothing ran on it"
+    (third,) = set(pool.initial) - {first, second}
+    assert not pool.node(third).get("spec", {}).get("unschedulable"), "MCM drains no other Node"
+    assert paused in node_event_messages(kubelab_mcm, second)
+    assert 'inplace_extension_updates_waiting{reason="pause"} 1.0' in agent.get("/metrics").text
+
+    annotate(f"{PAUSE}=cancel")
+    cancelled = f"cancelled by MachineDeployment {mcm.NAMESPACE}/held (annotation {PAUSE}=cancel)"
+
+    def mcm_shows_it() -> bool:
+        machine = next(m for m in pool.machines() if m["metadata"]["name"] == second)
+        operation = machine.get("status", {}).get("lastOperation", {})
+        return mcm_objects.phase(machine) == "InPlaceUpdateFailed" and cancelled in str(
+            operation.get("description", "")
+        )
+
+    assert wait_until(mcm_shows_it, 120, 0.5), "MCM shows the cancel on the Machine"
+    assert ns.node_annotations(pool.node(second))[ns.FAILED_REASON_ANNOTATION] == cancelled
+    assert pool.deployment().get("status", {}).get("updatedReplicas", 0) < 3, "the rollout stops"
+    assert not attempts(second) and not pool.node(third).get("spec", {}).get("unschedulable")
+
+    annotate(f"{PAUSE}-")  # resume: the cancelled Node starts, MCM goes on with the third
+    watch_rollout(pool, pool.finished)
+    for node in pool.nodes():
+        assert_host_updated(lab, pool.host_of(node))
+    assert len(attempts(second)) == 1 and len(attempts(third)) == 1
 
 
 LEFT = "/etc/mcm/left-by-a-failed-run.conf"
