@@ -38,7 +38,6 @@ SETTINGS = (
     "allowed_cidrs",
     "address_types",
     "kube",
-    "kubeconfig",
     "drain",
     "affects_availability",
 )
@@ -71,6 +70,12 @@ def configure(parser: Parser) -> None:
         help="table (default), or the PlanPreview document as json or yaml",
     )
     add_settings_flags(parser, SETTINGS)
+    parser.epilog = (
+        "The service settings are read as serve reads them (flags, else INPLACE_* variables) and only judged "
+        "with: plan connects to nothing. --kube (or INPLACE_KUBECONFIG) says the service runs in its "
+        "Kubernetes-aware mode, where it drains. Exit 0: previewed; 1: the service would answer Failure; "
+        "2: bad input."
+    )
 
 
 def run(args: argparse.Namespace) -> int:

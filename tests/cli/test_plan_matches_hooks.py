@@ -5,6 +5,8 @@ side drains before the step plan showed."""
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -13,13 +15,15 @@ import pytest
 import yaml
 
 from inplace_extension.app import create_app
+from inplace_extension.cli import main
 from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.port import ManagementCluster
 from inplace_extension.kubeaware.cluster_side import KubeClusterSide
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 
-from .conftest import FIXTURES, ROOT, clean_env, run_cli
+from .conftest import FIXTURES, ROOT
 
 pytestmark = pytest.mark.anyio
 API = "/hooks.runtime.cluster.x-k8s.io/v1alpha1"
@@ -42,11 +46,23 @@ class Recorder:
         return Progress(ProgressState.IN_PROGRESS, "running", 5)
 
 
-def planned(tmp_path: Path, *args: str) -> dict[str, Any]:
-    result = run_cli("plan", *args, "-o", "json", env=clean_env(tmp_path))
-    assert result.returncode == 0, result.stderr
-    document: dict[str, Any] = json.loads(result.stdout)
-    return document
+@pytest.fixture
+def planned(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Callable[..., dict[str, Any]]:
+    """``plan ARGS -o json`` in this process (no INPLACE_* setting of the caller's environment)."""
+    for name in [name for name in os.environ if name.startswith("INPLACE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+
+    def plan(*args: str) -> dict[str, Any]:
+        code = main(["plan", *args, "-o", "json"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        document: dict[str, Any] = json.loads(out)
+        return document
+
+    return plan
 
 
 async def post(path: str, body: Any, executor: Recorder | None = None) -> dict[str, Any]:
@@ -70,10 +86,12 @@ def split(request: dict[str, Any], tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("fixture", ["5A", "5B"])
-async def test_plan_of_the_objects_is_the_can_update_machine_set_answer(tmp_path: Path, fixture: str) -> None:
+async def test_plan_of_the_objects_is_the_can_update_machine_set_answer(
+    tmp_path: Path, fixture: str, planned: Callable[..., dict[str, Any]]
+) -> None:
     request = json.loads((FIXTURES / "can_update_machine_set" / f"{fixture}.request.json").read_text())
     old, new = split(request, tmp_path)
-    preview = planned(tmp_path, "--old", str(old), "--new", str(new))
+    preview = planned("--old", str(old), "--new", str(new))
     answer = await post("canupdatemachineset/can-update-machineset", request)
     assert preview["answer"]["status"] == answer["status"]
     assert preview["answer"]["message"] == answer["message"]
@@ -84,9 +102,10 @@ async def test_plan_of_the_objects_is_the_can_update_machine_set_answer(tmp_path
     assert [c["inPlace"] for c in preview["changes"]].count(False) == answer["message"].count("no capability")
 
 
-async def test_plan_of_the_templates_is_what_update_machine_runs_and_where_it_drains(tmp_path: Path) -> None:
+async def test_plan_of_the_templates_is_what_update_machine_runs_and_where_it_drains(
+    planned: Callable[..., dict[str, Any]],
+) -> None:
     preview = planned(
-        tmp_path,
         "--old",
         str(EXAMPLES / "capi-old.yaml"),
         "--new",
@@ -95,13 +114,28 @@ async def test_plan_of_the_templates_is_what_update_machine_runs_and_where_it_dr
         "md-0-a",
         "--kube",
     )
-    # what CAPI sends once the MachineSet answer is applied: the Machine with the new template's spec,
-    # its labels; its KubeadmConfig and DockerMachine with the new templates' specs
+    recorder = Recorder()
+    answer = await post("updatemachine/update-machine", update_request("md-0-a"), recorder)
+    assert answer["status"] == "Success"
+    (run,) = recorder.requests
+    assert preview["machines"][0]["run"] == run.ident
+    assert preview["fingerprint"] == run.fingerprint
+    assert [step["capability"] for step in preview["steps"]] == list(run.capabilities)
+    # the Kubernetes-aware cluster side (drain --auto) drains right before the step plan named; the
+    # drain point reads no cluster (the management port is never called for it)
+    side = KubeClusterSide(cast(ManagementCluster, object()), Settings(kube=True), NO_CUSTOM)
+    assert preview["drain"]["before"] == side.drain_point(run) == "kubelet_args"
+    assert [step["drained"] for step in preview["steps"]] == [False, True, True]
+
+
+def update_request(name: str) -> dict[str, Any]:
+    """What CAPI sends once the MachineSet answer is applied: the Machine with the new template's spec
+    and labels; its KubeadmConfig and DockerMachine with the new templates' specs."""
     documents = list(yaml.safe_load_all((EXAMPLES / "capi-new.yaml").read_text()))
     deployment, bootstrap, infrastructure = documents
     template = deployment["spec"]["template"]
-    metadata = {"name": "md-0-a", "namespace": "default", "labels": template["metadata"]["labels"]}
-    update = {
+    metadata = {"name": name, "namespace": "default", "labels": template["metadata"]["labels"]}
+    return {
         "kind": "UpdateMachineRequest",
         "desired": {
             "machine": {
@@ -113,26 +147,44 @@ async def test_plan_of_the_templates_is_what_update_machine_runs_and_where_it_dr
             "infrastructureMachine": {
                 "apiVersion": infrastructure["apiVersion"],
                 "kind": "DockerMachine",
-                "metadata": {"name": "md-0-a", "namespace": "default"},
+                "metadata": {"name": name, "namespace": "default"},
                 "spec": infrastructure["spec"]["template"]["spec"],
             },
             "bootstrapConfig": {
                 "apiVersion": bootstrap["apiVersion"],
                 "kind": "KubeadmConfig",
-                "metadata": {"name": "md-0-a", "namespace": "default"},
+                "metadata": {"name": name, "namespace": "default"},
                 "spec": bootstrap["spec"]["template"]["spec"],
             },
         },
     }
-    recorder = Recorder()
-    answer = await post("updatemachine/update-machine", update, recorder)
-    assert answer["status"] == "Success"
-    (run,) = recorder.requests
-    assert preview["machines"][0]["run"] == run.ident
-    assert preview["fingerprint"] == run.fingerprint
-    assert [step["capability"] for step in preview["steps"]] == list(run.capabilities)
-    # the Kubernetes-aware cluster side (drain --auto) drains right before the step plan named; the
-    # drain point reads no cluster (the management port is never called for it)
-    side = KubeClusterSide(cast(ManagementCluster, object()), Settings(kube=True), NO_CUSTOM)
-    assert preview["drain"]["before"] == side.drain_point(run) == "kubelet_args"
-    assert [step["drained"] for step in preview["steps"]] == [False, True, True]
+
+
+async def test_a_machine_plan_finds_no_host_for_gets_the_same_failure_from_the_service(
+    planned: Callable[..., dict[str, Any]], tmp_path: Path
+) -> None:
+    inventory = EXAMPLES / "inventory.yaml"
+    settings = Settings(
+        plain_http=True,
+        inventory=inventory,
+        allowed_cidrs=["10.77.0.0/16"],
+        runs_dir=tmp_path / "runs",
+        playbooks_dir=ROOT / "playbooks",
+    )
+    flags = ("--inventory", str(inventory), "--allowed-cidrs", "10.77.0.0/16", "--machine", "md-0-b")
+    preview = planned(
+        "--old", str(EXAMPLES / "capi-old.yaml"), "--new", str(EXAMPLES / "capi-new.yaml"), *flags
+    )
+    host = preview["machines"][0]["host"]
+    service = RunService(settings)
+    try:
+        app = create_app(settings, service)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://capi.test") as client:
+            body = json.dumps(update_request("md-0-b"))
+            answer = (await client.post(f"{API}/updatemachine/update-machine", content=body)).json()
+    finally:
+        service.close()
+    assert answer["status"] == "Failure"
+    assert answer["message"] == f"{host['reason']}: {host['message']}"
+    assert host["reason"] == "HostNotFound"
