@@ -19,12 +19,14 @@ from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inplace_extension.inplace.capabilities import CAPABILITIES, capability_names
+from inplace_extension.inplace.cel import compile_expression
 from inplace_extension.inplace.custom import (
     CustomCapability,
     CustomClaim,
     CustomTable,
     Disruption,
     HealthCheck,
+    ObjectCheck,
     overlap_problems,
 )
 from inplace_extension.inplace.shipped import (
@@ -191,8 +193,82 @@ class KubeletCredentialsEntry(_Strict):
     cert_dir: str = Field("/var/lib/kubelet/pki", pattern=ABSOLUTE_PATTERN)
 
 
+# DNS-1123 names (namespaces, most objects) and label values as Kubernetes accepts them
+OBJECT_NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+LABEL_VALUE_PATTERN: Final = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+API_VERSION_PATTERN: Final = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?v[0-9]+((alpha|beta)[0-9]+)?$"
+
+
+class KubernetesCheckEntry(_Strict):
+    """A ``kubernetes`` health check: which objects to read, and the CEL expression each must satisfy."""
+
+    api_version: str = Field(
+        pattern=API_VERSION_PATTERN,
+        description='group/version of the kind ("ceph.rook.io/v1", "apps/v1"; "v1" for the core group)',
+    )
+    kind: str = Field(pattern=KIND_PATTERN, description="the kind: CephCluster, StatefulSet")
+    namespace: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="the objects' namespace; leave it out for a cluster-scoped kind",
+    )
+    name: str | None = Field(
+        None, pattern=OBJECT_NAME_PATTERN, description="the one object to read. Give name or selector"
+    )
+    selector: dict[Annotated[str, Field(pattern=LABEL_KEY_PATTERN)], str] | None = Field(
+        None,
+        min_length=1,
+        description="read every object carrying all these labels; each must satisfy the expression, and "
+        "none matching does not hold. Give name or selector",
+    )
+    expression: str = Field(
+        min_length=1,
+        max_length=4096,
+        description='CEL over the object, bound to "object": object.status.health == "HEALTH_OK"; holds '
+        "only when it is true (false, an error such as a missing field, or no object: it does not hold)",
+    )
+    resource: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="the kind's plural resource name (as in RBAC rules), when it is not the lowercase "
+        "kind + s (es after s, x, ch, sh; ies for a y after a consonant)",
+    )
+
+    @field_validator("selector")
+    @classmethod
+    def _label_values(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for key, label in (value or {}).items():
+            if not re.match(LABEL_VALUE_PATTERN, label):
+                raise ValueError(f"{key}: not a label value (at most 63 letters, digits, -, _, .)")
+        return value
+
+    @field_validator("expression")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        compile_expression(value)  # ExpressionError is a ValueError: the loader names line and field
+        return value
+
+    @model_validator(mode="after")
+    def _name_or_selector(self) -> KubernetesCheckEntry:
+        if (self.name is None) == (self.selector is None):
+            raise ValueError("give exactly one of name (one object) or selector (every object with labels)")
+        return self
+
+    def check(self) -> ObjectCheck:
+        return ObjectCheck(
+            api_version=self.api_version,
+            kind=self.kind,
+            namespace=self.namespace,
+            name=self.name,
+            selector=tuple(sorted((self.selector or {}).items())),
+            expression=compile_expression(self.expression),
+            resource=self.resource,
+        )
+
+
 class HealthCheckEntry(_Strict):
-    """One user-defined check of the health gate: an HTTP GET (``url``) or a command on the host."""
+    """One user-defined check of the health gate: an HTTP GET (``url``), a command on the host, or a CEL
+    expression over cluster objects (``kubernetes``)."""
 
     name: str = Field(pattern=NAME_PATTERN, description="check name, shown in the health gate's messages")
     url: str | None = Field(
@@ -209,22 +285,41 @@ class HealthCheckEntry(_Strict):
         "on exit status 0, tried again every second until --health-gate-timeout-seconds. Give url or "
         "command, not both",
     )
+    kubernetes: KubernetesCheckEntry | None = Field(
+        None,
+        description="a CEL expression that must hold of cluster objects before each update starts and "
+        "after it ends (Kubernetes-aware mode of serve, and mcm-agent). Give url, command or kubernetes",
+    )
     status: int = Field(200, ge=100, le=599, description="the HTTP status the check expects (url only)")
-    timeout_seconds: float = Field(5.0, gt=0, le=60, description="per request, or per try of a command")
+    timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="per request, or per try of a command (a kubernetes check reads with the API "
+        "client's own timeouts)",
+    )
 
     @model_validator(mode="after")
-    def _url_or_command(self) -> HealthCheckEntry:
-        if (self.url is None) == (self.command is None):
-            raise ValueError("give exactly one of url (an HTTP check) or command (an argv run on the host)")
+    def _one_kind(self) -> HealthCheckEntry:
+        given = [self.url is not None, self.command is not None, self.kubernetes is not None]
+        if given.count(True) != 1:
+            raise ValueError(
+                "give exactly one of url (an HTTP check), command (an argv run on the host) or kubernetes "
+                "(a CEL expression over cluster objects)"
+            )
         if self.command is not None and not self.command[0]:
             raise ValueError("command: the first item (the program) must not be empty")
-        if self.command is not None and "status" in self.model_fields_set:
-            raise ValueError("status is for url checks; a command check passes on exit status 0")
+        if self.url is None and "status" in self.model_fields_set:
+            raise ValueError("status is for url checks only (a command check passes on exit status 0)")
         return self
 
     def check(self) -> HealthCheck:
         if self.command is not None:
             return HealthCheck(self.name, timeout_seconds=self.timeout_seconds, command=tuple(self.command))
+        if self.kubernetes is not None:
+            return HealthCheck(
+                self.name, timeout_seconds=self.timeout_seconds, kubernetes=self.kubernetes.check()
+            )
         return HealthCheck(self.name, self.url or "", self.status, self.timeout_seconds)
 
 
@@ -298,7 +393,9 @@ class CapabilitiesFile(_Strict):
     )
     capabilities: list[CapabilityEntry] = Field(default_factory=list)
     health_checks: list[HealthCheckEntry] = Field(
-        default_factory=list, description="the health gate's checks: HTTP (Kubernetes-aware) or host commands"
+        default_factory=list,
+        description="the health gate's checks: HTTP (Kubernetes-aware), host commands, or CEL over cluster "
+        "objects (kubernetes)",
     )
     maintenance_windows: list[MaintenanceWindowEntry] = Field(
         default_factory=list, description="new updates start only while one of a Machine's windows is open"

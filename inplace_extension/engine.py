@@ -14,7 +14,13 @@ from pathlib import Path
 from inplace_extension.capabilities_file import FileConfig, load_file
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs.model import NO_CLUSTER_SIDE, ClusterSide, HostCheck
+from inplace_extension.runs.model import (
+    NO_CLUSTER_SIDE,
+    NO_OBJECT_HEALTH,
+    ClusterSide,
+    HostCheck,
+    ObjectHealth,
+)
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 
@@ -29,7 +35,10 @@ def load_config(path: Path | None) -> FileConfig:
     config = load_file(path.expanduser())
     names = ", ".join(config.custom.names) or "no capabilities"
     windows = ", ".join(window.name for window in config.windows.windows) or "none"
-    log.info("capabilities file %s: %s; maintenance windows: %s", path, names, windows)
+    checks = ", ".join(check.name for check in config.custom.health_checks) or "none"
+    log.info(
+        "capabilities file %s: %s; maintenance windows: %s; health checks: %s", path, names, windows, checks
+    )
     return config
 
 
@@ -43,10 +52,13 @@ def build_engine(
     config: FileConfig,
     metrics: Metrics,
     cluster: ClusterSide = NO_CLUSTER_SIDE,
+    object_health: ObjectHealth = NO_OBJECT_HEALTH,
 ) -> RunService:
     """The run service for ``settings`` and what the capabilities file configures (its roles, the health
     gate's command checks, the maintenance windows); ``cluster`` is what a run does in the cluster around
-    its play (the Kubernetes-aware mode of ``serve``), nothing otherwise."""
+    its play (the Kubernetes-aware mode of ``serve``), nothing otherwise; ``object_health``: the file's
+    ``kubernetes`` health checks over the cluster the caller reads them in (``serve``: each Machine's
+    workload cluster; ``mcm-agent``: the target cluster)."""
     custom = config.custom
     return RunService(
         settings,
@@ -56,4 +68,5 @@ def build_engine(
         host_checks(custom),
         config.windows,
         role_vars=config.role_vars,
+        object_health=object_health,
     )

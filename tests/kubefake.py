@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inplace_extension.kube.drain import CORDONED_BY
-from inplace_extension.kube.errors import Conflict, KubeError, Unreachable
+from inplace_extension.kube.errors import Conflict, Forbidden, KubeError, Unreachable
 from inplace_extension.kube.machines import SKIP_REMEDIATION, SKIP_REMEDIATION_BY
 from inplace_extension.kube.port import (
     DrainError,
@@ -23,6 +23,7 @@ from inplace_extension.kube.port import (
     KubeEvent,
     MachineFacts,
     NodeHealth,
+    ObjectQuery,
 )
 from inplace_extension.kube.update_condition import IDLE_MESSAGE
 
@@ -53,10 +54,57 @@ class FakeNode:
     condition_writes: int = 0  # how often the condition was written
 
 
+class FakeObjects:
+    """:class:`~inplace_extension.kube.port.ClusterObjects` in memory: any object as the API server's
+    dict, found by apiVersion, kind, namespace and name or labels; ``forbidden`` kinds answer 403."""
+
+    def __init__(self, calls: Calls | None = None) -> None:
+        self.calls = calls or Calls()
+        self.store: dict[tuple[str, str, str | None, str], dict[str, Any]] = {}
+        self.forbidden: set[str] = set()
+
+    def put(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        labels: Mapping[str, str] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Create or replace an object (``fields``: spec, status ...); the stored dict, to change later."""
+        metadata: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
+        if namespace is not None:
+            metadata["namespace"] = namespace
+        obj = {"apiVersion": api_version, "kind": kind, "metadata": metadata, **copy.deepcopy(fields)}
+        self.store[(api_version, kind, namespace, name)] = obj
+        return obj
+
+    def objects(self, query: ObjectQuery) -> list[dict[str, Any]]:
+        self.calls("objects")
+        if query.kind in self.forbidden:
+            raise Forbidden(f"list {query.kind}: the API server answered 403", 403)
+        found = []
+        for (api_version, kind, namespace, name), obj in sorted(self.store.items(), key=lambda i: str(i[0])):
+            if (api_version, kind, namespace) != (query.api_version, query.kind, query.namespace):
+                continue
+            labels = obj["metadata"]["labels"]
+            if query.name is not None and name != query.name:
+                continue
+            if query.name is None and any(labels.get(k) != v for k, v in query.selector):
+                continue
+            found.append(copy.deepcopy(obj))
+        return found
+
+
 class FakeWorkload:
     def __init__(self, calls: Calls) -> None:
         self.nodes: dict[str, FakeNode] = {}
         self.calls = calls
+        self.cluster_objects = FakeObjects(calls)
+
+    def objects(self, query: ObjectQuery) -> list[dict[str, Any]]:
+        return self.cluster_objects.objects(query)
 
     def node_health(self, node: str) -> NodeHealth:
         self.calls("node_health")

@@ -316,3 +316,73 @@ def test_every_role_setting_is_a_default_of_its_role_with_the_same_type() -> Non
             default = defaults[variable]
             accepted = RoleSettings.model_validate({role: {name: default}}).extra_vars()
             assert accepted == {variable: default}, f"{variable}: its default is not a valid setting"
+
+
+CEPH_CHECK = (
+    "health_checks:\n"
+    "  - name: ceph\n"
+    "    kubernetes:\n"
+    "      api_version: ceph.rook.io/v1\n"
+    "      kind: CephCluster\n"
+    "      namespace: rook-ceph\n"
+    "      name: ceph\n"
+    '      expression: object.status.health == "HEALTH_OK"\n'
+    "  - name: db\n"
+    "    kubernetes:\n"
+    "      api_version: apps/v1\n"
+    "      kind: StatefulSet\n"
+    "      namespace: db\n"
+    "      selector: {app: db}\n"
+    "      expression: object.status.readyReplicas == object.spec.replicas\n"
+)
+
+
+def test_a_kubernetes_health_check_names_its_objects_and_compiles_its_expression() -> None:
+    table = parse_capabilities(CEPH_CHECK)
+    ceph, db = (check.kubernetes for check in table.object_checks)
+    assert ceph is not None and db is not None
+    assert (ceph.api_version, ceph.kind, ceph.namespace, ceph.name, ceph.selector) == (
+        "ceph.rook.io/v1",
+        "CephCluster",
+        "rook-ceph",
+        "ceph",
+        (),
+    )
+    assert ceph.target == "CephCluster rook-ceph/ceph"
+    assert ceph.expression.evaluate({"status": {"health": "HEALTH_OK"}}).holds
+    assert (db.name, db.selector, db.target) == (None, (("app", "db"),), "StatefulSet with app=db in db")
+    assert table.http_checks == () and table.command_checks == ()
+
+
+@pytest.mark.parametrize(
+    ("body", "line", "where", "words"),
+    [
+        ('expression: object.status.health = "HEALTH_OK"', 8, r"\.expression", "not a CEL expression"),
+        ("expression: obj.status.ready", 8, r"\.expression", "unknown name 'obj'"),
+        ("expression: object.ready\n      selector: {app: x}", 4, "", "exactly one of name"),
+        ("expression: object.ready\n      api_version: ceph/v1/x", 8, r"\.api_version", "pattern"),
+    ],
+)
+def test_bad_kubernetes_checks_stop_the_start_with_line_and_field(
+    body: str, line: int, where: str, words: str
+) -> None:
+    text = (
+        "health_checks:\n"
+        "  - name: ceph\n"
+        "    kubernetes:\n"
+        "      kind: CephCluster\n"
+        "      namespace: rook-ceph\n"
+        "      name: ceph\n"
+        + ("" if "api_version" in body else "      api_version: ceph.rook.io/v1\n")
+        + f"      {body}\n"
+    )
+    with pytest.raises(
+        CapabilitiesFileError, match=rf"line {line}: health_checks\[0\]\.kubernetes{where}: .*{words}"
+    ):
+        parse_capabilities(text)
+
+
+def test_a_check_is_one_of_url_command_or_kubernetes() -> None:
+    text = CEPH_CHECK.replace("  - name: ceph\n", "  - name: ceph\n    url: http://h/\n", 1)
+    with pytest.raises(CapabilitiesFileError, match=r"line 2: health_checks\[0\]: .*exactly one of url"):
+        parse_capabilities(text)

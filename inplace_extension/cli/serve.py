@@ -16,13 +16,15 @@ import uvicorn
 
 from inplace_extension.app import create_app, normalize_prefix
 from inplace_extension.auth import server_tls
+from inplace_extension.capabilities_file import CapabilitiesFileError
 from inplace_extension.cli.command import Command, kubeconfig_from_env
 from inplace_extension.cli.flags import add_settings_flags, parse_listen, settings_from_args
 from inplace_extension.engine import build_engine, load_config
 from inplace_extension.kubeaware.cluster_side import connect_cluster_side
+from inplace_extension.kubeaware.object_checks import ObjectChecks
 from inplace_extension.logs import configure_logging
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs.model import NO_CLUSTER_SIDE
+from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, ObjectHealth
 from inplace_extension.settings import Settings
 from inplace_extension.tls import default_hosts, ensure_dev_certificate
 
@@ -80,7 +82,16 @@ def run(args: argparse.Namespace) -> int:
     metrics = Metrics()  # one registry shared by the hooks (app) and the runs (executor)
     # Kubernetes-aware mode: a management client (--kubeconfig or in-cluster); a bad config stops the start
     cluster = connect_cluster_side(settings, custom) if settings.kube_aware else None
-    executor = build_engine(settings, config_file, metrics, cluster or NO_CLUSTER_SIDE)
+    object_health: ObjectHealth = NO_OBJECT_HEALTH
+    if custom.object_checks:
+        if cluster is None:
+            raise CapabilitiesFileError(
+                f"capabilities file {settings.capabilities_file}: the kubernetes health check "
+                f'"{custom.object_checks[0].name}" reads the cluster: it needs the Kubernetes-aware mode '
+                "(--kube or --kubeconfig)"
+            )
+        object_health = ObjectChecks(custom.object_checks, cluster.objects_of)
+    executor = build_engine(settings, config_file, metrics, cluster or NO_CLUSTER_SIDE, object_health)
     if (problem := executor.hosts_problem()) is not None:
         logger.warning("%s", problem)
     app = create_app(settings, executor, metrics, custom, executor.hosts_problem)

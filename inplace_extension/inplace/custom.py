@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from inplace_extension.errors import LocatedError
+from inplace_extension.inplace.cel import Expression
 from inplace_extension.inplace.entries import TEMPLATE_PROBLEM, holds_template
 from inplace_extension.inplace.pointers import MISSING, get_in, is_under, parse_pointer
 
@@ -106,16 +107,46 @@ class CustomCapability:
 
 
 @dataclass(frozen=True)
+class ObjectCheck:
+    """What a ``kubernetes`` health check reads and what must hold of it: the object ``name`` (or every
+    object carrying the ``selector`` labels) of ``api_version``/``kind``, in ``namespace`` (None: a
+    cluster-scoped kind), and a CEL expression over each (``object``)."""
+
+    api_version: str  # "ceph.rook.io/v1", "apps/v1", "v1"
+    kind: str
+    namespace: str | None
+    name: str | None  # None: every object matching ``selector``
+    selector: tuple[tuple[str, str], ...]  # label key, value: all must match
+    expression: Expression
+    resource: str | None = None  # the kind's plural resource name when the adapter cannot derive it
+
+    @property
+    def target(self) -> str:
+        """The objects in words, for messages: ``CephCluster rook-ceph/ceph``, ``StatefulSet with app=db
+        in db``."""
+        if self.name is not None:
+            return (
+                f"{self.kind} {self.namespace}/{self.name}" if self.namespace else f"{self.kind} {self.name}"
+            )
+        labels = ",".join(f"{key}={value}" for key, value in self.selector)
+        where = f" in {self.namespace}" if self.namespace else ""
+        return f"{self.kind} with {labels}{where}"
+
+
+@dataclass(frozen=True)
 class HealthCheck:
     """A user-defined check of the health gate: an HTTP GET that must answer ``status`` (``url``;
-    Kubernetes-aware mode; ``{address}`` is the Machine's host address, the one SSH used), or a command
-    run on the host by the play before the stamp that must exit 0 (``command``, an argv; every mode)."""
+    Kubernetes-aware mode; ``{address}`` is the Machine's host address, the one SSH used), a command
+    run on the host by the play before the stamp that must exit 0 (``command``, an argv; every mode), or
+    a CEL expression that must hold of cluster objects before an update starts and after it ends
+    (``kubernetes``; Kubernetes-aware mode and the MCM agent)."""
 
     name: str
-    url: str = ""  # "" for a command check
+    url: str = ""  # "" for a command or kubernetes check
     status: int = 200
     timeout_seconds: float = 5.0  # per request / per try
-    command: tuple[str, ...] = ()  # argv, no shell; () for an HTTP check
+    command: tuple[str, ...] = ()  # argv, no shell; () for an HTTP or kubernetes check
+    kubernetes: ObjectCheck | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +175,12 @@ class CustomTable:
     @property
     def http_checks(self) -> tuple[HealthCheck, ...]:
         """The checks the service's health gate runs after the play (Kubernetes-aware mode)."""
-        return tuple(check for check in self.health_checks if not check.command)
+        return tuple(check for check in self.health_checks if check.url)
+
+    @property
+    def object_checks(self) -> tuple[HealthCheck, ...]:
+        """The checks of cluster objects, before each update starts and after it ends."""
+        return tuple(check for check in self.health_checks if check.kubernetes is not None)
 
     @property
     def command_checks(self) -> tuple[HealthCheck, ...]:

@@ -11,9 +11,18 @@ from typing import Any
 
 from lightkube import AsyncClient, Client
 
-from inplace_extension.kube import drain, events, machines, mcm_objects, nodes, owners, update_condition
+from inplace_extension.kube import (
+    drain,
+    events,
+    machines,
+    mcm_objects,
+    nodes,
+    objects,
+    owners,
+    update_condition,
+)
 from inplace_extension.kube.client import connect, connect_async
-from inplace_extension.kube.port import DrainPolicy, KubeEvent, MachineFacts, NodeHealth
+from inplace_extension.kube.port import DrainPolicy, KubeEvent, MachineFacts, NodeHealth, ObjectQuery
 from inplace_extension.kube.workload import WorkloadClients
 
 
@@ -43,6 +52,22 @@ class KubeWorkload:
 
     def clear_updating(self, node: str) -> bool:
         return update_condition.clear_updating(self._client, node)
+
+    def objects(self, query: ObjectQuery) -> list[dict[str, Any]]:
+        return objects.read(self._client, query)
+
+
+class KubeObjects:
+    """:class:`~inplace_extension.kube.port.ClusterObjects` over a blocking client of its own."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def objects(self, query: ObjectQuery) -> list[dict[str, Any]]:
+        return objects.read(self._client, query)
+
+    def close(self) -> None:
+        self._client.close()
 
 
 class KubeManagement:
@@ -148,3 +173,9 @@ def connect_target(kubeconfig: Path | None) -> KubeTarget:
 
 def connect_control(kubeconfig: Path | None) -> KubeControl:
     return KubeControl(connect_async(kubeconfig))
+
+
+def connect_objects(kubeconfig: Path | None) -> KubeObjects:
+    """A blocking reader of any object (``mcm-agent``'s ``kubernetes`` health checks, from the run
+    service's worker threads); a bad config raises KubeConfigError."""
+    return KubeObjects(connect(kubeconfig))

@@ -7,6 +7,9 @@ are tested without an API server). Nothing here imports the client library.
 - :class:`ManagementCluster` (blocking; the Kubernetes-aware steps of ``serve``, from worker threads):
   CAPI Machines, their Events, and the workload cluster each Machine's Node lives in;
 - :class:`WorkloadCluster` (blocking): one workload cluster's Nodes: health, cordon, drain, uncordon;
+  and any object a user names (:class:`ClusterObjects`, the ``kubernetes`` health checks);
+- :class:`ClusterObjects` (blocking): any object a user names, read as plain dicts (the MCM agent's
+  ``kubernetes`` health checks read the target cluster through it);
 - :class:`TargetCluster` (async; the MCM agent): the Nodes MCM updates, their Events and Pods;
 - :class:`ControlCluster` (async; the MCM agent): MCM's objects (Machines, MachineSets,
   MachineDeployments, MachineClasses) as plain dicts.
@@ -104,7 +107,28 @@ class KubeEvent:
         return self.message[:MAX_EVENT_MESSAGE]
 
 
-class WorkloadCluster(Protocol):
+@dataclass(frozen=True)
+class ObjectQuery:
+    """Objects a user names (a ``kubernetes`` health check): of ``api_version``/``kind``, in ``namespace``
+    (None: a cluster-scoped kind), the one called ``name`` or, without a name, every one carrying all the
+    ``selector`` labels. ``resource``: the kind's plural, when it is not the usual one."""
+
+    api_version: str
+    kind: str
+    namespace: str | None
+    name: str | None
+    selector: tuple[tuple[str, str], ...] = ()
+    resource: str | None = None
+
+
+class ClusterObjects(Protocol):
+    def objects(self, query: ObjectQuery) -> list[dict[str, Any]]:
+        """The named object (an empty list when it does not exist) or every object the selector matches,
+        each as the plain dict the API server sent."""
+        ...
+
+
+class WorkloadCluster(ClusterObjects, Protocol):
     def node_health(self, node: str) -> NodeHealth:
         """Ready and the kubelet's version; ``exists`` False when there is no such Node."""
         ...

@@ -16,7 +16,13 @@ from inplace_extension.inplace.custom import CustomTable, Disruption
 from inplace_extension.kube.cluster import connect_management
 from inplace_extension.kube.errors import KubeError
 from inplace_extension.kube.events import machine_event
-from inplace_extension.kube.port import DrainError, DrainPolicy, MachineFacts, ManagementCluster
+from inplace_extension.kube.port import (
+    ClusterObjects,
+    DrainError,
+    DrainPolicy,
+    MachineFacts,
+    ManagementCluster,
+)
 from inplace_extension.kube.update_condition import CONDITION as UPDATE_CONDITION
 from inplace_extension.kubeaware import health
 from inplace_extension.runs import holds, progress
@@ -26,12 +32,13 @@ from inplace_extension.settings import Settings
 log = logging.getLogger(__name__)
 
 VERSION_STEP = "kubernetes_version"
+CLUSTER_LABEL = "cluster.x-k8s.io/cluster-name"  # CAPI sets it on every Machine
 VERSION_INPUT = "kubernetes_version_target"
 # the objects a Machine's labels name, most specific first (CAPI sets these labels on every Machine)
 HOLD_OWNERS = (
     ("MachineDeployment", "cluster.x-k8s.io/deployment-name"),
     ("KubeadmControlPlane", "cluster.x-k8s.io/control-plane-name"),
-    ("Cluster", "cluster.x-k8s.io/cluster-name"),
+    ("Cluster", CLUSTER_LABEL),
 )
 
 
@@ -176,8 +183,7 @@ class KubeClusterSide:
             self._release(request, facts)
             waiting = self._gate(facts, target)
         waiting = waiting or health.first_failing(self._custom.http_checks, address)
-        if waiting is None:
-            self.state(request, "Done", progress.APPLIED)
+        if waiting is None:  # the run service says Done once the checks of cluster objects hold too
             return Progress(ProgressState.DONE, progress.APPLIED)
         if time.time() - applied_at < self._gate_seconds:
             return Progress(ProgressState.IN_PROGRESS, progress.health_waiting(waiting))
@@ -187,6 +193,17 @@ class KubeClusterSide:
         message = f"health gate: the Node was not {wanted} within {self._gate_seconds}s after the update"
         self.state(request, "Failed", message, warning=True)
         return Progress(ProgressState.FAILED, message)
+
+    def objects_of(self, request: RunRequest) -> ClusterObjects:
+        """The Machine's workload cluster, where the ``kubernetes`` health checks read their objects
+        (the Machine's cluster label, else its ``spec.clusterName``); KubeError when it cannot be told."""
+        cluster = request.labels.get(CLUSTER_LABEL)
+        if not cluster:
+            facts = self._machine(request)
+            if facts is None:
+                raise KubeError(f"no Machine {request.machine}, so no workload cluster to read")
+            cluster = facts.cluster
+        return self._management.workload(request.namespace, cluster)
 
     def state(self, request: RunRequest, reason: str, message: str, warning: bool = False) -> None:
         kind = "Warning" if warning else "Normal"

@@ -21,11 +21,13 @@ from starlette.routing import Route
 
 from inplace_extension.capabilities_file import FileConfig
 from inplace_extension.engine import build_engine, load_config
-from inplace_extension.kube.cluster import connect_control, connect_target
+from inplace_extension.kube.cluster import connect_control, connect_objects, connect_target
+from inplace_extension.kubeaware.object_checks import ObjectChecks
 from inplace_extension.logs import configure_logging
 from inplace_extension.mcm.agent import Agent, AgentOptions
 from inplace_extension.mcm.metrics import AgentMetrics
 from inplace_extension.metrics import Metrics
+from inplace_extension.runs.model import NO_OBJECT_HEALTH, ObjectHealth
 from inplace_extension.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,12 @@ async def serve(
 ) -> None:
     metrics = Metrics()
     custom = config_file.custom
-    executor = build_engine(settings, config_file, metrics)
+    # the kubernetes health checks read the target cluster (where the Nodes and their workloads are)
+    objects = connect_objects(clusters.target) if custom.object_checks else None
+    object_health: ObjectHealth = NO_OBJECT_HEALTH
+    if objects is not None:
+        object_health = ObjectChecks(custom.object_checks, lambda _request: objects)
+    executor = build_engine(settings, config_file, metrics, object_health=object_health)
     target = connect_target(clusters.target)
     control = connect_control(clusters.control or clusters.target)
     agent = Agent(options, target, control, executor, AgentMetrics(metrics), custom)
@@ -81,6 +88,8 @@ async def serve(
         await target.close()
         await control.close()
         executor.close()
+        if objects is not None:
+            objects.close()
 
 
 def run_agent(settings: Settings, options: AgentOptions, clusters: Clusters, listen: tuple[str, int]) -> int:

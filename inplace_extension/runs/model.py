@@ -132,6 +132,45 @@ class Blocked:
     retriable: bool = False
 
 
+@dataclass(frozen=True)
+class Unhealthy:
+    """A health check of cluster objects (``kubernetes`` in the capabilities file) that does not hold:
+    ``check`` names it, ``expression`` and ``target`` say what it wants of which objects, ``detail`` why
+    it does not hold now (false, CEL's error, no object, the API's answer)."""
+
+    check: str
+    expression: str
+    target: str
+    detail: str
+
+    @property
+    def waiting(self) -> str:
+        return progress.health_check(self.check, self.detail)
+
+    def failure(self, seconds: int) -> str:
+        """The Failure past the gate's timeout: stable (no detail that changes from poll to poll)."""
+        return progress.health_check_failed(self.check, seconds, self.expression, self.target)
+
+
+class ObjectHealth(Protocol):
+    """The health checks of cluster objects around each update (``inplace_extension.kubeaware.
+    object_checks``); :data:`NO_OBJECT_HEALTH` when there are none. Blocking: called from worker threads.
+    """
+
+    def unhealthy(self, request: RunRequest) -> Unhealthy | None:
+        """The first check, in file order, that does not hold for this machine's cluster; None: all hold.
+        Never raises: a cluster that cannot be read does not hold."""
+        ...
+
+
+class NoObjectHealth:
+    def unhealthy(self, request: RunRequest) -> Unhealthy | None:
+        return None
+
+
+NO_OBJECT_HEALTH: Final[ObjectHealth] = NoObjectHealth()
+
+
 class ClusterSide(Protocol):
     """What a run does in the cluster around the play (the Kubernetes-aware mode, ``inplace_extension.
     kubeaware``); :data:`NO_CLUSTER_SIDE` when the service has no cluster access. Every method may block

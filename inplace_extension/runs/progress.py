@@ -38,12 +38,17 @@ MESSAGES = {
     "paused": "paused by {owner} (annotation {annotation})",
     "pause_unreadable": "pause: cannot read {owner} ({problem})",
     "cancelled": "cancelled by {owner} (annotation {annotation}={value})",
+    "health_check": 'waiting for health check "{check}" ({detail})',
+    "health_check_failed": (
+        'health gate: health check "{check}" did not hold within {seconds}s after the update '
+        "({expression} on {target})"
+    ),
 }
 
-# only the Kubernetes-aware mode's cluster steps answer these
-CLUSTER_STEPS = frozenset({"draining", "health_waiting", "pause_unreadable"})
+# only the Kubernetes-aware mode's cluster steps (and the kubernetes health checks) answer these
+CLUSTER_STEPS = frozenset({"draining", "health_waiting", "pause_unreadable", "health_check"})
 # answered as a Failure (the MCM agent: a failed result), never while an update goes on
-FAILURES = frozenset({"cancelled"})
+FAILURES = frozenset({"cancelled", "health_check_failed"})
 
 HEALTH_COMMANDS = MESSAGES["health_commands"]
 APPLIED = MESSAGES["applied"]
@@ -95,6 +100,19 @@ def cancelled(owner: str, annotation: str, value: str) -> str:
     return MESSAGES["cancelled"].format(owner=owner, annotation=annotation, value=value)
 
 
+def health_check(check: str, detail: str) -> str:
+    """Not started, or applied and in the health gate: the ``kubernetes`` health check ``check`` does
+    not hold; ``detail`` says why (``<expression> is false on CephCluster rook-ceph/ceph``)."""
+    return MESSAGES["health_check"].format(check=check, detail=detail)
+
+
+def health_check_failed(check: str, seconds: int, expression: str, target: str) -> str:
+    """The Failure of an update whose ``kubernetes`` health check did not hold again in the gate's time."""
+    return MESSAGES["health_check_failed"].format(
+        check=check, seconds=seconds, expression=expression, target=target
+    )
+
+
 def pattern(capabilities: Iterable[str], cluster_steps: bool = False) -> re.Pattern[str]:
     """A regular expression matching exactly the progress messages of a run of ``capabilities`` (with
     ``cluster_steps``, also those of the Kubernetes-aware mode; never the :data:`FAILURES`); use it
@@ -112,6 +130,8 @@ def pattern(capabilities: Iterable[str], cluster_steps: bool = False) -> re.Patt
         "owner": r"(?:Cluster|MachineDeployment|KubeadmControlPlane) [-a-z0-9.]+/[-a-z0-9.]+",
         "annotation": r"[-a-z0-9./]+",
         "problem": r".+",
+        "check": r"[a-z][a-z0-9_]*",
+        "detail": r".+",
     }
     alternatives = []
     for name, template in MESSAGES.items():

@@ -41,8 +41,10 @@ from inplace_extension.runs.artifacts import (
 from inplace_extension.runs.inventory import InventorySource
 from inplace_extension.runs.model import (
     NO_CLUSTER_SIDE,
+    NO_OBJECT_HEALTH,
     Blocked,
     ClusterSide,
+    ObjectHealth,
     Progress,
     ProgressState,
     RunRequest,
@@ -97,11 +99,13 @@ class RunService:
         windows: Schedule = NO_WINDOWS,
         clock: Callable[[], float] = time.time,
         role_vars: Mapping[str, Any] | None = None,
+        object_health: ObjectHealth = NO_OBJECT_HEALTH,
     ) -> None:
         """``roles_paths``: user-defined roles' directories; ``cluster``: what a run does in the cluster
         around its play (Kubernetes-aware mode); ``host_checks``: command checks run before the stamp;
         ``windows``: when a new update may start; ``clock``: wall-clock seconds (tests pass their own);
-        ``role_vars``: the roles' settings from the capabilities file, extra vars of every play."""
+        ``role_vars``: the roles' settings from the capabilities file, extra vars of every play;
+        ``object_health``: the checks of cluster objects before an update starts and after it ends."""
         self._clock = clock
         self._runs_dir = settings.runs_dir.expanduser().resolve()
         self._runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -116,6 +120,8 @@ class RunService:
         self._roles_paths = tuple(Path(path) for path in roles_paths)
         self._host_checks = tuple(host_checks)
         self._host_checks_timeout = settings.health_gate_timeout_seconds
+        self._object_health = object_health
+        self._gate_seconds = settings.health_gate_timeout_seconds
         # a play at its drain point waits this long for the drain's end (it has its own timeout)
         self._drain_wait_seconds = settings.drain_timeout_seconds + DRAIN_POINT_MARGIN_SECONDS
         self._prune()
@@ -183,6 +189,11 @@ class RunService:
         closed = None if attempts else self._windows.closed(request.labels, now)
         if closed is not None:  # only a first attempt waits: an update that has started finishes
             return self._waiting(request, closed.message(), closed.retry_after(now), "window")
+        if not attempts and self._object_health is not NO_OBJECT_HEALTH:
+            # the cluster must be healthy before this machine's update starts (a started one finishes)
+            unhealthy = await anyio.to_thread.run_sync(self._object_health.unhealthy, request)
+            if unhealthy is not None:
+                return self._waiting(request, unhealthy.waiting, self._retry_after, "health_check")
         self._announced.pop(request.ident, None)  # it starts: its waits are over
         return await self._start(request, token)
 
@@ -194,20 +205,35 @@ class RunService:
         return Progress(ProgressState.IN_PROGRESS, message, retry_after, waiting=why)
 
     async def _settle(self, request: RunRequest, attempts: list[Attempt]) -> Progress:
-        """Applied on the host; with a cluster side the health gate decides (once passed, remembered)."""
-        if self._cluster is NO_CLUSTER_SIDE or request.ident in self._settled:
+        """Applied on the host; the health gate decides (once passed, remembered): with a cluster side
+        its Node checks, then the checks of cluster objects."""
+        gated = self._cluster is not NO_CLUSTER_SIDE or self._object_health is not NO_OBJECT_HEALTH
+        if not gated or request.ident in self._settled:
             return Progress(ProgressState.DONE, progress.APPLIED)
         applied = max(
             (a for a in attempts if a.outcome and a.outcome.kind is OutcomeKind.SUCCESSFUL),
             key=lambda a: a.outcome.finished if a.outcome else 0.0,
         )
         applied_at = applied.outcome.finished if applied.outcome else 0.0
-        settled = await anyio.to_thread.run_sync(self._cluster.settle, request, applied_at, applied.address)
-        if settled.state is ProgressState.DONE:
+        if self._cluster is not NO_CLUSTER_SIDE:
+            settled = await anyio.to_thread.run_sync(
+                self._cluster.settle, request, applied_at, applied.address
+            )
+            if settled.state is ProgressState.IN_PROGRESS:
+                return Progress(settled.state, settled.message, self._retry_after, waiting="health_check")
+            if settled.state is ProgressState.FAILED:
+                return settled
+        unhealthy = await anyio.to_thread.run_sync(self._object_health.unhealthy, request)
+        if unhealthy is None:
             self._settled.add(request.ident)
-        elif settled.state is ProgressState.IN_PROGRESS:
-            return Progress(settled.state, settled.message, self._retry_after, waiting="health_check")
-        return settled
+            self._cluster.state(request, "Done", progress.APPLIED)
+            return Progress(ProgressState.DONE, progress.APPLIED)
+        if self._clock() - applied_at < self._gate_seconds:
+            message = progress.health_waiting(unhealthy.waiting)
+            return Progress(ProgressState.IN_PROGRESS, message, self._retry_after, waiting="health_check")
+        failure = unhealthy.failure(self._gate_seconds)
+        self._cluster.state(request, "Failed", failure, warning=True)
+        return Progress(ProgressState.FAILED, failure)
 
     def hosts_problem(self) -> str | None:
         """Why no UpdateMachine can reach a host with the settings as they are, or None: every address

@@ -144,6 +144,7 @@ async def test_the_host_comes_from_the_machine_status_and_the_run_is_wrapped(
         "after_play",
         "settle 10.79.9.66",
         "settle 10.79.9.66",  # once the gate passed, the answer is remembered: no third call
+        "state Done: update applied",  # said by the service once the checks of cluster objects hold too
     ]
 
 

@@ -17,7 +17,7 @@ from inplace_extension.metrics import Metrics
 from inplace_extension.runs import holds
 from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.inventory import InventoryError
-from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest, Unhealthy
 from inplace_extension.runs.policy import RETRY_ANNOTATION
 from inplace_extension.runs.resolve import ADDRESS_ANNOTATION
 from inplace_extension.runs.runner import RunConfigError
@@ -544,4 +544,76 @@ async def test_status_addresses_the_request_carries_place_the_host_with_the_capi
         assert (await settle(service, entry)).state is ProgressState.DONE
         assert fake.started[2].target.address == "10.79.9.11", "then the inventory"
     finally:
+        service.close()
+
+
+CEPH_DOWN = Unhealthy(
+    "ceph",
+    'object.status.health == "HEALTH_OK"',
+    "CephCluster rook-ceph/ceph",
+    'object.status.health == "HEALTH_OK" is false on CephCluster rook-ceph/ceph',
+)
+
+
+class Health:
+    """The checks of cluster objects as the test sets them (``failing``: the one that does not hold)."""
+
+    def __init__(self, failing: Unhealthy | None = None) -> None:
+        self.failing = failing
+
+    def unhealthy(self, request: RunRequest) -> Unhealthy | None:
+        return self.failing
+
+
+async def test_an_update_starts_only_while_its_health_checks_hold(
+    settings: Settings, fake: FakeRunner
+) -> None:
+    health = Health(CEPH_DOWN)
+    service = RunService(settings, object_health=health)
+    try:
+        for _ in range(2):
+            assert await service.poll(req()) == Progress(
+                ProgressState.IN_PROGRESS,
+                'waiting for health check "ceph" (object.status.health == "HEALTH_OK" is false on '
+                "CephCluster rook-ceph/ceph)",
+                1,
+                waiting="health_check",
+            )
+        assert fake.count("m1") == 0
+        assert not (settings.runs_dir / req().ident).exists()  # nothing started, nothing on disk
+        health.failing = None
+        assert (await settle(service, req())).state is ProgressState.DONE
+        assert fake.count("m1") == 1
+    finally:
+        service.close()
+
+
+async def test_after_the_play_the_health_gate_waits_for_the_checks_then_fails_naming_the_check(
+    settings: Settings, fake: FakeRunner
+) -> None:
+    health, clock = Health(), Clock(utc("2026-12-01T12:00:00"))
+    fake.gate = threading.Event()
+    service = RunService(settings, clock=clock, object_health=health)
+    try:
+        await service.poll(req())
+        until(lambda: fake.count("m1") == 1)
+        health.failing = CEPH_DOWN  # the update made the cluster unhealthy
+        fake.gate.set()
+        waiting = await settle(service, req())
+        assert waiting == Progress(
+            ProgressState.IN_PROGRESS, f"health gate: {CEPH_DOWN.waiting}", 1, waiting="health_check"
+        )
+        clock.now += settings.health_gate_timeout_seconds
+        failed = await service.poll(req())
+        assert (failed.state, failed.message) == (
+            ProgressState.FAILED,
+            f'health gate: health check "ceph" did not hold within {settings.health_gate_timeout_seconds}s '
+            'after the update (object.status.health == "HEALTH_OK" on CephCluster rook-ceph/ceph)',
+        )
+        assert (await service.poll(req())).message == failed.message  # the same on every call
+        health.failing = None
+        assert (await service.poll(req())).state is ProgressState.DONE
+        assert fake.count("m1") == 1
+    finally:
+        fake.gate.set()
         service.close()
