@@ -69,7 +69,8 @@ _BY_STATUS: Final[dict[int, type[KubeError]]] = {403: Forbidden, 404: NotFound, 
 
 def translate(what: str, exc: Exception) -> KubeError:
     """The adapter's error for a library error raised while doing ``what`` (``get Machine ns/name``)."""
-    if isinstance(exc, ApiError):
+    # a list's error answer can come as the transport's HTTPStatusError rather than an ApiError
+    if isinstance(exc, ApiError | httpx2.HTTPStatusError):
         status = exc.response.status_code
         return _BY_STATUS.get(status, KubeError)(f"{what}: the API server answered {status}", status)
     return Unreachable(f"the API server is unreachable ({type(exc).__name__})")

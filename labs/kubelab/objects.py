@@ -142,3 +142,47 @@ def wait_for(
 def wait_gone(lab: Lab, kind: str, name: str, namespace: str | None = None, timeout: float = WAIT) -> None:
     if not wait_until(lambda: get(lab, kind, name, namespace) is None, timeout, 0.25):
         raise LabError(f"kubelab: {kind} {name} still exists after {timeout:g}s")
+
+
+def define_kind(lab: Lab, group: str, kind: str, plural: str, namespaced: bool = True) -> str:
+    """A small CRD of ``group``/v1 ``kind`` that keeps any field and has a status subresource (what an
+    operator's kind such as Rook's CephCluster looks like to a reader); waits until it is Established.
+    Its name (``<plural>.<group>``) for kubectl."""
+    name = f"{plural}.{group}"
+    schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    apply(
+        lab,
+        {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": name},
+            "spec": {
+                "group": group,
+                "scope": "Namespaced" if namespaced else "Cluster",
+                "names": {
+                    "kind": kind,
+                    "plural": plural,
+                    "singular": kind.lower(),
+                    "listKind": f"{kind}List",
+                },
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {"openAPIV3Schema": schema},
+                        "subresources": {"status": {}},
+                    }
+                ],
+            },
+        },
+    )
+    lab.kubectl("wait", "--for=condition=Established", f"--timeout={int(WAIT)}s", f"crd/{name}")
+    return name
+
+
+def set_status(lab: Lab, resource: str, name: str, namespace: str | None, status: Mapping[str, Any]) -> None:
+    """Merge ``status`` into an object's status through its status subresource (as its controller would)."""
+    where = ["-n", namespace] if namespace else []
+    body = json.dumps({"status": status})
+    lab.kubectl("patch", resource, name, *where, "--subresource=status", "--type=merge", "-p", body)

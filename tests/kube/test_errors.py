@@ -39,3 +39,12 @@ def test_no_answer_at_all_is_unreachable(error: Exception) -> None:
         raise error
     assert caught.value.status is None
     assert caught.value.message == f"the API server is unreachable ({type(error).__name__})"
+
+
+def test_an_error_answer_the_transport_raises_is_an_answer_not_an_outage() -> None:
+    """A list of a kind the API server does not serve fails in the transport (HTTPStatusError)."""
+    request = httpx2.Request("GET", "https://api/apis/example.com/v1/things")
+    answer = httpx2.Response(404, request=request, text="secret")
+    with pytest.raises(NotFound) as caught, translated("list Thing"):
+        raise httpx2.HTTPStatusError("404", request=request, response=answer)
+    assert caught.value.message == "list Thing: the API server answered 404"
