@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from inplace_extension.inplace.capabilities import disruption_of, drain_point
 from inplace_extension.inplace.custom import CustomTable, Disruption
 from inplace_extension.kube.cluster import connect_management
-from inplace_extension.kube.errors import KubeError
+from inplace_extension.kube.errors import KubeError, Unreachable
 from inplace_extension.kube.events import machine_event
 from inplace_extension.kube.port import (
     ClusterObjects,
@@ -165,23 +165,31 @@ class KubeClusterSide:
         self._idle.pop(request.ident, None)
         self._release(request, self._machine_for_cleanup(request))
 
-    def failed(self, request: RunRequest, message: str) -> None:
-        self._release(request, self._machine_for_cleanup(request))
-        self.state(request, "Failed", message, warning=True)
+    def failed(self, request: RunRequest, message: str) -> bool:
+        try:
+            unclean = self._release(request, self._machine(request))
+        except KubeError as exc:  # the Machine could not be read: nothing is known to be clean
+            log.warning("machine=%s run=%s: clean-up: %s", request.machine, request.ident, exc.message)
+            unclean = exc.message
+        self.state(request, "Failed", message, warning=True)  # the same Event when told again
+        return unclean is None
 
     def settle(self, request: RunRequest, applied_at: float, address: str | None) -> Progress:
         """Clean up, then the health gate: Node Ready and, for an upgrade, the kubelet at the target,
         then the user-defined HTTP checks (``health_checks`` of the capabilities file) against ``address``
         (their command checks ran in the play, before the stamp)."""
         target = request.inputs.get(VERSION_STEP, {}).get(VERSION_INPUT)
+        unclean: str | None = None  # why our cordon, skip-remediation or condition is still there
         try:
             facts = self._machine(request)
         except KubeError as exc:
             log.warning("machine=%s run=%s: clean-up: %s", request.machine, request.ident, exc.message)
             waiting: str | None = f"cannot read the Node yet ({exc.message})"
         else:
-            self._release(request, facts)
-            waiting = self._gate(facts, target)
+            # never done while something of ours is left: a clean-up the API server missed (an outage
+            # at the end of the play, or now) is tried again on the next poll
+            unclean = self._release(request, facts)
+            waiting = f"cannot clean up yet ({unclean})" if unclean else self._gate(facts, target)
         waiting = waiting or health.first_failing(self._custom.http_checks, address)
         if waiting is None:  # the run service says Done once the checks of cluster objects hold too
             return Progress(ProgressState.DONE, progress.APPLIED)
@@ -191,6 +199,10 @@ class KubeClusterSide:
         checks = f" and passing {', '.join(c.name for c in self._custom.http_checks)}"
         wanted += checks if self._custom.http_checks else ""
         message = f"health gate: the Node was not {wanted} within {self._gate_seconds}s after the update"
+        if unclean:
+            message = (
+                f"health gate: could not clean up within {self._gate_seconds}s after the update ({unclean})"
+            )
         self.state(request, "Failed", message, warning=True)
         return Progress(ProgressState.FAILED, message)
 
@@ -266,6 +278,8 @@ class KubeClusterSide:
             cleared = self._management.workload(facts.namespace, facts.cluster).clear_updating(
                 facts.node_name
             )
+        except Unreachable:
+            raise  # the condition must not stay True: the next poll tries again
         except KubeError as exc:  # e.g. no nodes/status patch: the condition only informs, go on
             log.warning(
                 "machine=%s run=%s: condition %s: %s",
@@ -284,14 +298,15 @@ class KubeClusterSide:
                 UPDATE_CONDITION,
             )
 
-    def _release(self, request: RunRequest, facts: MachineFacts | None) -> None:
-        """Undo our marks, and uncordon a Node we cordoned: each at most once, any caller."""
+    def _release(self, request: RunRequest, facts: MachineFacts | None) -> str | None:
+        """Undo our marks, and uncordon a Node we cordoned: each at most once, any caller. None when
+        nothing of ours is left (or no Machine to read), else the API server's error."""
         if facts is None:
-            return
+            return None
         try:
             self._release_marks(request, facts)
             if facts.node_name is None:
-                return
+                return None
             workload = self._management.workload(facts.namespace, facts.cluster)
             if workload.uncordon(facts.node_name, request.machine):
                 log.info(
@@ -300,6 +315,8 @@ class KubeClusterSide:
                 self.state(request, "Uncordoned", f"uncordoned Node {facts.node_name}")
         except KubeError as exc:  # the next poll (settle / failed) tries again
             log.warning("machine=%s run=%s: clean-up: %s", request.machine, request.ident, exc.message)
+            return exc.message
+        return None
 
 
 def updating_message(request: RunRequest, capability: str) -> str:

@@ -17,6 +17,9 @@ Node that has not started: no result, one ``InPlaceUpdateWaiting`` Event, as out
 window. Its cancel value answers such a Node ``failed`` with the stable ``cancelled by ...`` reason, not
 as a final answer: removing the annotation lets the update start at the Node's next look. A change of a
 MachineDeployment wakes the held Nodes at once.
+
+Once MCM is done with a Node (its candidate and result labels gone), the agent removes the annotations
+of ours left on it (``node_state.leftovers``).
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ class Agent:
         try:
             async for node in self._target.watch_nodes(self.connected):
                 self._known.add(ns.name(node))
-                if ns.wants_update(node) or ns.has_critical_taint(node):
+                if ns.wants_update(node) or ns.has_critical_taint(node) or ns.leftovers(node):
                     self.kick(ns.name(node))
         finally:
             resync.cancel()
@@ -151,6 +154,12 @@ class Agent:
                 return True
             if not ns.wants_update(node):
                 self._cancelled.discard(name)
+                leftovers = ns.leftovers(node)
+                if leftovers:  # MCM is done with the Node: remove what is left of ours
+                    await self._target.patch_node_metadata(
+                        name, ns.resource_version(node), annotations=dict.fromkeys(leftovers)
+                    )
+                    log.info("node %s: removed %s", name, ", ".join(leftovers))
                 return False
             if not ns.claimable(node, self.options.agent_id):
                 return False  # another replica works on it; the resync looks again

@@ -116,6 +116,17 @@ def claim_value(agent_id: str, seconds: float, now: float | None = None) -> str:
     return f"{agent_id} {int((now or time.time()) + seconds)}"
 
 
+def leftovers(node: Mapping[str, Any]) -> tuple[str, ...]:
+    """Our annotations left on a Node MCM is done with (no candidate label, no result label): the answered
+    annotation only means something while the result label is there, and a claim only while MCM waits
+    for an update (a dead replica's may stay). None of ours stays behind a finished rollout."""
+    labels = node_labels(node)
+    if CANDIDATE_LABEL in labels or RESULT_LABEL in labels:
+        return ()
+    annotations = node_annotations(node)
+    return tuple(key for key in (CLAIM_ANNOTATION, ANSWERED_ANNOTATION) if key in annotations)
+
+
 def answer_digest(key: str) -> str:
     """What the answered annotation says for a desired state (``<fingerprint or error>|<retry token>``):
     short and opaque, an error message stays in ``update-failed-reason``."""

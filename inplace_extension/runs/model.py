@@ -210,8 +210,9 @@ class ClusterSide(Protocol):
         """The update is applied on the host (``address``): clean up, then the health gate decides."""
         ...
 
-    def failed(self, request: RunRequest, message: str) -> None:
-        """The update failed for good: clean up (a restarted service may find a cordoned Node)."""
+    def failed(self, request: RunRequest, message: str) -> bool:
+        """The update failed for good: clean up (a restarted service may find a cordoned Node). True when
+        nothing of ours is left; False when the API server did not let it clean up: ask again later."""
         ...
 
     def state(self, request: RunRequest, reason: str, message: str, warning: bool = False) -> None:
@@ -246,8 +247,8 @@ class NoClusterSide:
     def settle(self, request: RunRequest, applied_at: float, address: str | None) -> Progress:
         return Progress(ProgressState.DONE, progress.APPLIED)
 
-    def failed(self, request: RunRequest, message: str) -> None:
-        return None
+    def failed(self, request: RunRequest, message: str) -> bool:
+        return True
 
     def state(self, request: RunRequest, reason: str, message: str, warning: bool = False) -> None:
         return None

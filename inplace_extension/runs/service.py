@@ -170,8 +170,12 @@ class RunService:
             return await self._settle(request, attempts)
         if standing.verdict is Verdict.FAILED:
             reported = (request.ident, standing.message)
-            if reported not in self._reported and self._cluster is not NO_CLUSTER_SIDE:
-                await anyio.to_thread.run_sync(self._cluster.failed, request, standing.message)
+            # once, unless the clean-up could not be done (the API server away): then on the next poll
+            if (
+                reported not in self._reported
+                and self._cluster is not NO_CLUSTER_SIDE
+                and await anyio.to_thread.run_sync(self._cluster.failed, request, standing.message)
+            ):
                 self._reported.add(reported)
             return Progress(ProgressState.FAILED, standing.message, blocked=standing.blocked)
         if standing.verdict is Verdict.WAIT:

@@ -267,3 +267,50 @@ def test_an_owner_that_cannot_be_read_holds_with_the_reason(
     assert held == Hold(
         "pause: cannot read Cluster default/c1 (the API server is unreachable (ConnectError))"
     )
+
+
+def test_a_clean_up_the_api_server_missed_is_done_before_the_update_counts_as_done(
+    cluster: FakeManagement,
+) -> None:
+    side, run = side_for(cluster), request("kubelet_args")
+    assert side.before_play(run) is None and side.drain(run, lambda message: None) is None
+    side.step_started(run, "kubelet_args")
+    cluster.calls.failing.add("machine")  # the API server is away when the play ends
+    side.after_play(run)
+    node = cluster.cluster.nodes[NODE]
+    assert node.unschedulable and SKIP_REMEDIATION in cluster.machines[(NS, NAME)].annotations
+    assert node.updating is not None and node.updating[0] == "True"
+    # back, but each clean-up call still fails once (restarting): the Node is Ready, yet not done
+    unreachable = "the API server is unreachable (ConnectError)"
+    for call in ("clear_updating", "uncordon"):
+        cluster.calls.failing = {call}
+        waiting = side.settle(run, applied_at=1e12, address=None)
+        assert (waiting.state, waiting.message) == (
+            ProgressState.IN_PROGRESS,
+            f"health gate: cannot clean up yet ({unreachable})",
+        ), call
+    failed = side.settle(run, applied_at=0.0, address=None)  # past the gate's timeout: it says why
+    assert (failed.state, failed.message) == (
+        ProgressState.FAILED,
+        f"health gate: could not clean up within 60s after the update ({unreachable})",
+    )
+    cluster.calls.failing.clear()
+    assert side.settle(run, applied_at=0.0, address=None).state is ProgressState.DONE
+    assert not node.unschedulable and CORDONED_BY not in node.annotations
+    assert node.updating is not None and node.updating[0] == "False"
+    assert cluster.machines[(NS, NAME)].annotations == {}
+    assert cluster.reasons().count("Uncordoned") == 1
+
+
+def test_a_failure_says_whether_its_clean_up_is_done(cluster: FakeManagement) -> None:
+    side, run = side_for(cluster), request("kubelet_args")
+    assert side.before_play(run) is None and side.drain(run, lambda message: None) is None
+    cluster.calls.failing.add("machine")  # the API server is away as the play ends and fails
+    side.after_play(run)
+    assert side.failed(run, "kubelet_args: task failed") is False
+    cluster.calls.failing = {"uncordon"}
+    assert side.failed(run, "kubelet_args: task failed") is False
+    cluster.calls.failing.clear()
+    assert side.failed(run, "kubelet_args: task failed") is True
+    assert not cluster.cluster.nodes[NODE].unschedulable
+    assert cluster.reasons().count("Failed") == 1 and cluster.reasons().count("Uncordoned") == 1

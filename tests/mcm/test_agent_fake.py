@@ -330,3 +330,26 @@ async def test_the_pause_annotation_on_the_deployment_holds_cancels_and_resumes_
     assert target.reasons("n1") == ["InPlaceUpdateWaiting", "InPlaceUpdateFailed", "InPlaceUpdateSucceeded"]
     assert [e.message for e in target.events if e.reason != "InPlaceUpdateSucceeded"] == [paused, cancelled]
     assert executor.requests[-1].hold is None
+
+
+OURS = {ns.ANSWERED_ANNOTATION, ns.CLAIM_ANNOTATION}
+
+
+async def test_our_annotations_are_removed_once_mcm_is_done_with_the_node() -> None:
+    target, control = FakeTarget(), FakeControl()
+    executor = Executor(target, done_after(0))
+    pool(control)
+    target.put_node(waiting_node())
+    async for _agent in running(target, control, executor):
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
+        kept = ns.node_annotations(target.nodes["n1"])
+        assert ns.ANSWERED_ANNOTATION in kept, "kept while MCM has not consumed the result"
+        # MCM consumes the result: the candidate and result labels go (a dead replica's claim stays)
+        done = copy.deepcopy(target.nodes["n1"])
+        for label in (ns.CANDIDATE_LABEL, ns.RESULT_LABEL):
+            del done["metadata"]["labels"][label]
+        done["metadata"]["annotations"][ns.CLAIM_ANNOTATION] = "dead-replica 1"
+        target.put_node(done)
+        await until(lambda: not OURS & set(ns.node_annotations(target.nodes["n1"])), target.activity)
+    assert ns.node_labels(target.nodes["n1"])["keep"] == "me"
+    assert len(executor.requests) == 1, "no second update"

@@ -32,6 +32,7 @@ class FakeClusterSide:
         self.drain_before: str | None = "kubeadm_files"  # the first disruptive step of req()'s
         self.gate: list[Progress] = []  # answers of settle(), in turn; then done
         self.held: Hold | None = None
+        self.cleaned: list[bool] = []  # answers of failed(), in turn; then clean
         self.calls: list[str] = []
         self.lock = threading.Lock()
 
@@ -68,8 +69,9 @@ class FakeClusterSide:
         self._log(f"settle {address}")
         return self.gate.pop(0) if self.gate else Progress(ProgressState.DONE, "update applied")
 
-    def failed(self, request: RunRequest, message: str) -> None:
+    def failed(self, request: RunRequest, message: str) -> bool:
         self._log(f"failed {message}")
+        return self.cleaned.pop(0) if self.cleaned else True
 
     def state(self, request: RunRequest, reason: str, message: str, warning: bool = False) -> None:
         self._log(f"state {reason}: {message}")
@@ -176,6 +178,20 @@ async def test_a_drain_failure_stops_the_play_at_the_drain_point_says_what_was_a
     assert side.calls.index("step ntp") < side.calls.index("drain")
     assert side.calls.count(f"failed {message}") == 1  # clean-up and Event once, not per poll
     assert side.calls.index("after_play") < side.calls.index(f"failed {message}")
+
+
+async def test_a_failure_whose_clean_up_the_api_server_refused_is_cleaned_up_on_a_later_poll(
+    svc: RunService, fake: FakeRunner, side: FakeClusterSide
+) -> None:
+    side.addrs = [("InternalIP", "10.79.9.66")]
+    side.drain_failure = Blocked("drain: timed out after 3s with 1 pod left on Node n1")
+    side.cleaned = [False, False]  # the API server is away for the first two tries
+    request = req("x6")
+    first = await settle(svc, request)
+    assert first.state is ProgressState.FAILED
+    for _ in range(3):
+        assert (await svc.poll(request)).message == first.message
+    assert side.calls.count(f"failed {first.message}") == 3  # until it could clean up, then never again
 
 
 async def test_no_drain_point_no_drain(svc: RunService, fake: FakeRunner, side: FakeClusterSide) -> None:
