@@ -355,3 +355,72 @@ def test_a_later_desired_state_removes_the_files_of_a_failed_one(
         assert lab.exec_in(host, ["test", "-e", LEFT]).returncode != 0, "the failed run's file was removed"
     finally:
         pool.delete()
+
+
+CEPH_GROUP, CEPH_KIND, CEPH_PLURAL = "lab.inplace-extension.io", "CephCluster", "cephclusters"
+CEPH_HEALTH = 'object.status.health == "HEALTH_OK"'
+PLAY_GATE = "/tmp/inplace-ceph-play-gate"  # the play's command check passes once the test creates it
+
+
+def test_a_kubernetes_health_check_holds_a_node_before_and_after_its_update(
+    kubelab_mcm: Lab, lab: HostLab, nodes: list[Host], start_agent: StartAgent, e2e_capabilities: Path
+) -> None:
+    """docs/operator-controls.md, health checks on cluster objects, with the real MCM: a CRD-backed object
+    (a CephCluster-like kind) that is not healthy holds the Node's update before it starts (no run, no
+    result: MCM keeps it waiting); once its status flips the update starts; made unhealthy while the play
+    runs, it holds the result after the play until it flips back. A command check of the same file
+    keeps the play on the host until the test has flipped the object (no race with the play's end)."""
+    host = nodes[0]
+    crd = objects.define_kind(kubelab_mcm, CEPH_GROUP, CEPH_KIND, CEPH_PLURAL)
+    ceph_ns = f"rook-{datetime.now(UTC):%H%M%S}"
+    objects.ensure_namespace(kubelab_mcm, ceph_ns)
+    metadata = {"name": "ceph", "namespace": ceph_ns}
+    objects.apply(kubelab_mcm, {"apiVersion": f"{CEPH_GROUP}/v1", "kind": CEPH_KIND, "metadata": metadata})
+
+    def health(value: str) -> None:
+        objects.set_status(kubelab_mcm, crd, "ceph", ceph_ns, {"health": value})
+
+    health("HEALTH_WARN")
+    lab.exec_in(host, ["rm", "-f", PLAY_GATE])
+    capabilities = Path(str(e2e_capabilities) + ".ceph")
+    capabilities.write_text(
+        e2e_capabilities.read_text()
+        + "health_checks:\n"
+        + "  - name: play_gate\n"
+        + f"    command: [test, -e, {PLAY_GATE}]\n"
+        + "  - name: ceph\n"
+        + "    kubernetes:\n"
+        + f"      api_version: {CEPH_GROUP}/v1\n"
+        + f"      kind: {CEPH_KIND}\n"
+        + f"      namespace: {ceph_ns}\n"
+        + "      name: ceph\n"
+        + f"      expression: '{CEPH_HEALTH}'\n"
+    )
+    pool = Pool(kubelab_mcm, "ceph", [host], {"v1": V1, "v2": FIXED_FILES})
+    try:
+        agent = start_agent(capabilities=capabilities)
+        (name,) = pool.initial
+        runs = agent.runs_dir
+        pool.switch("v2")
+        before = f'waiting for health check "ceph" ({CEPH_HEALTH} is false on {CEPH_KIND} {ceph_ns}/ceph)'
+        assert wait_until(lambda: f"node {name}: {before}" in agent.log(), ROLLOUT, 0.25), agent.log()
+        assert not list(runs.glob("*/attempt-*")), "nothing starts while the check does not hold"
+        assert ns.RESULT_LABEL not in ns.node_labels(pool.node(name)), "no result: MCM keeps the Node waiting"
+        assert before in node_event_messages(kubelab_mcm, name)
+
+        health("HEALTH_OK")  # the object flips: the update starts
+        assert wait_until(lambda: bool(list(runs.glob("*/attempt-*"))), 120, 0.25), agent.log()
+        health("HEALTH_ERR")  # the update made it unhealthy; the play is held on the host until now
+        lab.exec_in(host, ["touch", PLAY_GATE])
+        after = f"health gate: {before}"
+        assert wait_until(lambda: f"node {name}: {after}" in agent.log(), 120, 0.25), agent.log()
+        assert stamp_writes(lab, host) != [], "applied on the host"
+        assert ns.RESULT_LABEL not in ns.node_labels(pool.node(name)), "no result while the check waits"
+
+        health("HEALTH_OK")
+        watch_rollout(pool, pool.finished, 300)
+        assert run_on(lab, host, ["cat", "/etc/mcm/kept.conf"]) == "kept\n"
+        assert len(list(runs.glob("*/attempt-*"))) == 1, "one run: the waits started nothing"
+    finally:
+        pool.delete()
+        lab.exec_in(host, ["rm", "-f", PLAY_GATE])
