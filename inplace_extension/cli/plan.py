@@ -23,6 +23,7 @@ from inplace_extension.preview.inputs import (
 )
 from inplace_extension.preview.judge import (
     Context,
+    preview_control_plane,
     preview_machine_classes,
     preview_request,
     preview_templates,
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         pair(old, new)
         if Part.MACHINE_CLASS in new.parts:
             preview = preview_machine_classes(old, new, machines_of((old, new), names, "Node"), context)
+        elif Part.CONTROL_PLANE in new.parts:
+            preview = preview_control_plane(old, new, machines_of((old, new), names, "Machine"), context)
         else:
             preview = preview_templates(old, new, machines_of((old, new), names, "Machine"), context)
     print(render(preview, args.output))

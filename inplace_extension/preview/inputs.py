@@ -3,11 +3,12 @@ preview compares, and turned into the requests the service would get for them.
 
 A file holds JSON or YAML: one object, several YAML documents, or a ``List`` (``kubectl get -o yaml``).
 Each object is one of: the machine template (``MachineDeployment`` or ``MachineSet``), the
-``KubeadmConfigTemplate``, an infrastructure machine template (``infrastructure.cluster.x-k8s.io``,
-``*MachineTemplate``), a ``MachineClass`` (MCM), or a machine to preview (a CAPI ``Machine``, an MCM
-``Node``). Old and new must hold the same kinds; what CAPI would send is then built from them
-(:func:`machine_set_request`, :func:`update_request`) and judged by the hooks' own functions. Every
-error names the file and the field (:class:`PlanInputError`).
+``KubeadmConfigTemplate``, a ``KubeadmControlPlane`` (it carries both for control plane Machines), an
+infrastructure machine template (``infrastructure.cluster.x-k8s.io``, ``*MachineTemplate``), a
+``MachineClass`` (MCM), or a machine to preview (a CAPI ``Machine``, an MCM ``Node``). Old and new must
+hold the same kinds; what CAPI would send is then built from them (:func:`machine_set_request`,
+:func:`machine_request`, :func:`update_request`) and judged by the hooks' own functions. Every error
+names the file and the field (:class:`PlanInputError`).
 """
 
 from __future__ import annotations
@@ -22,16 +23,21 @@ from typing import Any, Final
 
 import yaml
 
+from inplace_extension.inplace.objects import CONTROL_PLANE_LABEL
+
 CAPI_GROUP: Final = "cluster.x-k8s.io"
 BOOTSTRAP_GROUP: Final = "bootstrap.cluster.x-k8s.io"
+CONTROL_PLANE_GROUP: Final = "controlplane.cluster.x-k8s.io"
+CLUSTER_NAME_LABEL: Final = "cluster.x-k8s.io/cluster-name"
+CONTROL_PLANE_NAME_LABEL: Final = "cluster.x-k8s.io/control-plane-name"
 INFRASTRUCTURE_GROUP: Final = "infrastructure.cluster.x-k8s.io"
 MCM_GROUP: Final = "machine.sapcloud.io"
 CAPI_VERSION: Final = "v1beta2"  # the only version the claims understand (inplace/objects.py)
 # stands in for an object the user did not give: the same on both sides, so it changes nothing
 NOT_GIVEN: Final = "(not given)"
 EXPECTED: Final = (
-    "MachineDeployment or MachineSet, KubeadmConfigTemplate, an infrastructure machine template "
-    f"({INFRASTRUCTURE_GROUP} *MachineTemplate), MachineClass ({MCM_GROUP}), Machine or Node"
+    "MachineDeployment or MachineSet, KubeadmConfigTemplate, KubeadmControlPlane, an infrastructure "
+    f"machine template ({INFRASTRUCTURE_GROUP} *MachineTemplate), MachineClass ({MCM_GROUP}), Machine or Node"
 )
 
 
@@ -44,6 +50,7 @@ class Part(enum.Enum):
 
     MACHINE_TEMPLATE = "MachineDeployment/MachineSet"
     BOOTSTRAP = "KubeadmConfigTemplate"
+    CONTROL_PLANE = "KubeadmControlPlane"
     INFRASTRUCTURE = "infrastructure machine template"
     MACHINE_CLASS = "MachineClass"
 
@@ -117,6 +124,13 @@ def pair(old: Side, new: Side) -> None:
             )
     if not new.parts:
         raise PlanInputError(f"{new.path}: no object to compare; expected {EXPECTED}")
+    if Part.CONTROL_PLANE in new.parts:
+        for part in (Part.MACHINE_TEMPLATE, Part.BOOTSTRAP):
+            if part in new.parts:
+                raise PlanInputError(
+                    f"{new.parts[part].where}: a {part.value} beside a KubeadmControlPlane (it holds the "
+                    "version and the KubeadmConfig spec of its Machines); plan one or the other"
+                )
     if Part.MACHINE_CLASS in new.parts and len(new.parts) > 1:
         others = ", ".join(found.where for part, found in new.parts.items() if part is not Part.MACHINE_CLASS)
         raise PlanInputError(
@@ -199,6 +213,62 @@ def _machine_set(template: Found | None, anchor: Found) -> dict[str, Any]:
         "kind": "MachineSet",
         "metadata": {"name": template.name, "namespace": template.namespace},
         "spec": {"clusterName": obj["spec"].get("clusterName"), "template": obj["spec"]["template"]},
+    }
+
+
+def machine_request(old: Side, new: Side, machine: Machine) -> dict[str, Any]:
+    """The CanUpdateMachineRequest the KubeadmControlPlane controller sends for one of its Machines when
+    the KubeadmControlPlane (and its infrastructure machine template) change from ``old`` to ``new``."""
+    return {
+        "apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1",
+        "kind": "CanUpdateMachineRequest",
+        "current": _control_plane_objects(old, machine),
+        "desired": _control_plane_objects(new, machine),
+    }
+
+
+def _control_plane_objects(side: Side, machine: Machine) -> dict[str, Any]:
+    """A control plane Machine's objects as KCP states them: the Machine (its version, the control plane
+    label), the KubeadmConfig (the KubeadmControlPlane's ``kubeadmConfigSpec``; KCP sends no
+    ``joinConfiguration.discovery``) and the infrastructure machine of the template."""
+    found = side.parts[Part.CONTROL_PLANE]
+    spec = found.obj["spec"]
+    template = spec.get("machineTemplate") or {}
+    # the labels KCP puts on its Machines: the template's, the cluster's name, the control plane's
+    cluster = (found.obj["metadata"].get("labels") or {}).get(CLUSTER_NAME_LABEL)
+    labels = {
+        **((template.get("metadata") or {}).get("labels") or {}),
+        **({CLUSTER_NAME_LABEL: cluster} if isinstance(cluster, str) else {}),
+        CONTROL_PLANE_LABEL: "",
+        CONTROL_PLANE_NAME_LABEL: found.name,
+        **machine.labels,
+    }
+    metadata: dict[str, Any] = {"name": machine.name, "namespace": found.namespace, "labels": labels}
+    if machine.annotations:
+        metadata["annotations"] = dict(machine.annotations)
+    machine_spec = {key: spec[key] for key in ("version",) if key in spec}
+    config = dict(spec.get("kubeadmConfigSpec") or {})
+    join = config.get("joinConfiguration")
+    if isinstance(join, Mapping) and "discovery" in join:
+        config["joinConfiguration"] = {key: value for key, value in join.items() if key != "discovery"}
+    infrastructure = side.parts.get(Part.INFRASTRUCTURE)
+    own = {"name": machine.name, "namespace": found.namespace}
+    return {
+        "machine": {
+            "apiVersion": f"{CAPI_GROUP}/{CAPI_VERSION}",
+            "kind": "Machine",
+            "metadata": metadata,
+            "spec": machine_spec,
+        },
+        "infrastructureMachine": (
+            _from_template(infrastructure.obj, own) if infrastructure is not None else {"kind": NOT_GIVEN}
+        ),
+        "bootstrapConfig": {
+            "apiVersion": f"{BOOTSTRAP_GROUP}/{CAPI_VERSION}",
+            "kind": "KubeadmConfig",
+            "metadata": own,
+            "spec": config,
+        },
     }
 
 
@@ -322,6 +392,8 @@ def _part_of(found: Found) -> Part | None:
         part = Part.MACHINE_TEMPLATE
     elif group == BOOTSTRAP_GROUP and kind == "KubeadmConfigTemplate":
         part = Part.BOOTSTRAP
+    elif group == CONTROL_PLANE_GROUP and kind == "KubeadmControlPlane":
+        part = Part.CONTROL_PLANE
     elif group == INFRASTRUCTURE_GROUP and kind.endswith("MachineTemplate"):
         part = Part.INFRASTRUCTURE
     elif group == MCM_GROUP and kind == "MachineClass":
@@ -335,6 +407,9 @@ def _part_of(found: Found) -> Part | None:
             f"{found.where}: apiVersion: {found.obj['apiVersion']}: only {group}/{CAPI_VERSION} is "
             "understood (what CAPI v1.12+ serves and sends)"
         )
+    if part is Part.CONTROL_PLANE:
+        _control_plane_fields(found)
+        return part
     template = _get(found.obj, "spec", "template")
     if not isinstance(template, Mapping):
         raise PlanInputError(f"{found.where}: spec.template: must be an object")
@@ -344,6 +419,15 @@ def _part_of(found: Found) -> Part | None:
     if part is Part.MACHINE_TEMPLATE and not isinstance(spec, Mapping):
         raise PlanInputError(f"{found.where}: spec.template.spec: must be an object")
     return part
+
+
+def _control_plane_fields(found: Found) -> None:
+    spec = found.obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise PlanInputError(f"{found.where}: spec: must be an object")
+    for key in ("kubeadmConfigSpec", "machineTemplate"):
+        if spec.get(key) is not None and not isinstance(spec[key], Mapping):
+            raise PlanInputError(f"{found.where}: spec.{key}: must be an object")
 
 
 def _strings(found: Found, value: Any, key: str) -> dict[str, str]:

@@ -33,6 +33,7 @@ from inplace_extension.preview.inputs import (
     Part,
     PlanInputError,
     Side,
+    machine_request,
     machine_set_request,
     update_request,
 )
@@ -82,6 +83,23 @@ def preview_templates(old: Side, new: Side, machines: tuple[Machine, ...], conte
         return Preview(
             subject, "capi", "invalid", failure=f"{side.path}: the hook would answer Failure: {exc}"
         )
+
+
+def preview_control_plane(old: Side, new: Side, machines: tuple[Machine, ...], context: Context) -> Preview:
+    """Old and new KubeadmControlPlane: what CanUpdateMachine answers for its Machines, then UpdateMachine."""
+    found = new.parts[Part.CONTROL_PLANE]
+    subject = f"KubeadmControlPlane {found.namespace}/{found.name}"
+    try:
+        requests = [
+            _parse(CanUpdateMachineRequest, machine_request(old, new, machine))
+            for machine in (machines or (Machine(found.name),))
+        ]
+    except InvalidRequest as exc:  # a value of the wrong type for CAPI's Go type: the hook refuses it
+        side = old if exc.where.startswith("current") else new
+        return Preview(
+            subject, "capi", "invalid", failure=f"{side.path}: the hook would answer Failure: {exc}"
+        )
+    return _preview_machines(subject, requests, bool(machines), context)
 
 
 def preview_request(document: Any, machines: tuple[Machine, ...], context: Context) -> Preview:
@@ -139,12 +157,23 @@ def _preview_machine_set(
 
 
 def _preview_machine(request: CanUpdateMachineRequest, context: Context) -> Preview:
-    decision, answer = judge_machine(request, context.custom, context.settings.affects_availability)
-    current, desired = request.current.to_json(), request.desired.to_json()
+    return _preview_machines(f"Machine {request.desired.machine.key}", [request], True, context)
+
+
+def _preview_machines(
+    subject: str, requests: Sequence[CanUpdateMachineRequest], named: bool, context: Context
+) -> Preview:
+    """CanUpdateMachine for each Machine (the first one's answer is shown: the objects are the same but
+    for the Machines' names, labels and annotations), then UpdateMachine of its desired objects."""
+    settings = context.settings
+    decision, answer = judge_machine(requests[0], context.custom, settings.affects_availability)
+    current, desired = requests[0].current.to_json(), requests[0].desired.to_json()
     idle = _idle(_version(current["machine"], False), _version(desired["machine"], False))
-    update = _parse(UpdateMachineRequest, {"kind": "UpdateMachineRequest", "desired": desired})
-    subject = f"Machine {request.desired.machine.key}"
-    return _capi_preview(subject, decision, answer, "CanUpdateMachine", [update], True, idle, context)
+    updates = [
+        _parse(UpdateMachineRequest, {"kind": "UpdateMachineRequest", "desired": request.desired.to_json()})
+        for request in requests
+    ]
+    return _capi_preview(subject, decision, answer, "CanUpdateMachine", updates, named, idle, context)
 
 
 def _preview_update(request: UpdateMachineRequest, context: Context) -> Preview:

@@ -321,3 +321,26 @@ def test_a_nodes_status_address_is_its_host_and_each_failure_has_the_services_re
     inventory.write_text("hosts: []\n")
     strict = document(capsys, *MCM[:2], "--new", str(new), *flags)
     assert strict["machines"][0]["host"]["reason"] == "NoHostKey"
+
+
+def test_a_control_plane_pair_previews_can_update_machine_and_the_upgrade_of_each_machine(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    kcp = ("--old", str(EXAMPLES / "kcp-old.yaml"), "--new", str(EXAMPLES / "kcp-new.yaml"))
+    preview = document(capsys, *kcp, "--kube", "--machine", "cp-1", "--machine", "cp-2")
+    assert preview["subject"] == "KubeadmControlPlane default/my-cluster-cp"
+    assert preview["answer"]["hook"] == "CanUpdateMachine" and preview["outcome"] == "in-place"
+    assert {(c["object"], c["field"]) for c in preview["changes"]} == {
+        ("Machine", "/version"),
+        ("KubeadmConfig", "/clusterConfiguration/etcd/local/imageTag"),
+    }
+    steps = [(s["capability"], s["changed"], s["drained"]) for s in preview["steps"]]
+    assert steps == [("kubelet_args", False, True), ("kubernetes_version", True, True)]
+    assert [m["name"] for m in preview["machines"]] == ["default/cp-1", "default/cp-2"]
+    beside = tmp_path / "beside.yaml"
+    beside.write_text(
+        (EXAMPLES / "kcp-new.yaml").read_text() + "---\n" + (EXAMPLES / "capi-new.yaml").read_text()
+    )
+    code, _, err = plan(capsys, "--old", str(beside), "--new", str(beside))
+    assert code == 2
+    assert f"{beside}: document 2: a MachineDeployment/MachineSet beside a KubeadmControlPlane" in err

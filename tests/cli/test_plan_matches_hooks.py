@@ -188,3 +188,58 @@ async def test_a_machine_plan_finds_no_host_for_gets_the_same_failure_from_the_s
     assert answer["status"] == "Failure"
     assert answer["message"] == f"{host['reason']}: {host['message']}"
     assert host["reason"] == "HostNotFound"
+
+
+def control_plane_files(request: dict[str, Any], tmp_path: Path) -> tuple[Path, Path]:
+    """A KubeadmControlPlane and a DockerMachineTemplate per side that KCP turns into this request."""
+    paths = []
+    for side in ("current", "desired"):
+        objects = request[side]
+        labels = objects["machine"]["metadata"]["labels"]
+        control_plane = {
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
+            "kind": "KubeadmControlPlane",
+            "metadata": {
+                "name": labels["cluster.x-k8s.io/control-plane-name"],
+                "namespace": "default",
+                "labels": {"cluster.x-k8s.io/cluster-name": labels["cluster.x-k8s.io/cluster-name"]},
+            },
+            "spec": {
+                "version": objects["machine"]["spec"]["version"],
+                "kubeadmConfigSpec": objects["bootstrapConfig"]["spec"],
+            },
+        }
+        infrastructure = objects["infrastructureMachine"]
+        template = {
+            "apiVersion": infrastructure["apiVersion"],
+            "kind": infrastructure["kind"] + "Template",
+            "metadata": {"name": "cp", "namespace": "default"},
+            "spec": {"template": {"spec": infrastructure["spec"]}},
+        }
+        path = tmp_path / f"{side}.yaml"
+        path.write_text(yaml.safe_dump_all([control_plane, template]))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+@pytest.mark.parametrize("fixture", ["4A", "4B"])
+async def test_plan_of_a_control_plane_is_the_can_update_machine_answer(
+    tmp_path: Path, fixture: str, planned: Callable[..., dict[str, Any]]
+) -> None:
+    request = json.loads((FIXTURES / "can_update_machine" / f"{fixture}.request.json").read_text())
+    old, new = control_plane_files(request, tmp_path)
+    name = request["desired"]["machine"]["metadata"]["name"]
+    preview = planned("--old", str(old), "--new", str(new), "--machine", name)
+    answer = await post("canupdatemachine/can-update-machine", request)
+    assert preview["answer"]["hook"] == "CanUpdateMachine"
+    assert preview["answer"]["status"] == answer["status"]
+    assert preview["answer"]["message"] == answer["message"]
+    assert preview["answer"]["patches"] == sorted(key for key in answer if key.endswith("Patch"))
+    assert preview["answer"]["affectsAvailability"] == answer.get("affectsAvailability")
+    if fixture == "4A":  # in place: UpdateMachine with the desired objects runs what plan showed
+        recorder = Recorder()
+        update = {"kind": "UpdateMachineRequest", "desired": request["desired"]}
+        await post("updatemachine/update-machine", update, recorder)
+        (run,) = recorder.requests
+        assert [step["capability"] for step in preview["steps"]] == list(run.capabilities)
+        assert preview["machines"][0]["run"] == run.ident
