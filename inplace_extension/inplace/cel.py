@@ -11,6 +11,7 @@ is an :class:`Evaluation` that does not hold, with CEL's error in one short line
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -52,11 +53,14 @@ class Expression:
 
     text: str
     _program: Any = field(repr=False, compare=False)
+    # the run service evaluates from worker threads; celpy does not say its programs are thread-safe
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def evaluate(self, obj: Mapping[str, Any]) -> Evaluation:
         """``true`` holds; ``false``, another value or an error does not (never raises)."""
         try:
-            result = self._program.evaluate({ROOT: json_to_cel(dict(obj))})
+            with self._lock:
+                result = self._program.evaluate({ROOT: json_to_cel(dict(obj))})
         except CELEvalError as exc:
             return Evaluation(False, _short(exc))
         except Exception as exc:  # the library's own failures must not stop the health gate either
