@@ -13,6 +13,7 @@ names the file and the field (:class:`PlanInputError`).
 
 from __future__ import annotations
 
+import datetime
 import enum
 import json
 import sys
@@ -315,6 +316,18 @@ def _from_template(template: Mapping[str, Any], metadata: Mapping[str, Any]) -> 
 
 
 # -- reading files ---------------------------------------------------------------------------------
+
+
+def json_bytes(document: Any) -> bytes:
+    """A document read from YAML as the JSON the API server would have sent: YAML's unquoted timestamps
+    (``creationTimestamp: 2024-01-01T00:00:00Z`` typed by hand) become RFC 3339 strings again."""
+
+    def plain(value: Any) -> str:
+        if isinstance(value, datetime.datetime | datetime.date):
+            return value.isoformat().replace("+00:00", "Z")
+        return str(value)  # any other YAML-only type (a set, binary): its text, as a string field
+
+    return json.dumps(document, default=plain).encode()
 
 
 def read_request(path: str) -> Any:

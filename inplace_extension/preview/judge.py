@@ -7,7 +7,6 @@ the capabilities file. Nothing here decides anything itself: it asks and reports
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -33,6 +32,7 @@ from inplace_extension.preview.inputs import (
     Part,
     PlanInputError,
     Side,
+    json_bytes,
     machine_request,
     machine_set_request,
     update_request,
@@ -105,7 +105,7 @@ def preview_control_plane(old: Side, new: Side, machines: tuple[Machine, ...], c
 def preview_request(document: Any, machines: tuple[Machine, ...], context: Context) -> Preview:
     """A saved CanUpdateMachineSet, CanUpdateMachine or UpdateMachine request; an invalid one is the
     Failure the hook answers (outcome ``invalid``)."""
-    body = json.dumps(document).encode()
+    body = json_bytes(document)
     try:
         kind = request_kind(parse_json(body))
         if machines and kind != "CanUpdateMachineSetRequest":
@@ -460,4 +460,4 @@ def _window(labels: Mapping[str, str], context: Context) -> Window | None:
 
 def _parse(model: type[Any], body: Mapping[str, Any]) -> Any:
     """A request built from the files, through the hook's own parser (its errors name the field)."""
-    return parse_request(model, json.dumps(body).encode())
+    return parse_request(model, json_bytes(body))

@@ -344,3 +344,16 @@ def test_a_control_plane_pair_previews_can_update_machine_and_the_upgrade_of_eac
     code, _, err = plan(capsys, "--old", str(beside), "--new", str(beside))
     assert code == 2
     assert f"{beside}: document 2: a MachineDeployment/MachineSet beside a KubeadmControlPlane" in err
+
+
+def test_a_hand_written_yaml_request_with_an_unquoted_timestamp_is_read(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    request = json.loads((FIXTURES / "update_machine" / "6B.request.json").read_text())
+    request["desired"]["machine"]["metadata"]["creationTimestamp"] = "STAMP"
+    path = tmp_path / "request.yaml"
+    path.write_text(yaml.safe_dump(request).replace("STAMP", "2026-11-25T22:00:00Z"))
+    stamp = yaml.safe_load(path.read_text())["desired"]["machine"]["metadata"]["creationTimestamp"]
+    assert isinstance(stamp, datetime)  # YAML made it a datetime, which JSON has not
+    preview = document(capsys, str(path))
+    assert preview["fingerprint"] == "7815a54716b00d858e3f19ea0c599afb6d53147fbd383545d7bf691fffba1eea"
