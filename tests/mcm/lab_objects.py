@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from kubelab import objects
@@ -48,9 +49,11 @@ def meta(name: str) -> dict[str, Any]:
     return {"name": name, "namespace": NAMESPACE}
 
 
-def make_pool(kube: Lab, pool: str, *machines: str) -> None:
-    """MachineClasses old/new, a MachineDeployment on the new one, an old and a new MachineSet, and
-    Machines still owned by the old MachineSet (as during MCM's update)."""
+def make_pool(
+    kube: Lab, pool: str, *machines: str, old: Mapping[str, Any] = OLD, new: Mapping[str, Any] = NEW
+) -> None:
+    """MachineClasses old/new (their ``inPlaceUpdate`` specs), a MachineDeployment on the new one, an old
+    and a new MachineSet, and Machines still owned by the old MachineSet (as during MCM's update)."""
     api = "machine.sapcloud.io/v1alpha1"
     classes = [
         {
@@ -58,9 +61,9 @@ def make_pool(kube: Lab, pool: str, *machines: str) -> None:
             "kind": "MachineClass",
             "metadata": meta(f"{pool}-{v}"),
             "provider": "static-hosts",
-            "providerSpec": {"inPlaceUpdate": spec},
+            "providerSpec": {"inPlaceUpdate": dict(spec)},
         }
-        for v, spec in (("v1", OLD), ("v2", NEW))
+        for v, spec in (("v1", old), ("v2", new))
     ]
     selector = {"matchLabels": {"name": "pool"}}
     deployment = {

@@ -87,6 +87,19 @@ def node_cluster(kubelab_nodes: KubeLab) -> Iterator[Cluster]:
         lab.down()
 
 
+def capabilities(cluster: Cluster) -> str:
+    """The capabilities file of the node lab's service and agent: the shipped one of the lab tests
+    (os_update, kubelet_credentials), the kubernetes_version role pointed at the lab's release server."""
+    return (
+        CAPABILITIES_FILE % {"retries": 1} + "role_settings:\n"
+        "  kubernetes_version:\n"
+        "    package_source: binary\n"
+        f"    binary_base_url: {cluster.release_url}\n"
+        f"    kubeadm_upgrade_args: {json.dumps(KUBEADM_UPGRADE_ARGS)}\n"
+        "    health_delay_seconds: 1\n"
+    )
+
+
 StartService = Callable[..., Service]
 
 
@@ -101,14 +114,7 @@ def node_service(node_cluster: Cluster, tmp_path: Path) -> Iterator[StartService
         inventory = tmp_path / "inventory.yaml"
         inventory.write_text(render(node_cluster.lab, "service", [h.name for h in node_cluster.hosts]))
         caps = tmp_path / "capabilities.yaml"
-        caps.write_text(
-            CAPABILITIES_FILE % {"retries": 1} + "role_settings:\n"
-            "  kubernetes_version:\n"
-            "    package_source: binary\n"
-            f"    binary_base_url: {node_cluster.release_url}\n"
-            f"    kubeadm_upgrade_args: {json.dumps(KUBEADM_UPGRADE_ARGS)}\n"
-            "    health_delay_seconds: 1\n" + extra_caps
-        )
+        caps.write_text(capabilities(node_cluster) + extra_caps)
         runs = tmp_path / "runs"
         argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
         argv += ["--inventory", str(inventory), "--allowed-cidrs", str(node_cluster.lab.network)]
