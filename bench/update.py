@@ -10,6 +10,7 @@ from the job events (bench/plays.py). Each line with a target says "met" or "MIS
 ``targets met: N/M``. Needs root (the lab); the lab and the service are stopped at the end.
 
     .venv/bin/python bench/update.py [--rounds 3] [--hosts 10]
+    .venv/bin/python bench/update.py --real-nodes [--rounds 3]   # a real node vs an SSH script
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from hostlab.inventory import render  # noqa: E402
 from hostlab.lab import Lab  # noqa: E402
 from playbooks.standins import install_standins, lab_run_on_host  # noqa: E402
 
-from bench import plays  # noqa: E402
+from bench import nodes, plays  # noqa: E402
 from bench.procs import MemorySampler, children_cpu_seconds, hosts_in, peak_rss_mb  # noqa: E402
 from inplace_extension.runs.ssh import close_control_masters  # noqa: E402
 
@@ -215,7 +216,14 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternating service/raw rounds (median)")
     parser.add_argument("--hosts", type=int, default=10, help="hosts for the many-at-once case (>= 2)")
+    parser.add_argument(
+        "--real-nodes",
+        action="store_true",
+        help="instead: files + kubelet_args on a real node against an SSH script (bench/nodes.py)",
+    )
     opts = parser.parse_args()
+    if opts.real_nodes:
+        return nodes.main(opts.rounds)
     load_before = os.getloadavg()[0]
     with lab_and_service(max(opts.hosts, 2)) as bench, MemorySampler() as memory:
         one = bench.names[0]
