@@ -48,6 +48,7 @@ CNI_CONFIG = "/etc/cni/net.d/10-hostlab.conflist"  # the node's only network (ho
 HELD_CNI_CONFIG = "/etc/cni/10-hostlab.conflist.held"
 NAMESPACE = "e2e"  # the namespace tests/e2e/capi.py's UpdateMachine requests name
 CORDONED_BY = "inplace-extension.io/cordoned-by"
+UPDATING = "InPlaceUpdate"  # the Node condition the service sets while a disruptive step runs
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ class Seen:
 
     at: float
     unschedulable: bool
-    ready: str  # the Ready condition's status
+    ready: str  # the status of the kubelet's Ready condition
+    updating: str  # the status of our InPlaceUpdate condition ("" while there is none)
 
 
 class NodeWatch:
@@ -93,9 +95,11 @@ class NodeWatch:
 
     def _record(self, obj: dict[str, Any]) -> None:
         conditions: list[dict[str, Any]] = obj["status"].get("conditions", [])
-        condition = next((c for c in conditions if c["type"] == "Ready"), {})
+        status = {c["type"]: c["status"] for c in conditions}
         unschedulable = bool(obj["spec"].get("unschedulable"))
-        self.seen.append(Seen(time.monotonic(), unschedulable, condition.get("status", "")))
+        self.seen.append(
+            Seen(time.monotonic(), unschedulable, status.get("Ready", ""), status.get(UPDATING, ""))
+        )
 
 
 @pytest.fixture
@@ -163,6 +167,10 @@ def test_kube_aware_kubelet_args_cordons_drains_and_gates_on_the_real_node(
     assert cordon < restarted < uncordon, (cordon, restarted, uncordon, watch.seen)
     after = node(node_cluster, host)
     assert CORDONED_BY not in after["metadata"].get("annotations", {})
+    # our InPlaceUpdate condition was True during the disruptive step and is False after it, kept
+    # beside the conditions the real kubelet posts (its restart and status updates leave it alone)
+    assert any(s.updating == "True" for s in watch.seen if cordon <= s.at <= uncordon), watch.seen
+    assert {c["type"]: c["status"] for c in after["status"]["conditions"]}[UPDATING] == "False"
     assert after["status"]["capacity"]["pods"] == "77"
     # drained through the Eviction API: the real kubelet stopped the Pod and removed it
     assert objects.get(kube, "pod", "workload", pods) is None
