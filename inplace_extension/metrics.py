@@ -104,7 +104,8 @@ class Metrics:
         self._waiting = Gauge(
             "updates_waiting",
             "Updates waiting without a run in flight, by reason: window (outside its maintenance window), "
-            "pause, health_check (applied, the health gate not passed yet).",
+            "pause, health_check (a kubernetes health check before the start, or the health gate after "
+            "the play).",
             ("reason",),
             namespace=NAMESPACE,
             registry=self.registry,

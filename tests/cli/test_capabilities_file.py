@@ -70,3 +70,48 @@ def test_serve_refuses_a_bad_capabilities_file(tmp_path: Path) -> None:
         f"inplace-extension: capabilities file {caps}: line 2: capabilities[0].claims[0].pointer: "
         "KubeadmConfig /ntp overlaps /ntp, claimed by built-in"
     )
+
+
+CEPH_CHECK = (
+    "health_checks:\n"
+    "  - name: ceph\n"
+    "    kubernetes:\n"
+    "      api_version: ceph.rook.io/v1\n"
+    "      kind: CephCluster\n"
+    "      namespace: rook-ceph\n"
+    "      name: ceph\n"
+    "      expression: {expression}\n"
+)
+
+
+def test_serve_and_mcm_agent_refuse_a_bad_cel_expression_with_line_and_field(tmp_path: Path) -> None:
+    caps = tmp_path / "capabilities.yaml"
+    caps.write_text(CEPH_CHECK.format(expression="object.status.health = 1"))
+    expected = (
+        f"inplace-extension: capabilities file {caps}: line 8: health_checks[0].kubernetes.expression: "
+        "Value error, not a CEL expression: syntax error at column 22"
+    )
+    serve = ["serve", "--plain-http", "--listen", "127.0.0.1:0", "--capabilities-file", str(caps)]
+    agent = ["mcm-agent", "--namespace", "machines", "--capabilities-file", str(caps)]
+    for argv in (serve, agent):
+        result = run_cli(*argv, env=clean_env(tmp_path))
+        assert (result.returncode, result.stderr.strip()) == (2, expected), argv
+
+
+def test_serve_refuses_kubernetes_checks_without_the_kubernetes_aware_mode(tmp_path: Path) -> None:
+    caps = tmp_path / "capabilities.yaml"
+    caps.write_text(CEPH_CHECK.format(expression="object.status.health == 'HEALTH_OK'"))
+    result = run_cli(
+        "serve",
+        "--plain-http",
+        "--listen",
+        "127.0.0.1:0",
+        "--capabilities-file",
+        str(caps),
+        env=clean_env(tmp_path),
+    )
+    assert result.returncode == 2 and "serving" not in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        f'inplace-extension: capabilities file {caps}: the kubernetes health check "ceph" reads the cluster: '
+        "it needs the Kubernetes-aware mode (--kube or --kubeconfig)"
+    )
