@@ -74,8 +74,8 @@ def configure(parser: Parser) -> None:
     parser.epilog = (
         "The service settings are read as serve reads them (flags, else INPLACE_* variables) and only judged "
         "with: plan connects to nothing. --kube (or INPLACE_KUBECONFIG) says the service runs in its "
-        "Kubernetes-aware mode, where it drains. Exit 0: previewed; 1: the service would answer Failure; "
-        "2: bad input."
+        "Kubernetes-aware mode, where it drains. Exit 0: previewed (any outcome); 1: outcome invalid, "
+        "the service would fail the update for its values; 2: input plan cannot read."
     )
 
 

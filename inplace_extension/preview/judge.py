@@ -213,7 +213,6 @@ def _capi_preview(
         for v in decision.verdicts
     )
     in_place = outcome == "in-place"
-    runs: list[tuple[RunRequest, UpdateMachineRequest]] = []
     try:
         plans = [plan_request(update, context.custom) for update in updates]
     except InvalidRequest as exc:

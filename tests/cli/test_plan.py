@@ -357,3 +357,19 @@ def test_a_hand_written_yaml_request_with_an_unquoted_timestamp_is_read(
     assert isinstance(stamp, datetime)  # YAML made it a datetime, which JSON has not
     preview = document(capsys, str(path))
     assert preview["fingerprint"] == "7815a54716b00d858e3f19ea0c599afb6d53147fbd383545d7bf691fffba1eea"
+
+
+@pytest.mark.parametrize(
+    ("setting", "outcome", "status"),
+    [("requireInPlace", "refused", "Failure"), ("disableInPlaceUpdates", "disabled", "Success")],
+)
+def test_the_extension_config_settings_of_a_saved_request_are_honoured(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, setting: str, outcome: str, status: str
+) -> None:
+    request = json.loads((FIXTURES / "can_update_machine_set" / "5B.request.json").read_text())
+    request["settings"] = {setting: "true"}
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(request))
+    preview = document(capsys, str(path), "--machine", "m1")
+    assert (preview["outcome"], preview["answer"]["status"]) == (outcome, status)
+    assert preview["steps"] == [] and preview["machines"][0]["run"] is None
