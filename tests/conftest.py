@@ -18,11 +18,22 @@ The lab units come first in the collection, then the modules that use a lab, the
 (``--no-loadscope-reorder`` keeps this order): xdist hands the first units to the workers as they start,
 so the three lab units start at once on three workers and the others share the remaining modules,
 longest first, and the quick ones fill the end.
+
+The CAPI tests share one CAPI lab per machine (CAPD listens on fixed ports), so every test marked
+``capi`` holds a shared lock on ``<KUBELAB_RUN_DIR>/capi-tests.lock`` from its setup to its teardown, and
+a test marked ``capi_alone`` (it restarts a part of the lab, e.g. the kube-apiserver) holds it
+exclusively: it waits for the CAPI tests running elsewhere to end and none starts meanwhile.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
+from kubelab.config import Config
 
 pytest_plugins = ["hostlab.pytest_plugin", "kubelab.pytest_plugin"]
 
@@ -62,3 +73,26 @@ def _start_rank(item: pytest.Item) -> int:
         return LAB_UNITS.index(unit)
     uses_lab = any(item.get_closest_marker(m) is not None for m in LAB_MARKERS)
     return len(LAB_UNITS) + (0 if uses_lab else 1)
+
+
+@contextmanager
+def capi_lab_share(alone: bool) -> Iterator[None]:
+    """Hold the machine's CAPI lab with the others (shared) or alone (exclusive) while the block runs."""
+    path = Config.from_env().run_dir / "capi-tests.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        # blocking: the kernel queues an exclusive waiter, so tests starting afterwards do not starve it
+        fcntl.flock(fd, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Setup (module fixtures included), call and teardown of a CAPI test under the lab's share lock."""
+    if item.get_closest_marker("capi") is None:
+        return (yield)
+    with capi_lab_share(alone=item.get_closest_marker("capi_alone") is not None):
+        return (yield)

@@ -94,3 +94,59 @@ def test_a_serial_run_keeps_the_collection_order(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     files = [line.split("::")[0] for line in result.stdout.splitlines() if "::" in line]
     assert len(files) == 21 and files == sorted(files)
+
+
+LOCK_CONFTEST = f"""
+import importlib.util
+spec = importlib.util.spec_from_file_location("suite_conftest", {str(SUITE_CONFTEST)!r})
+suite = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(suite)
+pytest_runtest_protocol = suite.pytest_runtest_protocol
+"""
+
+LOCK_TEST = """
+import fcntl, os, pytest
+from pathlib import Path
+
+def takes(mode):
+    path = Path(os.environ["KUBELAB_RUN_DIR"]) / "capi-tests.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+@pytest.mark.capi
+def test_shared():
+    assert takes(fcntl.LOCK_SH) and not takes(fcntl.LOCK_EX)
+
+@pytest.mark.capi
+@pytest.mark.capi_alone
+def test_alone():
+    assert not takes(fcntl.LOCK_SH)
+
+def test_not_capi():
+    assert takes(fcntl.LOCK_EX)
+"""
+
+
+def test_capi_tests_hold_the_lab_lock_shared_and_capi_alone_tests_exclusively(tmp_path: Path) -> None:
+    root, run_dir = tmp_path / "suite", tmp_path / "run"
+    root.mkdir()
+    (root / "conftest.py").write_text(LOCK_CONFTEST)
+    (root / "pytest.ini").write_text("[pytest]\nmarkers =\n    capi: CAPI lab\n    capi_alone: alone\n")
+    (root / "test_lock.py").write_text(LOCK_TEST)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=root,
+        env={"PATH": "/usr/bin:/bin", "KUBELAB_RUN_DIR": str(run_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0 and "3 passed" in result.stdout, result.stdout + result.stderr

@@ -1,7 +1,8 @@
 """What the Kubernetes-aware CAPI lab tests share: the service started with ``--kubeconfig``, one
 in-memory cluster per test whose MachineDeployment Machine is mapped to a lab host and a kwok Node
-(:class:`Worker`), a PDB-guarded Pod, and a :class:`Sampler` that watches cordon and skip-remediation
-while a rollout runs. The tests themselves are in ``test_capi_kube_aware.py``.
+(:class:`Worker`), or whose MachineDeployment of three is mapped to the three lab hosts (:class:`Fleet`),
+a PDB-guarded Pod, and a :class:`Sampler` that watches cordon and skip-remediation while a rollout runs.
+The tests themselves are in ``test_capi_kube_aware.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import httpx
 import yaml
 from e2e.conftest import START_VERSION
-from hostlab.inventory import defaults_only_inventory
+from hostlab.inventory import defaults_only_inventory, service_inventory
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from kubelab import objects
@@ -35,6 +36,7 @@ MACHINES = "machines.cluster.x-k8s.io"
 DEV_MACHINES = "devmachines.infrastructure.cluster.x-k8s.io"
 MD = "machinedeployments.cluster.x-k8s.io"
 SKIP_REMEDIATION = "cluster.x-k8s.io/skip-remediation"
+SKIP_REMEDIATION_BY = "inplace-extension.io/skip-remediation-by"  # ours, beside it while we hold it
 CORDONED_BY = "inplace-extension.io/cordoned-by"
 GATE_SECONDS = 15
 DRAIN_SECONDS = 8
@@ -157,7 +159,97 @@ class Worker:
         return co.conditions_text(co.machines(self.kube, self.namespace)) + f"\nevents {self.events()}"
 
 
+@dataclass
+class Fleet:
+    """One in-memory cluster whose MachineDeployment of several Machines is mapped to lab hosts (by
+    Machine name, through the inventory) and kwok Nodes: a rollout CAPI does one Machine at a time."""
+
+    ext: KubeExtension
+    namespace: str
+    cluster: str
+    uids: dict[str, str]  # Machine name -> UID (an in-place update keeps it)
+    nodes: dict[str, str]  # Machine name -> Node name
+    hosts: dict[str, Host]  # Machine name -> lab host
+    generation: int = 1
+
+    @property
+    def kube(self) -> Lab:
+        return self.ext.kube
+
+    @property
+    def md(self) -> str:
+        return f"{self.cluster}-md-0"
+
+    @property
+    def template(self) -> str:
+        return f"{self.md}-{self.generation}"
+
+    def change(self, spec: dict[str, Any]) -> None:
+        """A new KubeadmConfigTemplate for the MachineDeployment (CAPI rolls it out in place)."""
+        self.generation += 1
+        objects.apply(self.kube, co.kubeadm_config_template(self.template, self.namespace, spec))
+        body = {"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": self.template}}}}}}
+        self.kube.kubectl("patch", MD, self.md, "-n", self.namespace, "--type=merge", "-p", json.dumps(body))
+
+    def machine_objs(self) -> list[dict[str, Any]]:
+        return co.machines(self.kube, self.namespace, deployment=self.md)
+
+    def node_objs(self) -> dict[str, dict[str, Any]]:
+        """Machine name -> its Node as the API server has it now."""
+        return {m: objects.get(self.kube, "node", n) or {} for m, n in self.nodes.items()}
+
+    def rolled_out(self) -> bool:
+        """CAPI moved every Machine (same UIDs) to the latest template's MachineSet, all UpToDate."""
+        if not co.owned_by_template(self.kube, self.namespace, self.md, self.template):
+            return False
+        machines = self.machine_objs()
+        deployment = objects.get(self.kube, MD, self.md, self.namespace) or {}
+        return (
+            {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines} == self.uids
+            and all(
+                co.condition_status(m, "UpToDate") == "True" and co.condition_status(m, "Updating") != "True"
+                for m in machines
+            )
+            and deployment.get("status", {}).get("upToDateReplicas") == len(self.uids)
+        )
+
+    def explain(self) -> str:
+        return co.conditions_text(co.machines(self.kube, self.namespace))
+
+
+def create_fleet(ext: KubeExtension, hosts: list[Host], prefix: str) -> Fleet:
+    """A MachineDeployment of ``len(hosts)`` Machines, each with a kwok Node and one Pod on it, mapped to
+    the hosts in name order through an inventory of host entries (address and pinned host key)."""
+    namespace, machines = _create_cluster(ext, prefix, len(hosts))
+    names = [m["metadata"]["name"] for m in machines]
+    ext.inventory.write_text(yaml.safe_dump(service_inventory(ext.hosts, names), sort_keys=False))
+    fleet = Fleet(
+        ext,
+        namespace,
+        prefix,
+        {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines},
+        {
+            m["metadata"]["name"]: _attach(ext.kube, namespace, m, h)
+            for m, h in zip(machines, hosts, strict=True)
+        },
+        dict(zip(names, hosts, strict=True)),
+    )
+    for machine, node in fleet.nodes.items():  # a workload for each drain
+        objects.create_pod(ext.kube, f"{namespace}-pods", f"app-{machine}", node)
+    return fleet
+
+
 def create_worker(ext: KubeExtension, host: Host, prefix: str, kwok: bool = True) -> Worker:
+    namespace, machines = _create_cluster(ext, prefix, 1)
+    machine = machines[0]
+    node = _attach(ext.kube, namespace, machine, host, kwok)
+    return Worker(ext, namespace, prefix, machine["metadata"]["name"], machine["metadata"]["uid"], node)
+
+
+def _create_cluster(ext: KubeExtension, prefix: str, replicas: int) -> tuple[str, list[dict[str, Any]]]:
+    """A fresh namespace (our ExtensionConfig's label) with an in-memory cluster: one control plane
+    Machine and a MachineDeployment of ``replicas`` (maxSurge 0, maxUnavailable 1); waits until every
+    Machine is Running and returns the namespace and the MachineDeployment's Machines."""
     namespace = f"{prefix}-{time.monotonic_ns() % 10**8:08d}"
     objects.apply(
         ext.kube,
@@ -173,21 +265,26 @@ def create_worker(ext: KubeExtension, host: Host, prefix: str, kwok: bool = True
         co.kubeadm_control_plane(cp, namespace, 1, START_VERSION, cp),
         co.dev_machine_template(md, namespace),
         co.kubeadm_config_template(f"{md}-1", namespace),
-        co.machine_deployment(md, namespace, cluster, 1, START_VERSION, f"{md}-1", md),
+        co.machine_deployment(md, namespace, cluster, replicas, START_VERSION, f"{md}-1", md),
     )
 
     def running() -> bool:
         machines = co.machines(kube, namespace)
-        return len(machines) == 2 and all(co.running(m) for m in machines)
+        return len(machines) == 1 + replicas and all(co.running(m) for m in machines)
 
     wait(
         running,
         180,
-        f"2 Machines Running in {namespace}",
+        f"{1 + replicas} Machines Running in {namespace}",
         lambda: co.conditions_text(co.machines(kube, namespace)),
     )
-    machine = co.machines(kube, namespace, deployment=md)[0]
-    name, node = machine["metadata"]["name"], machine["status"]["nodeRef"]["name"]
+    return namespace, sorted(co.machines(kube, namespace, deployment=md), key=lambda m: m["metadata"]["name"])
+
+
+def _attach(kube: Lab, namespace: str, machine: dict[str, Any], host: Host, kwok: bool = True) -> str:
+    """Give the Machine the lab host's address and a Node in the kubelab named as its nodeRef (kwok keeps
+    it Ready, or with ``kwok=False`` nothing does); returns the Node's name."""
+    name, node = str(machine["metadata"]["name"]), str(machine["status"]["nodeRef"]["name"])
     # the in-memory DevMachine has no address: give it the lab host's, as a real provider reports its VM's;
     # CAPI's Machine controller copies it into Machine.status.addresses
     dev = machine["spec"]["infrastructureRef"]["name"]
@@ -217,7 +314,7 @@ def create_worker(ext: KubeExtension, host: Host, prefix: str, kwok: bool = True
         objects.apply(kube, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
     status = {"status": {"nodeInfo": {"kubeletVersion": START_VERSION}}}
     kube.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(status))
-    return Worker(ext, namespace, cluster, name, machine["metadata"]["uid"], node)
+    return node
 
 
 def guarded_pod(worker: Worker) -> str:

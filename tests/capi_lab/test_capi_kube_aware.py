@@ -17,13 +17,15 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e import conftest as e2e_fixtures
 from e2e.conftest import START_VERSION
-from e2e.hostcheck import stamp_writes
+from e2e.hostcheck import run_on, stamp_writes
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
+from hostlab.proc import wait_until
 from kubelab import objects
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
@@ -42,8 +44,10 @@ from .kube_aware import (
     SELECTOR,
     SERVING_RE,
     SKIP_REMEDIATION,
+    SKIP_REMEDIATION_BY,
     KubeExtension,
     Sampler,
+    create_fleet,
     create_worker,
     guarded_pod,
     kubelet_args,
@@ -52,6 +56,7 @@ from .rollout import wait
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube, pytest.mark.capi]
 
+ROLLOUT = 420.0  # 3 Machines one at a time (drain, play, health gate each) and an API restart
 release_server = e2e_fixtures.release_server
 e2e_capabilities = e2e_fixtures.e2e_capabilities
 
@@ -255,3 +260,75 @@ def test_a_paused_deployment_holds_the_update_a_cancel_fails_it_and_removing_it_
     assert len(stamp_writes(kube_extension.hosts, host)) == stamps + 1
     log = kube_extension.log()
     assert re.search(rf"hook=UpdateMachine machine={worker.namespace}/\S+ .*decision=failed", log)
+
+
+def run_attempts(ext: KubeExtension, machine: str) -> list[dict[str, Any]]:
+    """The Machine's run attempts on disk (``meta.json``, with ``outcome`` once the attempt ended)."""
+    found = []
+    for meta_path in sorted(ext.runs_dir.glob("*/attempt-*/meta.json")):
+        meta = json.loads(meta_path.read_text())
+        if meta.get("machine") == machine:
+            outcome = meta_path.with_name("outcome.json")
+            meta["outcome"] = json.loads(outcome.read_text())["kind"] if outcome.exists() else None
+            found.append(meta)
+    return found
+
+
+@pytest.mark.capi_alone  # the restart would break the CAPI tests of another worker on the same lab
+def test_an_apiserver_restart_mid_rollout_of_three_updates_each_machine_once_and_leaves_nothing(
+    kube_extension: KubeExtension, hosts: list[Host]
+) -> None:
+    fleet = create_fleet(kube_extension, hosts, "ka-api")
+    kube, ns = fleet.kube, fleet.namespace
+    fleet.change(kubelet_args(("max-pods", "150")))
+    # the second Machine whose run starts (CAPI updates one at a time), from the service's own record
+    started = re.compile(rf"machine={ns}/(\S+) run=\S+ state=started")
+
+    def second() -> str | None:
+        names = list(dict.fromkeys(started.findall(kube_extension.log())))
+        return names[1] if len(names) > 1 else None
+
+    wait(lambda: second() is not None, ROLLOUT, "the second Machine's run started", fleet.explain)
+    machine = second()
+    assert machine is not None
+    node = fleet.nodes[machine]
+
+    def drained_by_us() -> bool:
+        obj = objects.get(kube, "node", node) or {}
+        cordoned = obj.get("metadata", {}).get("annotations", {}).get(CORDONED_BY) == f"{ns}/{machine}"
+        return cordoned and objects.get(kube, "pod", f"app-{machine}", f"{ns}-pods") is None
+
+    # polled fast: the Node stays cordoned only while the play's disruptive steps run
+    assert wait_until(drained_by_us, 120, 0.2), f"Node {node} cordoned and drained by us\n{fleet.explain()}"
+    attempts = len(run_attempts(kube_extension, f"{ns}/{machine}"))
+    kube.stop_apiserver()
+    try:
+        # the play goes on over SSH; it ends (its clean-up in the cluster fails) while the API is away
+        ended = lambda: all(a["outcome"] for a in run_attempts(kube_extension, f"{ns}/{machine}"))  # noqa: E731
+        wait(ended, 120, f"the run of {machine} ended during the outage")
+    finally:
+        kube.start_apiserver()
+    assert len(run_attempts(kube_extension, f"{ns}/{machine}")) == attempts
+    wait(fleet.rolled_out, ROLLOUT, "the rollout of 3 completed after the restart", fleet.explain)
+
+    log = kube_extension.log()
+    assert re.search(rf"machine={ns}/{machine} run=\S+: clean-up: the API server is unreachable", log), (
+        "the clean-up met the outage"
+    )
+    for name, host in fleet.hosts.items():
+        assert len(stamp_writes(kube_extension.hosts, host)) == 1, f"{name}: one apply"
+        outcomes = [a["outcome"] for a in run_attempts(kube_extension, f"{ns}/{name}")]
+        assert outcomes.count("successful") == 1, (name, outcomes)
+        assert "max-pods=150" in run_on(kube_extension.hosts, host, ["cat", "/etc/default/kubelet"])
+        uncordons = re.findall(rf"machine={ns}/{name} run=\S+ node=\S+ uncordoned", log)
+        assert len(uncordons) == 1, (name, uncordons)
+    for name, obj in fleet.node_objs().items():
+        assert not obj["spec"].get("unschedulable"), f"{name}: Node left cordoned"
+        assert CORDONED_BY not in obj["metadata"].get("annotations", {})
+        condition = objects.condition(obj, "InPlaceUpdate") or {}
+        assert condition.get("status") != "True", f"{name}: our Node condition left True: {condition}"
+    for obj in fleet.machine_objs():
+        annotations = obj["metadata"].get("annotations", {})
+        assert SKIP_REMEDIATION not in annotations and SKIP_REMEDIATION_BY not in annotations
+    assert not re.search(rf"hook=UpdateMachine machine={ns}/\S+ .*decision=failed", log), "no Failure"
+    assert "reason=InternalError" not in log and "Traceback" not in log

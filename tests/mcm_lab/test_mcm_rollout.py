@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -188,23 +189,56 @@ def test_agent_killed_mid_update_resumes_without_a_second_apply(
         assert ns.node_labels(node).get(ns.RESULT_LABEL) is None, "MCM cleaned up after our result"
 
 
-def test_api_outage_mid_rollout(
+def outcomes(runs: Path) -> dict[str, list[str | None]]:
+    """Run ident (one per Node and desired state) -> the outcome of each attempt on disk (None: running)."""
+    found: dict[str, list[str | None]] = {}
+    for attempt in sorted(runs.glob("*/attempt-*")):
+        outcome = attempt / "outcome.json"
+        kind = json.loads(outcome.read_text())["kind"] if outcome.exists() else None
+        found.setdefault(attempt.parent.name, []).append(kind)
+    return found
+
+
+def ours(node: Mapping[str, Any]) -> list[str]:
+    """The metadata the agent writes that is still on a Node: its result and its own annotations (the
+    static-hosts driver's ``inplace-extension.io/address`` is the lab's, not the agent's)."""
+    keys = [ns.RESULT_LABEL, ns.FAILED_REASON_ANNOTATION, ns.CLAIM_ANNOTATION, ns.ANSWERED_ANNOTATION]
+    present = {**ns.node_labels(node), **ns.node_annotations(node)}
+    return [key for key in keys if key in present]
+
+
+def test_an_apiserver_restart_while_the_second_node_updates(
     kubelab_mcm: Lab, lab: HostLab, pool_factory: Any, start_agent: StartAgent
 ) -> None:
+    """The kube-apiserver restarts while the second Node's play runs and the play ends during the outage:
+    the agent's answer is written once the API is back, every host is updated once, MCM completes the
+    rollout, and nothing of ours is left on the Nodes."""
     pool = pool_factory("outage")
     agent = start_agent()
     pool.switch("v2")
-    updated = lambda: any(ns.RESULT_LABEL in ns.node_labels(n) for n in pool.nodes())  # noqa: E731
-    assert wait_until(updated, ROLLOUT, 0.25), "the first Node got its result"
+    assert wait_until(lambda: len(outcomes(agent.runs_dir)) >= 2, ROLLOUT, 0.1), "the second run started"
+    (second,) = [ident for ident, kinds in outcomes(agent.runs_dir).items() if None in kinds]
     kubelab_mcm.stop_apiserver()
     try:
         assert wait_until(lambda: not agent.healthy(), 60, 0.2), "/healthz says the watch is down"
+        ended = lambda: None not in outcomes(agent.runs_dir)[second]  # noqa: E731
+        assert wait_until(ended, 120, 0.2), "the play ended during the outage"
     finally:
         kubelab_mcm.start_apiserver()
     assert wait_until(agent.healthy, 120, 0.5), "the watch reconnects"
-    watch_rollout(pool, pool.finished)
+    most = watch_rollout(pool, pool.finished)
+    assert most == 1, "one Node at a time"
+    assert wait_until(lambda: not any(ours(n) for n in pool.nodes()), 60, 0.5), [
+        ours(n) for n in pool.nodes()
+    ]
+    runs = outcomes(agent.runs_dir)
+    assert len(runs) == 3 and all(kinds.count("successful") == 1 for kinds in runs.values()), runs
     for node in pool.nodes():
         assert_host_updated(lab, pool.host_of(node))
+        assert not node["spec"].get("unschedulable") and not ns.has_critical_taint(node)
+    scrape = agent.get("/metrics").text
+    assert 'inplace_extension_mcm_update_results_total{result="successful"} 3.0' in scrape
+    assert 'inplace_extension_mcm_update_results_total{result="failed"}' not in scrape
 
 
 # from the agent's start, the first Node is drained and handed to it well inside this (10 s measured
