@@ -28,6 +28,8 @@ from kubelab.config import GO_MODULES_DIR, Config
 KUBERNETES_VERSION = "v1.36.3"
 # kubelet + kubeadm of the real lab nodes (nodelab): a node joins at the first, upgrades in place to the last
 NODE_VERSIONS = ("v1.36.1", "v1.36.3")
+# a node joined one minor version behind, upgraded in place to NODE_VERSIONS[-1] (kubeadm's minor upgrade)
+MINOR_UPGRADE_VERSION = "v1.35.4"
 ETCD_VERSION = "v3.6.14"
 KWOK_VERSION = "v0.8.0"
 CAPI_VERSION = "v1.14.2"
@@ -118,10 +120,18 @@ BINARIES: dict[str, Binary] = {
             "inplace-extension.invalid/kubelab/mcm/cmd/static-hosts-machine-controller",
             MCM_VERSION_FLAGS,
         ),
-        *(binary for version in NODE_VERSIONS for binary in _node_binaries(version)),
+        *(
+            binary
+            for version in (MINOR_UPGRADE_VERSION, *NODE_VERSIONS)
+            for binary in _node_binaries(version)
+        ),
     )
 }
-NODE_BINARIES = tuple(f"{name}-{version}" for version in NODE_VERSIONS for name in ("kubelet", "kubeadm"))
+NODE_BINARIES = tuple(
+    f"{name}-{version}"
+    for version in (MINOR_UPGRADE_VERSION, *NODE_VERSIONS)
+    for name in ("kubelet", "kubeadm")
+)
 CORE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kwok")
 
 Progress = Callable[[str], None]

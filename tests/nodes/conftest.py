@@ -9,8 +9,8 @@ lab's gateway that serves the lab's own builds in dl.k8s.io's layout (the capabi
 ``role_settings`` point the kubernetes_version role at it and pass kubeadm the flag a cgroup v1
 machine needs).
 
-One node lab per session (three nodes, joined at the first node version), shared by the tests: each test
-uses the node it names, and leaves it Ready.
+One node lab per session (four nodes: three joined at the first node version, one a minor version
+behind), shared by the tests: each test uses the node it names, and leaves it Ready.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ from inplace_extension.runs.ssh import close_control_masters
 
 REPO = Path(__file__).resolve().parents[2]
 START, TARGET = build.NODE_VERSIONS[0], build.NODE_VERSIONS[-1]
-NODES = 3
+MINOR = build.MINOR_UPGRADE_VERSION  # one minor version behind TARGET: kubeadm's minor upgrade
+# the version each node joins at: the last node one minor version behind, for the minor upgrade
+JOIN_VERSIONS = (START, START, START, MINOR)
+NODES = len(JOIN_VERSIONS)
 # kubeadm >= v1.35 stops "upgrade node" at preflight on cgroup v1 (this machine) unless told to skip it
 KUBEADM_UPGRADE_ARGS = ["--ignore-preflight-errors=SystemVerification"]
 
@@ -75,8 +78,8 @@ def node_cluster(kubelab_nodes: KubeLab) -> Iterator[Cluster]:
     lab = HostLab(f"pytest-{os.getpid()}-k8s")
     try:
         hosts = lab.up(NODES, owner_pid=os.getpid(), kind=NODE)
-        for host in hosts:
-            node_join.join(kubelab_nodes, lab, host, START)
+        for host, version in zip(hosts, JOIN_VERSIONS, strict=True):
+            node_join.join(kubelab_nodes, lab, host, version)
         with ReleaseServer(lab.gateway, release_binary(kubelab_nodes)) as server:
             yield Cluster(kubelab_nodes, lab, hosts, server.base_url)
     except LabError as exc:

@@ -20,7 +20,7 @@ from hostlab.proc import wait_until
 from kubelab import node_join
 from playbooks.shipped import ANNOTATION, install_os_update_standin, set_mode, standin_calls
 
-from .conftest import START, TARGET, Cluster, StartService
+from .conftest import JOIN_VERSIONS, MINOR, START, TARGET, Cluster, StartService
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
@@ -64,9 +64,9 @@ def kubelet_args(*pairs: tuple[str, str]) -> dict[str, Any]:
 
 
 def test_the_nodes_joined_with_kubeadm_and_are_ready(node_cluster: Cluster) -> None:
-    for host in node_cluster.hosts:
+    for host, version in zip(node_cluster.hosts, JOIN_VERSIONS, strict=True):
         info = node(node_cluster, host)["status"]["nodeInfo"]
-        assert info["kubeletVersion"] == START
+        assert info["kubeletVersion"] == version
         assert info["containerRuntimeVersion"].startswith("containerd://")
         assert info["osImage"].startswith("Debian GNU/Linux 12")
         assert ready(node_cluster, host)
@@ -150,12 +150,14 @@ def test_kubelet_args_files_users_and_ntp_on_a_real_node(
     assert servers.split() == ["ntp1.example.org", "ntp2.example.org"]
 
 
+@pytest.mark.parametrize(("index", "joined"), [(2, START), (3, MINOR)], ids=["patch", "minor"])
 def test_kubernetes_version_upgrade_with_kubeadm_upgrade_node(
-    node_cluster: Cluster, node_service: StartService
+    node_cluster: Cluster, node_service: StartService, index: int, joined: str
 ) -> None:
-    host = node_cluster.hosts[2]
+    host = node_cluster.hosts[index]
+    assert node(node_cluster, host)["status"]["nodeInfo"]["kubeletVersion"] == joined
     service = node_service()
-    can_update_machine_set(service.client, NodeSpec(START), NodeSpec(TARGET))
+    can_update_machine_set(service.client, NodeSpec(joined), NodeSpec(TARGET))
     polled = poll_update_machine(service.client, host.name, NodeSpec(TARGET), within=600)
     assert (polled.status, polled.message) == ("Success", "update applied"), polled.messages
     assert on_node(node_cluster, host, "kubelet", "--version").strip() == f"Kubernetes {TARGET}"
