@@ -5,10 +5,14 @@ on ``deploy/``).
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from hostlab.errors import LabError
+from hostlab.proc import wait_until
 
 from kubelab import build
 
@@ -42,9 +46,24 @@ def install_crds(lab: Lab, files: Iterable[Path], only_missing: bool = False) ->
         if only_missing and lab.kubectl("get", name, check=False).returncode == 0:
             continue
         lab.kubectl("apply", "--server-side", "--field-manager=kubelab", "-f", str(path))
-    if names:
-        lab.kubectl("wait", "--for=condition=Established", f"--timeout={CRD_TIMEOUT}s", *names)
+    for name in names:
+        wait_established(lab, name)
     return [n.removeprefix("customresourcedefinition.apiextensions.k8s.io/") for n in names]
+
+
+def wait_established(lab: Lab, name: str, timeout: float = CRD_TIMEOUT) -> None:
+    """Wait until the CRD ``name`` is Established. Polled rather than ``kubectl wait``, which fails at once
+    (not after its timeout) on a CRD whose status has no conditions yet, as right after its apply."""
+
+    def established() -> bool:
+        proc = lab.kubectl("get", name, "-o", "jsonpath={.status.conditions}", check=False)
+        if proc.returncode != 0 or not proc.stdout.strip():
+            return False
+        conditions = json.loads(proc.stdout)
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+    if not wait_until(established, timeout, 0.2):
+        raise LabError(f"{name} did not become Established within {timeout:g}s")
 
 
 def dry_run_kustomize(lab: Lab, directory: Path) -> subprocess.CompletedProcess[str]:

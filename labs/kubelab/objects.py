@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from hostlab.errors import LabError
 from hostlab.proc import wait_until
 
+from kubelab import manifests
 from kubelab.config import KWOK_NODE_LABEL
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ def define_kind(lab: Lab, group: str, kind: str, plural: str, namespaced: bool =
             },
         },
     )
-    lab.kubectl("wait", "--for=condition=Established", f"--timeout={int(WAIT)}s", f"crd/{name}")
+    manifests.wait_established(lab, f"crd/{name}")
     return name
 
 
