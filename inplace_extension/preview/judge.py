@@ -49,7 +49,7 @@ from inplace_extension.preview.model import (
 )
 from inplace_extension.runs.inventory import Inventory
 from inplace_extension.runs.model import RunRequest, run_request
-from inplace_extension.runs.resolve import ResolveError, parse_cidrs, resolve_host
+from inplace_extension.runs.resolve import ResolveError, parse_cidrs, resolve_host, status_addresses
 from inplace_extension.runs.windows import Schedule
 from inplace_extension.settings import Settings
 
@@ -431,9 +431,7 @@ def _host(run: RunRequest, machine: Machine, context: Context) -> Host | None:
     if context.inventory is None:
         return None
     settings = context.settings
-    addresses = run.addresses
-    if addresses is None and settings.kube_aware:
-        addresses = machine.addresses
+    live = (lambda: machine.addresses) if settings.kube_aware else None
     try:
         target = resolve_host(
             run.namespace,
@@ -442,7 +440,7 @@ def _host(run: RunRequest, machine: Machine, context: Context) -> Host | None:
             run.annotations,
             context.inventory,
             parse_cidrs(settings.allowed_cidrs),
-            None if addresses is None else (lambda: addresses or ()),
+            status_addresses(run.addresses, live),
             settings.address_types,
         )
     except ResolveError as exc:

@@ -105,6 +105,18 @@ def resolve_host(
     return _target(address, entry, inventory.defaults, source)
 
 
+def status_addresses(
+    carried: Sequence[tuple[str, str]] | None, live: Callable[[], Sequence[tuple[str, str]]] | None
+) -> Callable[[], Sequence[tuple[str, str]]] | None:
+    """Where :func:`resolve_host` reads a machine's ``status.addresses``: those its request carries (the
+    MCM agent's Node), else ``live`` (the live Machine's, in the Kubernetes-aware mode), else nowhere.
+    The service and ``plan`` both ask this."""
+    if carried is not None:
+        addresses = tuple(carried)
+        return lambda: addresses
+    return live
+
+
 def pick_address(addresses: Sequence[tuple[str, str]], types: Sequence[str]) -> str | None:
     """The first IP literal of the first preferred type that has one (host names are never resolved)."""
     for wanted in types:

@@ -52,7 +52,13 @@ from inplace_extension.runs.model import (
 from inplace_extension.runs.outcomes import classify, load_attempts
 from inplace_extension.runs.policy import RETRY_ANNOTATION, Verdict, decide, retry_token
 from inplace_extension.runs.registry import Job, RunRegistry
-from inplace_extension.runs.resolve import HostTarget, ResolveError, parse_cidrs, resolve_host
+from inplace_extension.runs.resolve import (
+    HostTarget,
+    ResolveError,
+    parse_cidrs,
+    resolve_host,
+    status_addresses,
+)
 from inplace_extension.runs.status import StatusBoard
 from inplace_extension.runs.steps import StepTracker, blocked_outcome, drain_outcome
 from inplace_extension.runs.waiters import EndWaiters
@@ -282,11 +288,8 @@ class RunService:
         # the machine's status.addresses: those the request carries (the MCM agent's Node), else the live
         # Machine's, read (blocking) only in the Kubernetes-aware mode and only when needed
         reads_cluster = request.addresses is None and self._cluster is not NO_CLUSTER_SIDE
-        status_addresses: Callable[[], Sequence[tuple[str, str]]] | None = None
-        if request.addresses is not None:
-            status_addresses = partial(tuple, request.addresses)
-        elif reads_cluster:
-            status_addresses = partial(self._cluster.addresses, request)
+        live = partial(self._cluster.addresses, request) if self._cluster is not NO_CLUSTER_SIDE else None
+        addresses = status_addresses(request.addresses, live)
 
         def resolve() -> HostTarget:
             return resolve_host(
@@ -296,7 +299,7 @@ class RunService:
                 request.annotations,
                 inventory,
                 self._allowed,
-                status_addresses,
+                addresses,
                 self._address_types,
             )
 
