@@ -55,85 +55,106 @@ RUN_BUCKETS: Final = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1
 _HOOK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,63}$")
 
 
+@dataclass(frozen=True)
+class Family:
+    """One metric family we export, named ``inplace_extension_<name>`` (:data:`FAMILIES`)."""
+
+    kind: Literal["counter", "gauge", "histogram"]
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()  # histograms only
+
+
+# Every metric family of the service and the MCM agent: the one table of names, kinds, help and labels.
+FAMILIES: Final[Mapping[str, Family]] = {
+    # the service (``serve``, and the run service the MCM agent shares)
+    "hook_calls": Family(
+        "counter", "Hook answers by hook and status (Success or Failure as sent to CAPI).", ("hook", "status")
+    ),
+    "hook_duration_seconds": Family(
+        "histogram",
+        "Time from receiving a hook request to having its answer, by hook.",
+        ("hook",),
+        HOOK_BUCKETS,
+    ),
+    "runs": Family("counter", "Finished update runs by outcome.", ("outcome",)),
+    "run_duration_seconds": Family(
+        "histogram", "Wall-clock duration of finished update runs (all outcomes).", buckets=RUN_BUCKETS
+    ),
+    "runs_in_flight": Family("gauge", "Update runs executing now."),
+    "run_queue_length": Family("gauge", "Update runs waiting in the FIFO queue for a free slot."),
+    "updates_waiting": Family(
+        "gauge",
+        "Updates waiting without a run in flight, by reason: window (outside its maintenance window), "
+        "pause, health_check (a kubernetes health check before the start, or the health gate after "
+        "the play).",
+        ("reason",),
+    ),
+    "updates_blocked": Family(
+        "gauge", "Updates blocked after their retry budget (--max-failed-attempts) was spent."
+    ),
+    "updates_failed": Family(
+        "gauge",
+        "Updates answered with a remembered Failure other than blocked (a task failed, health gate).",
+    ),
+    "oldest_update_age_seconds": Family(
+        "gauge",
+        "Age of the oldest update started and not done (running, retrying, health gate); 0 if none.",
+    ),
+    # the MCM agent's own (:mod:`inplace_extension.mcm.metrics`)
+    "mcm_nodes_updating": Family("gauge", "Nodes whose in-place update this agent is running now."),
+    "mcm_update_results": Family(
+        "counter", "Results written to Nodes (update-result label) by value.", ("result",)
+    ),
+    "mcm_critical_taints_removed": Family(
+        "counter", "critical-components-not-ready taints removed after MCM finished a Node."
+    ),
+}
+
+
 class Metrics:
     """The service's metrics, registered in a private :class:`CollectorRegistry`."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._hook_calls = Counter(
-            "hook_calls",
-            "Hook answers by hook and status (Success or Failure as sent to CAPI).",
-            ("hook", "status"),
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
-        self._hook_seconds = Histogram(
-            "hook_duration_seconds",
-            "Time from receiving a hook request to having its answer, by hook.",
-            ("hook",),
-            namespace=NAMESPACE,
-            registry=self.registry,
-            buckets=HOOK_BUCKETS,
-        )
-        self._runs = Counter(
-            "runs",
-            "Finished update runs by outcome.",
-            ("outcome",),
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
-        self._run_seconds = Histogram(
-            "run_duration_seconds",
-            "Wall-clock duration of finished update runs (all outcomes).",
-            namespace=NAMESPACE,
-            registry=self.registry,
-            buckets=RUN_BUCKETS,
-        )
-        self._in_flight = Gauge(
-            "runs_in_flight",
-            "Update runs executing now.",
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
-        self._queue_length = Gauge(
-            "run_queue_length",
-            "Update runs waiting in the FIFO queue for a free slot.",
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
-        self._waiting = Gauge(
-            "updates_waiting",
-            "Updates waiting without a run in flight, by reason: window (outside its maintenance window), "
-            "pause, health_check (a kubernetes health check before the start, or the health gate after "
-            "the play).",
-            ("reason",),
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
-        self._blocked = Gauge(
-            "updates_blocked",
-            "Updates blocked after their retry budget (--max-failed-attempts) was spent.",
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
-        self._failed = Gauge(
-            "updates_failed",
-            "Updates answered with a remembered Failure other than blocked (a task failed, health gate).",
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
-        self._oldest = Gauge(
-            "oldest_update_age_seconds",
-            "Age of the oldest update started and not done (running, retrying, health gate); 0 if none.",
-            namespace=NAMESPACE,
-            registry=self.registry,
-        )
+        self._hook_calls = self.counter("hook_calls")
+        self._hook_seconds = self.histogram("hook_duration_seconds")
+        self._runs = self.counter("runs")
+        self._run_seconds = self.histogram("run_duration_seconds")
+        self._in_flight = self.gauge("runs_in_flight")
+        self._queue_length = self.gauge("run_queue_length")
+        self._waiting = self.gauge("updates_waiting")
+        self._blocked = self.gauge("updates_blocked")
+        self._failed = self.gauge("updates_failed")
+        self._oldest = self.gauge("oldest_update_age_seconds")
         # the labelled series of each (hook, status) seen, so an answer costs no label lookup (bounded:
         # hook names come from the HOOKS table, statuses are two)
         self._hook_series: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         # Pre-create the outcome series so a dashboard shows 0 rather than "no data" before the first run.
         for outcome in sorted(RUN_OUTCOMES):
             self._runs.labels(outcome=outcome)
+
+    def counter(self, name: str) -> Counter:
+        """The counter ``name`` of :data:`FAMILIES`, registered here."""
+        family = _family(name, "counter")
+        return Counter(name, family.help, family.labels, namespace=NAMESPACE, registry=self.registry)
+
+    def gauge(self, name: str) -> Gauge:
+        """The gauge ``name`` of :data:`FAMILIES`, registered here."""
+        family = _family(name, "gauge")
+        return Gauge(name, family.help, family.labels, namespace=NAMESPACE, registry=self.registry)
+
+    def histogram(self, name: str) -> Histogram:
+        """The histogram ``name`` of :data:`FAMILIES`, registered here."""
+        family = _family(name, "histogram")
+        return Histogram(
+            name,
+            family.help,
+            family.labels,
+            namespace=NAMESPACE,
+            registry=self.registry,
+            buckets=family.buckets,
+        )
 
     def observe_hook(self, hook: str, status: HookStatus, seconds: float) -> None:
         """Count one hook answer and record how long it took."""
@@ -192,6 +213,13 @@ class Metrics:
         """Starlette endpoint for ``GET /metrics``."""
         body, content_type = self.render(request.headers.get("accept", ""))
         return Response(body, media_type=content_type)
+
+
+def _family(name: str, kind: str) -> Family:
+    family = FAMILIES[name]
+    if family.kind != kind:
+        raise ValueError(f"metric {name} is a {family.kind}, not a {kind}")
+    return family
 
 
 def _duration(seconds: float) -> float:

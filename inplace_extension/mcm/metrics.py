@@ -1,38 +1,21 @@
 """The MCM agent's own metrics, registered in the service's :class:`inplace_extension.metrics.Metrics`
-registry (which also carries the run metrics of the shared run service). Label values come from our
-own tables (results), never from Node names, so the series stay bounded."""
+registry (which also carries the run metrics of the shared run service); their names, help and labels
+are rows of :data:`inplace_extension.metrics.FAMILIES`. Label values come from our own tables
+(results), never from Node names, so the series stay bounded."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
-
-from inplace_extension.metrics import NAMESPACE, Metrics
+from inplace_extension.metrics import Metrics
 
 
 class AgentMetrics:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self._updating_nodes: set[str] = set()
-        self._updating = Gauge(
-            "mcm_nodes_updating",
-            "Nodes whose in-place update this agent is running now.",
-            namespace=NAMESPACE,
-            registry=metrics.registry,
-        )
+        self._updating = metrics.gauge("mcm_nodes_updating")
         self._updating.set_function(lambda: len(self._updating_nodes))
-        self._results = Counter(
-            "mcm_update_results",
-            "Results written to Nodes (update-result label) by value.",
-            ["result"],
-            namespace=NAMESPACE,
-            registry=metrics.registry,
-        )
-        self._taints = Counter(
-            "mcm_critical_taints_removed",
-            "critical-components-not-ready taints removed after MCM finished a Node.",
-            namespace=NAMESPACE,
-            registry=metrics.registry,
-        )
+        self._results = metrics.counter("mcm_update_results")
+        self._taints = metrics.counter("mcm_critical_taints_removed")
 
     def set_updating(self, node: str, updating: bool) -> None:
         if updating:
