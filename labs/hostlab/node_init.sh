@@ -4,33 +4,20 @@
 # so it runs in the node's own network and mount namespaces (its PID is the one the lab records). It
 # waits until the controller has plugged eth0 into that network namespace, builds the node's root
 # (overlay: the shared read-only node root filesystem below, a size-limited tmpfs above), personalises
-# it, then boots it with systemd-nspawn: systemd is the container's PID 1, and the container shares
-# this network namespace. A reboot inside the node ends systemd-nspawn with status 133: the node boots
-# again on the same root (its disk survives the reboot). Any other end of systemd-nspawn (a poweroff,
-# the controller's SIGTERM) ends this script, and its mounts and network namespace vanish with it.
+# it (the steps it shares with host_init.sh are in root_init.sh), then boots it with systemd-nspawn:
+# systemd is the container's PID 1, and the container shares this network namespace. A reboot inside
+# the node ends systemd-nspawn with status 133: the node boots again on the same root (its disk survives
+# the reboot). Any other end of systemd-nspawn (a poweroff, the controller's SIGTERM) ends this script,
+# and its mounts and network namespace vanish with it.
 set -eu
 name=$1 hd=$2 base=$3 ip=$4 gw=$5 port=$6 disk_mb=$7
+. "${0%/*}/root_init.sh"
 
-read -r go <"$hd/go.fifo"
-[ "$go" = go ] || { echo "hostlab: start of $name aborted by the controller" >&2; exit 1; }
-
+wait_for_go
 R=$hd/root
-mount -t tmpfs -o "size=${disk_mb}m,mode=755" hostlab-rw "$hd/rw"
-mkdir "$hd/rw/upper" "$hd/rw/work"
-mount -t overlay overlay -o "lowerdir=$base,upperdir=$hd/rw/upper,workdir=$hd/rw/work" "$R"
-
-echo "$name" >"$R/etc/hostname"
-printf '127.0.0.1 localhost\n%s %s\n' "$ip" "$name" >"$R/etc/hosts"
+mount_root
+personalise
 tr -d - </proc/sys/kernel/random/uuid >"$R/etc/machine-id"
-printf 'Acquire::http::Proxy "http://%s:%s";\nAcquire::https::Proxy "DIRECT";\n' "$gw" "$port" \
-  >"$R/etc/apt/apt.conf.d/01hostlab-proxy"
-for home in root home/ansible; do
-  cp "$hd/authorized_keys" "$R/$home/.ssh/authorized_keys"
-  chmod 600 "$R/$home/.ssh/authorized_keys"
-done
-chroot "$R" chown ansible:ansible /home/ansible/.ssh/authorized_keys
-cp "$hd/ssh_host_ed25519_key" "$hd/ssh_host_ed25519_key.pub" "$R/etc/ssh/"
-chmod 600 "$R/etc/ssh/ssh_host_ed25519_key"
 
 # --capability=all: containerd, runc and the kubelet need what a machine's root has, except the clock:
 # CAP_SYS_TIME stays with the machine. /dev/kmsg: the kubelet's OOM watcher. API VFS writable: the

@@ -120,6 +120,24 @@ def create_pod(
     return result
 
 
+def create_pdb(lab: Lab, namespace: str, app: str, *, name: str | None = None, **budget: int | str) -> None:
+    """A PodDisruptionBudget (named ``name``, else ``app``) over the Pods labelled ``app=<app>``, with
+    ``budget`` as its spec (default ``maxUnavailable: 0``: every eviction refused); returns once the
+    disruption controller observed it: until then the apiserver refuses every eviction it covers."""
+    name = name or app
+    apply(
+        lab,
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {**(budget or {"maxUnavailable": 0}), "selector": {"matchLabels": {"app": app}}},
+        },
+    )
+    observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
+    wait_for(lab, "pdb", name, namespace, observed, "observed")
+
+
 def evict(lab: Lab, namespace: str, pod: str) -> int:
     """POST a policy/v1 Eviction for the Pod; return the HTTP status (201 evicted, 429 refused by a PDB)."""
     body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}

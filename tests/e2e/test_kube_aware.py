@@ -62,6 +62,23 @@ def machine_for(kube: KubeLab, host: Host) -> tuple[str, str]:
     return name, node
 
 
+def guarded_pods(kube: KubeLab, node: str, *unguarded: str) -> str:
+    """A fresh namespace with the Pods ``unguarded`` on ``node``, then the Pod ``guarded`` whose
+    PodDisruptionBudget refuses every eviction; returns the namespace."""
+    namespace = f"w-{uuid.uuid4().hex[:6]}"
+    for pod in (*unguarded, "guarded"):
+        objects.create_pod(kube, namespace, pod, node, labels={"app": pod})
+    objects.create_pdb(kube, namespace, "guarded")
+    return namespace
+
+
+def host_only_inventory(lab: Lab, host: Host, directory: Path) -> Path:
+    """An inventory of the defaults and ``host``'s key only: the address comes from the Machine."""
+    inventory = directory / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(defaults_only_inventory(lab, host)))
+    return inventory
+
+
 def node(kube: KubeLab, name: str) -> dict[str, Any]:
     obj = objects.get(kube, "node", name)
     assert obj is not None
@@ -78,22 +95,8 @@ def test_a_service_killed_while_the_node_is_cordoned_uncordons_it_once_after_res
 ) -> None:
     host = nodes[0]
     name, node_name = machine_for(cluster, host)
-    pods_ns = f"w-{uuid.uuid4().hex[:6]}"
-    objects.create_pod(cluster, pods_ns, "web", node_name, labels={"app": "web"})
-    objects.create_pod(cluster, pods_ns, "guarded", node_name, labels={"app": "guarded"})
-    objects.apply(
-        cluster,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "guarded", "namespace": pods_ns},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
-        },
-    )
-    observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
-    objects.wait_for(cluster, "pdb", "guarded", pods_ns, observed, "observed")
-    inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(yaml.safe_dump(defaults_only_inventory(lab, host)))
+    pods_ns = guarded_pods(cluster, node_name, "web")
+    inventory = host_only_inventory(lab, host, tmp_path)
     kube_args = [
         "--kubeconfig",
         str(cluster.kubeconfig),
@@ -149,21 +152,8 @@ def test_the_node_is_drained_right_before_the_first_disruptive_step(
     refuses the drain stops the play there: the Failure says the file step was applied."""
     host = nodes[0]
     name, node_name = machine_for(cluster, host)
-    pods_ns = f"w-{uuid.uuid4().hex[:6]}"
-    objects.create_pod(cluster, pods_ns, "guarded", node_name, labels={"app": "guarded"})
-    objects.apply(
-        cluster,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "guarded", "namespace": pods_ns},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
-        },
-    )
-    observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
-    objects.wait_for(cluster, "pdb", "guarded", pods_ns, observed, "observed")
-    inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(yaml.safe_dump(defaults_only_inventory(lab, host)))
+    pods_ns = guarded_pods(cluster, node_name)
+    inventory = host_only_inventory(lab, host, tmp_path)
     kube_args = ["--kubeconfig", str(cluster.kubeconfig), "--workload-kubeconfig", "management"]
     before = {
         "path": "/etc/e2e/before-drain.conf",

@@ -195,17 +195,7 @@ async def test_a_pdb_blocks_the_drain_the_update_fails_and_the_node_is_uncordone
     svc, _ = service
     ns, name, node = machine_with_node(with_machines)
     objects.create_pod(with_machines, ns, "guarded", node, labels={"app": "guarded"})
-    objects.apply(
-        with_machines,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "guarded", "namespace": ns},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
-        },
-    )
-    observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
-    objects.wait_for(with_machines, "pdb", "guarded", ns, observed, "observed")
+    objects.create_pdb(with_machines, ns, "guarded")
     req = request(ns, name, ("users", "kubelet_args"))
     failed = await answer(svc, req)
     # maxUnavailable 0 can never allow the eviction: at once, not after the 4 s drain timeout

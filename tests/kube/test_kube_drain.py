@@ -39,20 +39,6 @@ def _annotations(lab: Lab, node: str) -> dict[str, str]:
     return dict((objects.get(lab, "node", node) or {}).get("metadata", {}).get("annotations", {}))
 
 
-def _pdb(lab: Lab, namespace: str, app: str, **budget: Any) -> None:
-    objects.apply(
-        lab,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": app, "namespace": namespace},
-            "spec": {**(budget or {"maxUnavailable": 0}), "selector": {"matchLabels": {"app": app}}},
-        },
-    )
-    observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
-    objects.wait_for(lab, "pdb", app, namespace, observed, "observed")
-
-
 def test_drain_evicts_workloads_skips_daemonset_and_mirror_pods_and_uncordons_once(
     kubelab: Lab, client: Any
 ) -> None:
@@ -136,7 +122,7 @@ def test_a_pdb_that_can_never_allow_the_eviction_waits_for_the_timeout_when_told
     objects.create_kwok_node(kubelab, node)
     objects.create_pod(kubelab, ns, "guarded", node, labels={"app": "guarded"})
     objects.create_pod(kubelab, ns, "free", node, labels={"app": "free"})
-    _pdb(kubelab, ns, "guarded")
+    objects.create_pdb(kubelab, ns, "guarded")
     assert drain.cordon(client, node, OWNER)
     reports: list[int] = []
     waiting = drain.DrainPolicy(timeout_seconds=3, poll_seconds=0.2, wait_for_blocking_budgets=True)
@@ -168,7 +154,7 @@ def test_a_pdb_that_can_never_allow_the_eviction_fails_the_drain_at_once_naming_
     objects.create_kwok_node(kubelab, other)
     objects.create_pod(kubelab, ns, "guarded-1", node, labels={"app": "guarded"})
     objects.create_pod(kubelab, ns, "guarded-2", other, labels={"app": "guarded"})
-    _pdb(kubelab, ns, "guarded", **budget)
+    objects.create_pdb(kubelab, ns, "guarded", **budget)
     if "minAvailable" in budget:  # judged from the status: wait until the controller counted both Pods
         healthy = lambda pdb: pdb.get("status", {}).get("currentHealthy") == 2  # noqa: E731
         objects.wait_for(kubelab, "pdb", "guarded", ns, healthy, "both Pods healthy")
@@ -191,7 +177,7 @@ def test_a_pdb_that_allows_the_eviction_does_not_stop_the_drain(kubelab: Lab, cl
     objects.create_kwok_node(kubelab, other)
     objects.create_pod(kubelab, ns, "guarded-1", node, labels={"app": "guarded"})
     objects.create_pod(kubelab, ns, "guarded-2", other, labels={"app": "guarded"})
-    _pdb(kubelab, ns, "guarded", minAvailable=1)
+    objects.create_pdb(kubelab, ns, "guarded", minAvailable=1)
     allowed = lambda pdb: pdb.get("status", {}).get("disruptionsAllowed") == 1  # noqa: E731
     objects.wait_for(kubelab, "pdb", "guarded", ns, allowed, "one disruption allowed")
     assert drain.cordon(client, node, OWNER)

@@ -41,18 +41,7 @@ def test_evictions_are_judged_by_the_disruption_controller(kubelab: Lab) -> None
     objects.create_kwok_node(kubelab, node)
     guarded = objects.create_pod(kubelab, namespace, "guarded", node, labels={"app": "guarded"})
     objects.create_pod(kubelab, namespace, "free", node, labels={"app": "free"})
-    objects.apply(
-        kubelab,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "guard", "namespace": namespace},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
-        },
-    )
-    # the disruption controller must have processed the budget, else every eviction is refused
-    observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
-    objects.wait_for(kubelab, "pdb", "guard", namespace, observed, "observed")
+    objects.create_pdb(kubelab, namespace, "guarded", name="guard")
     assert objects.evict(kubelab, namespace, "guarded") == 429
     assert objects.evict(kubelab, namespace, "free") == 201
     objects.wait_gone(kubelab, "pod", "free", namespace)
