@@ -20,6 +20,11 @@ MachineDeployment wakes the held Nodes at once.
 
 Once MCM is done with a Node (its candidate and result labels gone), the agent removes the annotations
 of ours left on it (``node_state.leftovers``).
+
+The agent owns the two cluster clients it is given: when :meth:`Agent.run` ends (cancelled) it lets
+each Node task finish the step it is in, then closes both clients. A request cancelled while its
+connection is being set up would leave that socket open (the HTTP library closes it on errors, not on
+cancellation), and a resync starts a request for every Node at once.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ from inplace_extension.runs.policy import RETRY_ANNOTATION
 log = logging.getLogger(__name__)
 
 COMPONENT = "inplace-extension-mcm-agent"
+# How long a stopping agent waits for its Node tasks to finish their step: longer than the client's
+# connect timeout (lightkube's default, 10 s), so a request still connecting ends on its own, socket closed
+STOP_GRACE_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ class Agent:
     ) -> None:
         self.options = options
         self._target = target
+        self._control = control
         self._desired = DesiredStates(control, options.namespace, custom, self._deployment_changed)
         self._executor = executor
         self._metrics = metrics
@@ -82,9 +91,10 @@ class Agent:
         self._waiting: dict[str, Progress] = {}  # Node -> what its update waits for (an Event once)
         self._cancelled: set[str] = set()  # Nodes answered "cancelled by ..." (looked at again on a change)
         self.connected = asyncio.Event()
+        self._stopping = False
 
     async def run(self) -> None:
-        """Watch and resync until cancelled."""
+        """Watch and resync until cancelled; then stop, and close both clients."""
         resync = asyncio.create_task(self._resync())
         desired = asyncio.create_task(self._desired.run(), name="desired state watch")
         try:
@@ -93,13 +103,29 @@ class Agent:
                 if ns.wants_update(node) or ns.has_critical_taint(node) or ns.leftovers(node):
                     self.kick(ns.name(node))
         finally:
-            resync.cancel()
-            desired.cancel()
-            for task in list(self._tasks.values()):
+            await self._stop(resync, desired)
+
+    async def _stop(self, *watchers: asyncio.Task[None]) -> None:
+        """The watches end at once; each Node task ends after the step it is in (cancelled after
+        :data:`STOP_GRACE_SECONDS`), so no request is cut while it connects; then the clients close."""
+        self._stopping = True
+        for watcher in watchers:
+            watcher.cancel()
+        for wake in self._wake.values():
+            wake.set()
+        tasks = [task for task in self._tasks.values() if not task.done()]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=STOP_GRACE_SECONDS)
+            for task in late:
                 task.cancel()
+        await asyncio.gather(*watchers, *tasks, return_exceptions=True)
+        await self._target.close()
+        await self._control.close()
 
     def kick(self, name: str) -> None:
-        """Wake the Node's task, or start one."""
+        """Wake the Node's task, or start one (none once the agent stops)."""
+        if self._stopping:
+            return
         if name in self._tasks and not self._tasks[name].done():
             self._wake[name].set()
             return
@@ -120,9 +146,11 @@ class Agent:
 
     async def _work(self, name: str) -> None:
         try:
-            while await self._step(name):
+            while not self._stopping and await self._step(name):
                 wake = self._wake[name]
                 wake.clear()
+                if self._stopping:  # _stop set the wake before this step ended
+                    break
                 # a Node waiting for its maintenance window is looked at again when the run service says
                 # (or on a change of the Node), not every poll_seconds
                 waiting = self._waiting.get(name)

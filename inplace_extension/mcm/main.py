@@ -82,11 +82,9 @@ async def serve(
     try:
         await server.serve()
     finally:
-        watcher.cancel()
+        watcher.cancel()  # the agent stops: its Node tasks finish their step, then it closes both clients
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-        await target.close()
-        await control.close()
         executor.close()
         if objects is not None:
             objects.close()

@@ -1,8 +1,11 @@
-"""Running the MCM agent in-process for tests: a thread with its own event loop, a scripted executor."""
+"""Running the MCM agent in-process for tests: a thread with its own event loop, a scripted executor, and
+a forwarder to the API server that can stall new connections."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +43,7 @@ class ScriptedExecutor:
 
 
 class AgentThread:
-    """The agent on its own loop in a thread; ``stop`` cancels it and closes its clients."""
+    """The agent on its own loop in a thread; ``stop`` cancels it (and the agent closes its clients)."""
 
     def __init__(self, kubeconfig: Path, options: AgentOptions, executor: ScriptedExecutor) -> None:
         self.metrics = Metrics()
@@ -66,29 +69,79 @@ class AgentThread:
         self.agent = Agent(self._options, target, control, self._executor, AgentMetrics(self.metrics))
         self._task = asyncio.create_task(self.agent.run())
         self._ready.set()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
-        finally:
-            # What asyncio.run does on exit, before the clients close: the agent's per-Node tasks are
-            # cancelled and its watch streams (async generators) finalized, so no connection is left open
-            # for the garbage collector to warn about.
-            leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in leftover:
-                task.cancel()
-            await asyncio.gather(*leftover, return_exceptions=True)
-            await self._loop.shutdown_asyncgens()
-            await target.close()
-            await control.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task  # a stopped agent closes its clients itself
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
     @property
     def connected(self) -> bool:
         return self.agent is not None and self.agent.connected.is_set()
 
     def stop(self) -> None:
+        if self._loop.is_closed():
+            return  # stopped already
         if self._task is not None:
             self._loop.call_soon_threadsafe(self._task.cancel)
         self._thread.join(30)
         if not self._thread.is_alive():
             self._loop.close()
+
+
+class StallingForwarder:
+    """A TCP forwarder to ``port`` on 127.0.0.1; after :meth:`stall`, new connections are accepted and
+    never answered (their TLS handshake hangs, as towards an overloaded API server)."""
+
+    def __init__(self, port: int) -> None:
+        self._port = port
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._server.getsockname()[1])
+        self._stalled = threading.Event()
+        self.held: list[socket.socket] = []  # the stalled connections
+        self._open: list[socket.socket] = []
+        threading.Thread(target=self._accept, name="forwarder", daemon=True).start()
+
+    def stall(self) -> None:
+        self._stalled.set()
+
+    def open_held(self) -> int:
+        """How many stalled connections the client has not closed (no end of stream after what it sent)."""
+        still_open = 0
+        for sock in list(self.held):
+            sock.setblocking(False)
+            try:
+                while sock.recv(65536):
+                    pass  # the client's TLS hello
+            except BlockingIOError:
+                still_open += 1  # nothing more, and no end of stream: the client's socket is open
+            except OSError:
+                pass  # reset by the client: closed
+        return still_open
+
+    def close(self) -> None:
+        for sock in [self._server, *self.held, *self._open]:
+            sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            if self._stalled.is_set():
+                self.held.append(client)
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self._port))
+            self._open += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pipe, args=(source, sink), daemon=True).start()
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)

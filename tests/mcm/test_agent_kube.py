@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from hostlab.proc import wait_until
@@ -23,7 +25,7 @@ from inplace_extension.mcm.desired import parse_spec, plan_for
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 
 from .lab_objects import NAMESPACE, NEW, WAIT, done_after_two, label, make_node, make_pool, node, unique
-from .support import AgentThread, ScriptedExecutor
+from .support import AgentThread, ScriptedExecutor, StallingForwarder
 
 pytestmark = pytest.mark.kube
 WINDOW_MESSAGE = 'waiting for maintenance window "nights" (opens 2026-12-01T22:00Z)'
@@ -212,3 +214,39 @@ def test_delete_pods_flag_deletes_the_pods_left_on_an_updated_node(kube: Lab) ->
         assert pod is None or pod["metadata"].get("deletionTimestamp")
     finally:
         thread.stop()
+
+
+BURST_NODES = 20
+
+
+def test_an_agent_stopped_while_its_requests_connect_leaves_no_socket_open(kube: Lab, tmp_path: Path) -> None:
+    """Each resync asks for every known Node at once. With the API server's answers to new connections
+    stalled, those requests are still connecting when the agent is told to stop: it lets them end (the
+    client's connect timeout closes their sockets) before it closes its clients. A request cancelled
+    while connecting would leave its socket open until the garbage collector finds it."""
+    group = unique("burst")
+    nodes = [
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"{group}-{i}", "labels": {"burst": group}}}
+        for i in range(BURST_NODES)
+    ]
+    objects.apply(kube, *nodes)
+    forwarder = StallingForwarder(urlsplit(kube.server).port or 443)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        kube.kubeconfig.read_text().replace(kube.server, f"https://127.0.0.1:{forwarder.port}")
+    )
+    options = AgentOptions(namespace=NAMESPACE, poll_seconds=0.2, resync_seconds=0.05)
+    thread = AgentThread(kubeconfig, options, ScriptedExecutor(done_after_two))
+    try:
+        assert wait_until(lambda: thread.connected, WAIT, 0.1), "the agent lists and watches Nodes"
+        forwarder.stall()
+        assert wait_until(lambda: len(forwarder.held) >= BURST_NODES // 2, WAIT, 0.05), "a burst connects"
+        thread.stop()
+        assert not thread.running, "the agent stopped within its grace period"
+        assert wait_until(lambda: forwarder.open_held() == 0, 5, 0.1), (
+            f"{forwarder.open_held()} of {len(forwarder.held)} connections left open"
+        )
+    finally:
+        thread.stop()
+        forwarder.close()
+        kube.kubectl("delete", "node", "-l", f"burst={group}", "--wait=false")
