@@ -7,17 +7,18 @@ own pytest session, so it brings up its own host lab and Kubernetes lab (named a
 slot and free ports) when its first test needs one. A work unit is an ``xdist_group``: its tests run on
 one worker, in order, as in a serial run:
 
-- every test marked ``capi`` is in one unit: CAPD listens on fixed ports, so one CAPI lab runs per
-  machine at a time, and its tests share the worker's lab (and module-scoped clusters) that way;
 - every test marked ``mcm`` is in one unit: one MCM lab serves them all, as in a serial run;
+- the tests marked ``capi`` are in one unit per module (``capi-lab:<module>``): CAPD listens on fixed
+  ports, so one CAPI lab runs per machine, and the workers share it (``kubelab_capi``), each module's
+  clusters in namespaces of its own; a new CAPI module is a new unit, spread with no list to edit;
 - every test on the real nodes (fixture ``node_cluster``) is in one unit: one node lab (three booted
   nodes with kubelets) per run;
 - every other test is in the unit of its module, so a module-scoped fixture is made once.
 
 The lab units come first in the collection, then the modules that use a lab, then the rest
 (``--no-loadscope-reorder`` keeps this order): xdist hands the first units to the workers as they start,
-so the three lab units start at once on three workers and the others share the remaining modules,
-longest first, and the quick ones fill the end.
+so the MCM unit (the longest) starts at once on one worker, the CAPI modules on the others (several
+at a time, on the shared CAPI lab), then the node unit, and the quick modules fill the end.
 
 The CAPI tests share one CAPI lab per machine (CAPD listens on fixed ports), so every test marked
 ``capi`` holds a shared lock on ``<KUBELAB_RUN_DIR>/capi-tests.lock`` from its setup to its teardown, and
@@ -37,14 +38,19 @@ from kubelab.config import Config
 
 pytest_plugins = ["hostlab.pytest_plugin", "kubelab.pytest_plugin"]
 
-# the lab units, in this order at the start of the collection (the longest first)
-LAB_UNITS = ("capi-lab", "mcm-lab", "node-lab")
+# the lab units, in this order at the start of the collection (the longest first); "capi-lab" stands
+# for every "capi-lab:<module>" unit
+LAB_UNITS = ("mcm-lab", "capi-lab", "node-lab")
 LAB_MARKERS = ("lab", "kube", "image")  # tests that start hosts, a control plane or a container
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 def _lab_unit(item: pytest.Item) -> str | None:
     if item.get_closest_marker("capi") is not None:
-        return "capi-lab"
+        return f"capi-lab:{_module(item)}"  # one unit per module: the workers share the CAPI lab
     if item.get_closest_marker("mcm") is not None:
         return "mcm-lab"
     if "node_cluster" in getattr(item, "fixturenames", ()):
@@ -54,7 +60,7 @@ def _lab_unit(item: pytest.Item) -> str | None:
 
 def work_unit(item: pytest.Item) -> str:
     """The xdist_group of a test: its lab's unit, else its module."""
-    return _lab_unit(item) or item.nodeid.split("::", 1)[0]
+    return _lab_unit(item) or _module(item)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
@@ -70,7 +76,7 @@ def _start_rank(item: pytest.Item) -> int:
     """Longest first: the lab units, then modules that use a lab, then the rest (seconds each)."""
     unit = _lab_unit(item)
     if unit is not None:
-        return LAB_UNITS.index(unit)
+        return LAB_UNITS.index(unit.split(":", 1)[0])
     uses_lab = any(item.get_closest_marker(m) is not None for m in LAB_MARKERS)
     return len(LAB_UNITS) + (0 if uses_lab else 1)
 

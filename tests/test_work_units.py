@@ -67,13 +67,19 @@ def test_each_lab_and_each_module_runs_on_one_worker(tmp_path: Path) -> None:
     ran = _run(root, records, "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder")
     assert len(ran) == 21
     workers: dict[str, set[str]] = {}
+    groups: dict[str, set[str]] = {}
     for record in ran:
         module = record["test"].split("::")[0]
-        unit = "capi" if "capi" in module else "mcm" if "mcm" in module else module
+        unit = "mcm" if "mcm" in module else module  # each CAPI module is a unit of its own
         workers.setdefault(unit, set()).add(record["worker"])
+        groups.setdefault(module, set()).add(record["test"].rsplit("@", 1)[-1])
     assert all(len(used) == 1 for used in workers.values()), workers
-    # the two lab units start first, on the two workers
-    assert workers["capi"] != workers["mcm"]
+    # the CAPI tests are grouped by module (the workers share the CAPI lab), the MCM tests all together
+    assert groups["test_b_capi_one.py"] == {"capi-lab:test_b_capi_one.py"}
+    assert groups["test_d_capi_two.py"] == {"capi-lab:test_d_capi_two.py"}
+    assert groups["test_e_mcm.py"] == {"mcm-lab"}
+    # the MCM unit and the first CAPI module start first, on the two workers
+    assert workers["mcm"] != workers["test_b_capi_one.py"]
     assert {r["worker"] for r in ran} == {"gw0", "gw1"}
 
 

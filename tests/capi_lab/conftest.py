@@ -1,16 +1,21 @@
 """Fixtures for the real-CAPI tests: our service registered with the real CAPI through an ExtensionConfig.
 
-``capi_extension`` (session): ``inplace-extension serve`` over TLS with a serving certificate from the
-kubelab's PKI (SAN 127.0.0.1, the host in ``clientConfig.url``), on a port outside CAPD's ranges, with
-an inventory file, the hostlab network as ``--allowed-cidrs`` and the e2e playbooks (Kubernetes
-binaries from the lab release server); an ExtensionConfig with that ``url``, the lab CA as
+``capi_extension`` (session, one per xdist worker): ``inplace-extension serve`` over TLS with a serving
+certificate from the kubelab's PKI (SAN 127.0.0.1, the host in ``clientConfig.url``), on a port outside
+CAPD's ranges, with an inventory file, the hostlab network as ``--allowed-cidrs`` and the e2e playbooks
+(Kubernetes binaries from the lab release server); an ExtensionConfig with that ``url``, the lab CA as
 ``caBundle`` and a ``namespaceSelector``, so only namespaces made by :meth:`Extension.namespace` use it.
 The fixture returns once CAPI's Discovery call succeeded and ``status.handlers`` lists our three
 handlers, and fails with CAPI's own ``Discovered`` condition message otherwise.
+
+The CAPI lab is shared by the workers of a parallel run (``kubelab_capi``), so everything cluster-wide
+that a worker makes carries the worker's id: the ExtensionConfig's name, its namespace label (each
+worker's CAPI calls only its own service) and the serving certificate's file name in the lab's PKI.
 """
 
 from __future__ import annotations
 
+import secrets
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -35,9 +40,10 @@ from playbooks.standins import install_standins, lab_run_on_host
 if TYPE_CHECKING:
     from .rollout import Cluster
 
-# not the name deploy/ uses: tests/kubelab/test_deploy.py dry-runs that ExtensionConfig in the same lab
+# not the name deploy/ uses: tests/kubelab/test_deploy.py dry-runs that ExtensionConfig in the same lab;
+# the worker's id follows (capi-lab-extension-gw0), so the workers sharing the CAPI lab never collide
 EXTENSION = "capi-lab-extension"
-SELECTOR = {"inplace-extension.io/capi-lab": "yes"}
+SELECTOR_KEY = "inplace-extension.io/capi-lab"
 
 
 def handlers_of(name: str) -> set[str]:
@@ -45,7 +51,16 @@ def handlers_of(name: str) -> set[str]:
     return {f"{h}.{name}" for h in ("can-update-machine", "can-update-machineset", "update-machine")}
 
 
-HANDLERS = handlers_of(EXTENSION)
+def worker_id(config: pytest.Config) -> str:
+    """This xdist worker's id (``gw0``, ...); ``main`` in a serial run."""
+    return str(getattr(config, "workerinput", {}).get("workerid", "main"))
+
+
+def unique_namespace(prefix: str) -> str:
+    """A namespace name no other test or worker uses (kept short: it is part of run and socket paths)."""
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
 DISCOVERY_TIMEOUT = 60.0
 # the e2e fixtures this directory shares: the lab release server and the playbooks that download from it
 release_server = e2e_fixtures.release_server
@@ -64,15 +79,17 @@ class Extension:
     runs_dir: Path
     log_dir: Path
     service: Service
+    name: str  # of the ExtensionConfig
+    selector: dict[str, str]  # the label of the namespaces it serves
     starts: int = 1
     namespaces: list[str] = field(default_factory=list)
 
     def namespace(self, prefix: str) -> str:
         """A fresh namespace whose clusters call our extension (it carries the ExtensionConfig's label)."""
-        name = f"{prefix}-{time.monotonic_ns() % 10**8:08d}"
+        name = unique_namespace(prefix)
         objects.apply(
             self.kube,
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": SELECTOR}},
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": self.selector}},
         )
         self.namespaces.append(name)
         return name
@@ -96,14 +113,12 @@ class Extension:
         return self.service.client.get("/metrics").text
 
 
-def extension_config(lab: Lab, name: str = EXTENSION) -> dict[str, Any] | None:
+def extension_config(lab: Lab, name: str) -> dict[str, Any] | None:
     return objects.get(lab, "extensionconfigs.runtime.cluster.x-k8s.io", name)
 
 
 @contextmanager
-def registered(
-    lab: Lab, url: str, name: str = EXTENSION, selector: dict[str, str] = SELECTOR
-) -> Iterator[dict[str, Any]]:
+def registered(lab: Lab, url: str, name: str, selector: dict[str, str]) -> Iterator[dict[str, Any]]:
     """Our ExtensionConfig pointing CAPI at ``url`` (TLS, the lab CA) until the block ends: waits until
     CAPI discovered the handlers; deleted afterwards, so the next fixture can register its own service."""
     try:
@@ -119,7 +134,7 @@ def registered(
         )
 
 
-def wait_discovered(lab: Lab, name: str = EXTENSION, timeout: float = DISCOVERY_TIMEOUT) -> dict[str, Any]:
+def wait_discovered(lab: Lab, name: str, timeout: float = DISCOVERY_TIMEOUT) -> dict[str, Any]:
     """Until CAPI discovered our handlers; else fail with the ExtensionConfig's Discovered condition."""
     deadline = time.monotonic() + timeout
     while True:
@@ -140,10 +155,16 @@ def wait_discovered(lab: Lab, name: str = EXTENSION, timeout: float = DISCOVERY_
 
 @pytest.fixture(scope="session")
 def capi_extension(
-    kubelab_capi: Lab, lab: HostLab, e2e_capabilities: Path, tmp_path_factory: pytest.TempPathFactory
+    kubelab_capi: Lab,
+    lab: HostLab,
+    e2e_capabilities: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Extension]:
+    worker = worker_id(request.config)
+    name, selector = f"{EXTENSION}-{worker}", {SELECTOR_KEY: worker}
     work = tmp_path_factory.mktemp("capi-extension")
-    cert = kubelab_capi.pki.issue_server("inplace-extension")
+    cert = kubelab_capi.pki.issue_server(name)
     inventory = work / "inventory.yaml"
     inventory.write_text("hosts: []\n")
     runs_dir = work / "runs"
@@ -171,9 +192,11 @@ def capi_extension(
         "1",
     ]
     service = Service(argv, work / "service-1.log", runs_dir, kubelab_capi.ca)
-    ext = Extension(kubelab_capi, lab, argv, kubelab_capi.ca, inventory, runs_dir, work, service)
+    ext = Extension(
+        kubelab_capi, lab, argv, kubelab_capi.ca, inventory, runs_dir, work, service, name, selector
+    )
     try:
-        with registered(kubelab_capi, service.url):
+        with registered(kubelab_capi, service.url, name, selector):
             yield ext
     finally:
         ext.service.stop()

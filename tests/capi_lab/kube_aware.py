@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 import yaml
 from e2e.conftest import START_VERSION
+from e2e.service import START_TIMEOUT
 from hostlab.inventory import defaults_only_inventory, service_inventory
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
@@ -28,6 +28,7 @@ from kubelab import objects
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 
+from .conftest import unique_namespace
 from .rollout import wait
 
 EXTENSION = "inplace-extension-kube"
@@ -66,7 +67,7 @@ class KubeExtension:
         proc = self.proc
         wait(
             lambda: self.log().count("inplace-extension: serving") > served or proc.poll() is not None,
-            30,
+            START_TIMEOUT,
             "serving",
         )
         assert proc.poll() is None, self.log()
@@ -250,7 +251,7 @@ def _create_cluster(ext: KubeExtension, prefix: str, replicas: int) -> tuple[str
     """A fresh namespace (our ExtensionConfig's label) with an in-memory cluster: one control plane
     Machine and a MachineDeployment of ``replicas`` (maxSurge 0, maxUnavailable 1); waits until every
     Machine is Running and returns the namespace and the MachineDeployment's Machines."""
-    namespace = f"{prefix}-{time.monotonic_ns() % 10**8:08d}"
+    namespace = unique_namespace(prefix)
     objects.apply(
         ext.kube,
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": SELECTOR}},
@@ -322,17 +323,7 @@ def guarded_pod(worker: Worker) -> str:
     (observed by the disruption controller); returns the Pod's namespace."""
     workloads = f"{worker.namespace}-pods"
     objects.create_pod(worker.kube, workloads, "guarded", worker.node, labels={"app": "guarded"})
-    objects.apply(
-        worker.kube,
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": {"name": "guarded", "namespace": workloads},
-            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
-        },
-    )
-    observed = lambda pdb: pdb.get("status", {}).get("observedGeneration") == 1  # noqa: E731
-    objects.wait_for(worker.kube, "pdb", "guarded", workloads, observed, "observed")
+    objects.create_pdb(worker.kube, workloads, "guarded")
     return workloads
 
 

@@ -13,16 +13,16 @@ from kubelab import objects
 from kubelab.flavours import capi_objects as co
 from kubelab.pki import CertificateAuthority
 
-from .conftest import EXTENSION, HANDLERS, Extension, extension_config
+from .conftest import Extension, extension_config, handlers_of
 
 pytestmark = [pytest.mark.kube, pytest.mark.capi, pytest.mark.lab]
 
 
 def test_capi_discovers_our_three_handlers(capi_extension: Extension) -> None:
-    config = extension_config(capi_extension.kube)
+    config = extension_config(capi_extension.kube, capi_extension.name)
     assert config is not None
     handlers = {h["name"]: h for h in config["status"]["handlers"]}
-    assert set(handlers) == HANDLERS
+    assert set(handlers) == handlers_of(capi_extension.name)
     assert {h["requestHook"]["hook"] for h in handlers.values()} == {
         "CanUpdateMachine",
         "CanUpdateMachineSet",
@@ -45,7 +45,7 @@ def test_an_untrusted_serving_certificate_fails_discovery_with_capis_message(
     capi_extension: Extension, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     other_ca = CertificateAuthority(tmp_path_factory.mktemp("other-ca")).pem
-    name = f"{EXTENSION}-untrusted"
+    name = f"{capi_extension.name}-untrusted"
     # selects no namespace: a second registered UpdateMachine handler would make CAPI refuse both
     objects.apply(
         capi_extension.kube,

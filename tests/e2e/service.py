@@ -14,6 +14,9 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 SERVING_RE = re.compile(r"serving (https?)://127\.0\.0\.1:(\d+)")
+# the service's imports take about 1 s of CPU, but beside a parallel run's labs on 2 shared cores a cold
+# start was seen to take over 30 s of wall time
+START_TIMEOUT = 120.0
 
 
 class Service:
@@ -26,7 +29,7 @@ class Service:
         self.proc = subprocess.Popen(
             list(argv), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + START_TIMEOUT
         try:
             while not (match := SERVING_RE.search(self.log())):
                 assert self.proc.poll() is None, f"service exited: {self.log()}"
