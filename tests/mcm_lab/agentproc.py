@@ -21,20 +21,44 @@ from kubelab.flavours import mcm, mcm_objects
 from kubelab.lab import Lab
 
 from inplace_extension.mcm import node_state as ns
+from inplace_extension.runs.artifacts import Attempt
+from inplace_extension.runs.outcomes import load_attempts
 
 REPO = Path(__file__).resolve().parents[2]
 HOST_LABEL = "static-hosts.inplace-extension.io/host"
 WAIT = 180.0
 
 
-def write_inventory(hostlab: HostLab, path: Path) -> Path:
+def write_inventory(hostlab: HostLab, path: Path, unlisted: Sequence[Host] = ()) -> Path:
     """The lab inventory with each entry matched by the Node label naming its host (the address comes
-    from the static-hosts driver's annotation; the entry pins the host key)."""
+    from the static-hosts driver's annotation; the entry pins the host key). ``unlisted`` hosts get no
+    entry: the defaults give their SSH settings and pin their host keys, the address must come from
+    elsewhere (the Node's status.addresses)."""
     inventory = service_inventory(hostlab)
+    skipped = {host.name for host in unlisted}
+    entries = []
     for entry, host in zip(inventory["hosts"], hostlab.hosts(), strict=True):
         entry["match"] = {"labels": {HOST_LABEL: host.name}}
+        if host.name in skipped:
+            defaults = {k: v for k, v in entry.items() if k not in ("match", "address")}
+            defaults["known_hosts"] = "\n".join(hostlab.known_hosts_line(h) for h in unlisted)
+            inventory["defaults"] = defaults
+        else:
+            entries.append(entry)
+    inventory["hosts"] = entries
     path.write_text(yaml.safe_dump(inventory, sort_keys=False, width=1000))
     return path
+
+
+def play_started(runs: Path) -> bool:
+    """An agent with this runs dir has a play running on a host: ansible-playbook wrote its first event
+    (``<runs>/.batches/<batch>/artifacts/<batch>/job_events/``)."""
+    return any(runs.glob(".batches/*/artifacts/*/job_events/*.json"))
+
+
+def attempts(runs: Path, node: str, fingerprint: str) -> list[Attempt]:
+    """The agent's attempts of one Node's update to ``fingerprint``, oldest first, from its run artifacts."""
+    return load_attempts(runs / f"{mcm.NAMESPACE}.{node}.{fingerprint[:12]}", fingerprint)
 
 
 class AgentProcess:
@@ -77,7 +101,13 @@ class AgentProcess:
 
 
 def agent_argv(
-    lab: Lab, hostlab: HostLab, inventory: Path, runs: Path, capabilities: Path, port: int
+    lab: Lab,
+    hostlab: HostLab,
+    inventory: Path,
+    runs: Path,
+    capabilities: Path,
+    port: int,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     flags = {
         "--target-kubeconfig": str(lab.kubeconfig),
@@ -92,7 +122,8 @@ def agent_argv(
         "--resync-seconds": "2",
         "--claim-seconds": "30",
     }
-    return [sys.executable, "-m", "inplace_extension", "mcm-agent", *(a for f in flags.items() for a in f)]
+    argv = [sys.executable, "-m", "inplace_extension", "mcm-agent", *(a for f in flags.items() for a in f)]
+    return [*argv, *extra]
 
 
 class Pool:

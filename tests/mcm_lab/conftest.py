@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from e2e.conftest import _wait_for_orphans, e2e_capabilities, nodes, release_server
+from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from kubelab.lab import Lab
 
@@ -27,19 +28,20 @@ def start_agent(
     kubelab_mcm: Lab, lab: HostLab, e2e_capabilities: Path, tmp_path: Path
 ) -> Iterator[StartAgent]:
     started: list[AgentProcess] = []
-    inventory = write_inventory(lab, tmp_path / "inventory.yaml")
 
     def start(
         runs_dir: Path | None = None,
         name: str = "agent",
         capabilities: Path | None = None,
         extra: Sequence[str] = (),
+        unlisted: Sequence[Host] = (),
     ) -> AgentProcess:
-        """``capabilities``: another capabilities file (a test's own windows); ``extra``: more flags."""
+        """``capabilities``: another capabilities file (a test's own windows); ``extra``: more flags;
+        ``unlisted``: hosts without an inventory entry."""
         runs = runs_dir or tmp_path / f"runs-{name}"
         port = kubelab_mcm.free_port()
-        argv = agent_argv(kubelab_mcm, lab, inventory, runs, capabilities or e2e_capabilities, port)
-        argv.extend(extra)
+        inventory = write_inventory(lab, tmp_path / f"inventory-{name}.yaml", unlisted)
+        argv = agent_argv(kubelab_mcm, lab, inventory, runs, capabilities or e2e_capabilities, port, extra)
         agent = AgentProcess(argv, tmp_path / f"{name}.log", port, runs)
         started.append(agent)
         return agent

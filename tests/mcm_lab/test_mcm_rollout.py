@@ -29,12 +29,17 @@ from kubelab.lab import Lab
 
 from inplace_extension.mcm import node_state as ns
 from inplace_extension.mcm.desired import InPlaceUpdateSpec, plan_for
+from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.resolve import ADDRESS_ANNOTATION
 
-from .agentproc import Pool
+from .agentproc import Pool, attempts, play_started
 from .conftest import StartAgent
+from .evictions import Evictions
 
 pytestmark = [pytest.mark.kube, pytest.mark.mcm, pytest.mark.lab]
 
+RETRY_AFTER = 1  # the agents' --retry-after-seconds (agentproc.agent_argv): the first backoff
+WORKLOAD = "mcm-workload"  # the namespace of the Pods MCM drains
 ROLLOUT = 900.0  # 3 drains + 3 plays on 2 shared cores; measured times go to docs/development.md
 # shell and Ansible syntax that must stay text (Jinja is refused up front: docs/install-mcm.md)
 PAYLOAD = "hello `touch /tmp/mcm-pwned` $(touch /tmp/mcm-pwned2); touch /tmp/mcm-pwned3 ${HOME} %{x}\n"
@@ -64,7 +69,7 @@ def pool_factory(kubelab_mcm: Lab, nodes: list[Host]) -> Any:
         pool = Pool(kubelab_mcm, name, nodes, {"v1": V1, "v2": V2}, **md)
         pools.append(pool)
         for node in pool.initial:  # workload for MCM to drain
-            objects.create_pod(kubelab_mcm, "mcm-workload", f"{node}-app", node)
+            objects.create_pod(kubelab_mcm, WORKLOAD, f"{node}-app", node)
         return pool
 
     yield make
@@ -95,13 +100,40 @@ def assert_host_updated(hostlab: HostLab, host: Host) -> None:
     assert KEY in run_on(hostlab, host, ["cat", "/home/mcmuser/.ssh/authorized_keys"])
 
 
+def find_by_status_address(lab: Lab, node: str, address: str) -> None:
+    """The Node loses the static-hosts driver's address annotation and says where it is only in its
+    status, as a kubelet would (kwok filled in an InternalIP of its own; it keeps what we set)."""
+    lab.kubectl("annotate", "node", node, f"{ADDRESS_ANNOTATION}-")
+    addresses = [{"type": "Hostname", "address": node}, {"type": "InternalIP", "address": address}]
+    patch = json.dumps({"status": {"addresses": addresses}})
+    lab.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", patch)
+
+
 def test_auto_rollout_updates_every_host_in_turn(
     kubelab_mcm: Lab, lab: HostLab, pool_factory: Any, start_agent: StartAgent
 ) -> None:
+    """Also: MCM evicted each Node's workload before our play started on its host, and a Node that
+    neither the annotation nor the inventory places is reached at the InternalIP of its status."""
     pool = pool_factory("auto")
-    agent = start_agent()
-    pool.switch("v2")
-    most = watch_rollout(pool, pool.finished)
+    unlisted = pool.nodes()[0]
+    unlisted_name, unlisted_host = unlisted["metadata"]["name"], pool.host_of(unlisted)
+    find_by_status_address(kubelab_mcm, unlisted_name, unlisted_host.address)
+    agent = start_agent(unlisted=[unlisted_host])
+    evictions = Evictions(kubelab_mcm, WORKLOAD)
+    try:
+        pool.switch("v2")
+        most = watch_rollout(pool, pool.finished)
+    finally:
+        evictions.stop()
+    asked = evictions.asked()
+    for name in pool.initial:
+        (attempt,) = attempts(agent.runs_dir, name, V2_FINGERPRINT)
+        assert f"{name}-app" in asked, f"MCM drained Node {name}"
+        assert asked[f"{name}-app"] < attempt.started, f"Node {name} was drained before the play started"
+    assert ADDRESS_ANNOTATION not in ns.node_annotations(pool.node(unlisted_name))
+    started = [line for line in agent.log().splitlines() if "state=started" in line]
+    ours = [line for line in started if f"machine={mcm.NAMESPACE}/{unlisted_name} " in line]
+    assert len(ours) == 1 and f"host={unlisted_host.address} source=machine status " in ours[0], started
     assert most == 1, "maxUnavailable 1: one Node at a time is drained and updated"
     assert sorted(m["metadata"]["name"] for m in pool.machines()) == pool.initial, "none replaced"
     new_sets = {m["metadata"]["ownerReferences"][0]["name"] for m in pool.machines()}
@@ -115,9 +147,7 @@ def test_auto_rollout_updates_every_host_in_turn(
         assert_host_updated(lab, pool.host_of(node))
         assert not ns.has_critical_taint(node) and not node["spec"].get("unschedulable")
     assert not any(Path(f"/tmp/mcm-pwned{n}").exists() for n in ("", "2", "3"))
-    assert all(objects.get(kubelab_mcm, "pod", f"{n}-app", "mcm-workload") is None for n in pool.initial), (
-        "drained"
-    )
+    assert all(objects.get(kubelab_mcm, "pod", f"{n}-app", WORKLOAD) is None for n in pool.initial), "drained"
     scrape = agent.get("/metrics").text
     assert 'inplace_extension_mcm_update_results_total{result="successful"} 3.0' in scrape
     assert "inplace_extension_mcm_nodes_updating 0.0" in scrape
@@ -149,20 +179,41 @@ def test_manual_rollout_updates_only_the_selected_node(
 def test_task_failure_stalls_until_the_retry_annotation(
     kubelab_mcm: Lab, lab: HostLab, pool_factory: Any, start_agent: StartAgent
 ) -> None:
+    """An unreachable host (sshd stopped on every host until the first Node is answered) is answered
+    failed, retried with backoff and then successful; a task failure stalls the rollout until the retry
+    annotation. Whichever Node MCM takes first."""
     pool = pool_factory("failing")
-    start_agent()
+    agent = start_agent(extra=["--max-failed-attempts", "6"])  # a loaded machine may be slow to start sshd
     first = pool.nodes()[0]
     host = pool.host_of(first)
     name = first["metadata"]["name"]
     faults.fail_next(lab, host, "systemctl")  # the kubelet restart after the new flags fails once
-    pool.switch("v2")
-    assert wait_until(lambda: ns.node_labels(pool.node(name)).get(ns.RESULT_LABEL) == ns.FAILED, ROLLOUT, 0.5)
-    reason = ns.node_annotations(pool.node(name))[ns.FAILED_REASON_ANNOTATION]
-    assert reason.endswith("failed on host") and '"' in reason, reason
+    for each in pool.hosts:
+        faults.sshd(lab, each, running=False)
+
+    def answered_failed() -> str | None:
+        labels = {n: ns.node_labels(pool.node(n)).get(ns.RESULT_LABEL) for n in pool.initial}
+        return next((n for n, result in labels.items() if result == ns.FAILED), None)
+
+    try:
+        pool.switch("v2")
+        assert wait_until(lambda: answered_failed() is not None, ROLLOUT, 0.25), "a Node answered failed"
+    finally:
+        for each in pool.hosts:
+            faults.sshd(lab, each, running=True)
+    retried = answered_failed()
+    assert retried is not None
+
+    def reason() -> str:
+        return ns.node_annotations(pool.node(name)).get(ns.FAILED_REASON_ANNOTATION, "")
+
+    assert wait_until(lambda: reason().endswith("failed on host"), ROLLOUT, 0.5), reason()
+    failed = reason()
+    assert '"' in failed, failed
 
     def machine_shows_it() -> bool:
         machine = next(m for m in pool.machines() if m["metadata"]["name"] == name)
-        return reason in machine.get("status", {}).get("lastOperation", {}).get("description", "")
+        return failed in machine.get("status", {}).get("lastOperation", {}).get("description", "")
 
     assert wait_until(machine_shows_it, 60, 0.5), "MCM shows our message on the Machine"
     assert pool.deployment().get("status", {}).get("updatedReplicas", 0) < 3, "the rollout stalls"
@@ -171,22 +222,47 @@ def test_task_failure_stalls_until_the_retry_annotation(
     watch_rollout(pool, pool.finished)
     for node in pool.nodes():
         assert_host_updated(lab, pool.host_of(node))
+    first_try, *rest = attempts(agent.runs_dir, retried, V2_FINGERPRINT)
+    assert first_try.outcome is not None and first_try.outcome.kind is OutcomeKind.UNREACHABLE
+    assert rest and rest[-1].outcome is not None and rest[-1].outcome.kind is OutcomeKind.SUCCESSFUL
+    assert rest[0].started >= first_try.outcome.finished + RETRY_AFTER, "retried after a backoff"
+    said = f"node {retried}: update-result="
+    answers = [line.split(said, 1)[1].split()[0] for line in agent.log().splitlines() if said in line]
+    assert answers[0] == ns.FAILED and answers[-1] == ns.SUCCESSFUL, answers
 
 
-def test_agent_killed_mid_update_resumes_without_a_second_apply(
+def test_a_replica_killed_mid_update_resumes_beside_the_other_without_a_second_apply(
     kubelab_mcm: Lab, lab: HostLab, pool_factory: Any, start_agent: StartAgent, tmp_path: Path
 ) -> None:
+    """Two replicas (their Pod names as --agent-id); the one whose play runs is SIGKILLed once the play
+    started and restarted as its Pod would be (same name, same runs volume): it resumes its own Node while
+    the other's claims keep the other one out; every host is applied once."""
     pool = pool_factory("killed")
-    runs = tmp_path / "runs-shared"
-    first = start_agent(runs, name="first")
+    # a claim that outlasts a slow restart here: the restarted replica must not need it to expire
+    claim = ("--claim-seconds", "120")
+    replicas = {name: tmp_path / f"runs-{name}" for name in ("replica-a", "replica-b")}
+    agents = {
+        name: start_agent(runs, name=name, extra=["--agent-id", name, *claim])
+        for name, runs in replicas.items()
+    }
     pool.switch("v2")
-    assert wait_until(lambda: any(runs.glob("*/attempt-*")), ROLLOUT, 0.1), "a run started"
-    first.kill()
-    start_agent(runs, name="second")
+
+    def started() -> str | None:  # the replica whose play runs (the run's state "started" and beyond)
+        return next((name for name, runs in replicas.items() if play_started(runs)), None)
+
+    assert wait_until(lambda: started() is not None, ROLLOUT, 0.1), "a play started"
+    victim = started()
+    assert victim is not None
+    agents[victim].kill()  # its play goes on, detached, and releases the host lock when it ends
+    (node,) = {p.name.split(".")[1] for p in replicas[victim].glob(f"{mcm.NAMESPACE}.*")}
+    start_agent(replicas[victim], name=f"{victim}-restarted", extra=["--agent-id", victim, *claim])
     watch_rollout(pool, pool.finished)
-    for node in pool.nodes():
-        assert_host_updated(lab, pool.host_of(node))
-        assert ns.node_labels(node).get(ns.RESULT_LABEL) is None, "MCM cleaned up after our result"
+    for each in pool.nodes():
+        assert_host_updated(lab, pool.host_of(each))
+        assert ns.node_labels(each).get(ns.RESULT_LABEL) is None, "MCM cleaned up after our result"
+    (other,) = set(replicas) - {victim}
+    assert attempts(replicas[other], node, V2_FINGERPRINT) == [], "the other replica kept out of its Node"
+    assert len(attempts(replicas[victim], node, V2_FINGERPRINT)) >= 1
 
 
 def outcomes(runs: Path) -> dict[str, list[str | None]]:
