@@ -19,6 +19,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,8 @@ from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.pytest_plugin import unavailable
 from hostlab.state import NODE
-from kubelab import build, node_join
+from kubelab import build, manifests, node_join
+from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab as KubeLab
 from playbooks.shipped import CAPABILITIES_FILE
 from playbooks.support import ReleaseServer
@@ -101,6 +103,33 @@ def capabilities(cluster: Cluster) -> str:
         f"    kubeadm_upgrade_args: {json.dumps(KUBEADM_UPGRADE_ARGS)}\n"
         "    health_delay_seconds: 1\n"
     )
+
+
+MACHINES_NAMESPACE = "e2e"  # the namespace of tests/e2e/capi.py's UpdateMachine requests
+
+
+@contextmanager
+def provisioned_machine(cluster: Cluster, host: Host) -> Iterator[str]:
+    """``host`` as a provisioned CAPI Machine named like it, for the Kubernetes-aware mode: no CAPI
+    controller runs in the node lab, so the Machine is written as CAPI's Machine controller leaves one
+    (CAPI's own CRDs, ``status.addresses`` with the node's address, ``status.nodeRef`` naming its Node);
+    removed afterwards."""
+    kube = cluster.kube
+    names = ("machines", "machinedeployments", "clusters")
+    crds = [manifests.capi_crd(kube, f"cluster.x-k8s.io_{name}.yaml") for name in names]
+    manifests.install_crds(kube, crds, only_missing=True)
+    addresses = [{"type": "Hostname", "address": host.name}, {"type": "InternalIP", "address": host.address}]
+    co.machine_with_status(kube, MACHINES_NAMESPACE, host.name, addresses, host.name)
+    try:
+        yield host.name
+    finally:
+        kube.kubectl("delete", "machine.cluster.x-k8s.io", host.name, "-n", MACHINES_NAMESPACE)
+
+
+def kube_aware_args(cluster: Cluster) -> list[str]:
+    """``serve`` flags of the Kubernetes-aware mode on the node lab (its apiserver is also the workload
+    cluster: the Nodes are there)."""
+    return ["--kubeconfig", str(cluster.kube.kubeconfig), "--workload-kubeconfig", "management"]
 
 
 StartService = Callable[..., Service]

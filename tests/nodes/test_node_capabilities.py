@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,16 @@ from hostlab.proc import wait_until
 from kubelab import node_join
 from playbooks.shipped import ANNOTATION, install_os_update_standin, set_mode, standin_calls
 
-from .conftest import JOIN_VERSIONS, MINOR, START, TARGET, Cluster, StartService
+from .conftest import (
+    JOIN_VERSIONS,
+    MINOR,
+    START,
+    TARGET,
+    Cluster,
+    StartService,
+    kube_aware_args,
+    provisioned_machine,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
@@ -150,16 +160,31 @@ def test_kubelet_args_files_users_and_ntp_on_a_real_node(
     assert servers.split() == ["ntp1.example.org", "ntp2.example.org"]
 
 
-@pytest.mark.parametrize(("index", "joined"), [(2, START), (3, MINOR)], ids=["patch", "minor"])
+@pytest.mark.parametrize(
+    ("index", "joined", "kube_aware"),
+    [(2, START, False), (3, MINOR, True)],
+    ids=["patch", "minor-kube-aware"],
+)
 def test_kubernetes_version_upgrade_with_kubeadm_upgrade_node(
-    node_cluster: Cluster, node_service: StartService, index: int, joined: str
+    node_cluster: Cluster, node_service: StartService, index: int, joined: str, kube_aware: bool
 ) -> None:
+    """The patch upgrade in plain mode, the minor upgrade in the Kubernetes-aware mode (its Machine as in
+    test_node_kube_aware.py): there the health gate answers only once the real Node reports the target."""
     host = node_cluster.hosts[index]
     assert node(node_cluster, host)["status"]["nodeInfo"]["kubeletVersion"] == joined
-    service = node_service()
-    can_update_machine_set(service.client, NodeSpec(joined), NodeSpec(TARGET))
-    polled = poll_update_machine(service.client, host.name, NodeSpec(TARGET), within=600)
-    assert (polled.status, polled.message) == ("Success", "update applied"), polled.messages
+    with ExitStack() as stack:
+        extra_args: list[str] = []
+        if kube_aware:
+            stack.enter_context(provisioned_machine(node_cluster, host))
+            extra_args = kube_aware_args(node_cluster)
+        service = node_service(extra_args=extra_args)
+        can_update_machine_set(service.client, NodeSpec(joined), NodeSpec(TARGET))
+        polled = poll_update_machine(service.client, host.name, NodeSpec(TARGET), within=600)
+        assert (polled.status, polled.message) == ("Success", "update applied"), polled.messages
+        if kube_aware:  # read once, right after the answer: the gate waited for it
+            reported = node(node_cluster, host)
+            assert reported["status"]["nodeInfo"]["kubeletVersion"] == TARGET
+            assert not reported["spec"].get("unschedulable")
     assert on_node(node_cluster, host, "kubelet", "--version").strip() == f"Kubernetes {TARGET}"
     assert on_node(node_cluster, host, "kubeadm", "version", "-o", "short").strip() == TARGET
     assert wait_until(

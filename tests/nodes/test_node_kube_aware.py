@@ -35,18 +35,16 @@ import pytest
 from e2e.capi import NodeSpec, poll_update_machine
 from hostlab.lab import Host
 from hostlab.proc import wait_until
-from kubelab import manifests, objects
-from kubelab.flavours import capi_objects as co
+from kubelab import objects
 from kubelab.lab import Lab as KubeLab
 
-from .conftest import START, Cluster, StartService
+from .conftest import START, Cluster, StartService, kube_aware_args, provisioned_machine
 from .test_node_capabilities import kubelet_args, kubelet_pid, node, on_node, ready
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
 CNI_CONFIG = "/etc/cni/net.d/10-hostlab.conflist"  # the node's only network (hostlab.node_base)
 HELD_CNI_CONFIG = "/etc/cni/10-hostlab.conflist.held"
-NAMESPACE = "e2e"  # the namespace tests/e2e/capi.py's UpdateMachine requests name
 CORDONED_BY = "inplace-extension.io/cordoned-by"
 UPDATING = "InPlaceUpdate"  # the Node condition the service sets while a disruptive step runs
 
@@ -104,15 +102,10 @@ class NodeWatch:
 
 @pytest.fixture
 def machine(node_cluster: Cluster) -> Iterator[tuple[Host, str]]:
-    """hosts[1] as a provisioned CAPI Machine (see the module docstring); removed afterwards."""
-    kube, host = node_cluster.kube, node_cluster.hosts[1]
-    names = ("machines", "machinedeployments", "clusters")
-    crds = [manifests.capi_crd(kube, f"cluster.x-k8s.io_{name}.yaml") for name in names]
-    manifests.install_crds(kube, crds, only_missing=True)
-    addresses = [{"type": "Hostname", "address": host.name}, {"type": "InternalIP", "address": host.address}]
-    co.machine_with_status(kube, NAMESPACE, host.name, addresses, host.name)
-    yield host, host.name
-    kube.kubectl("delete", "machine.cluster.x-k8s.io", host.name, "-n", NAMESPACE, "--ignore-not-found")
+    """hosts[1] as a provisioned CAPI Machine (see the module docstring)."""
+    host = node_cluster.hosts[1]
+    with provisioned_machine(node_cluster, host) as name:
+        yield host, name
 
 
 def kubelet_started(cluster: Cluster, host: Host) -> float:
@@ -133,8 +126,9 @@ def test_kube_aware_kubelet_args_cordons_drains_and_gates_on_the_real_node(
     pods = f"ka-{uuid.uuid4().hex[:6]}"
     objects.create_pod(kube, pods, "workload", host.name, wait_running=False)
     objects.wait_for(kube, "pod", "workload", pods, lambda p: p.get("status", {}).get("startTime"), "started")
-    kube_args = ["--kubeconfig", str(kube.kubeconfig), "--workload-kubeconfig", "management"]
-    service = node_service(extra_args=[*kube_args, "--health-gate-timeout-seconds", "120"])
+    service = node_service(
+        extra_args=[*kube_aware_args(node_cluster), "--health-gate-timeout-seconds", "120"]
+    )
     spec = NodeSpec(START, kubelet_args(("max-pods", "77")))
     before = kubelet_pid(node_cluster, host)
     gate = f"health gate: waiting for Node {host.name} to be Ready"
