@@ -38,6 +38,10 @@ from .evictions import Evictions
 
 pytestmark = [pytest.mark.kube, pytest.mark.mcm, pytest.mark.lab]
 
+HOST_NOT_FOUND = (  # the CAPI side's message (tests/runs/test_cluster_side.py), for a Node
+    "HostNotFound: no inventory entry matches this Machine and it has no inplace-extension.io/address "
+    "annotation, nor an InternalIP/ExternalIP address in its status"
+)
 RETRY_AFTER = 1  # the agents' --retry-after-seconds (agentproc.agent_argv): the first backoff
 WORKLOAD = "mcm-workload"  # the namespace of the Pods MCM drains
 ROLLOUT = 900.0  # 3 drains + 3 plays on 2 shared cores; measured times go to docs/development.md
@@ -100,11 +104,14 @@ def assert_host_updated(hostlab: HostLab, host: Host) -> None:
     assert KEY in run_on(hostlab, host, ["cat", "/home/mcmuser/.ssh/authorized_keys"])
 
 
-def find_by_status_address(lab: Lab, node: str, address: str) -> None:
+def find_by_status_address(lab: Lab, node: str, address: str | None) -> None:
     """The Node loses the static-hosts driver's address annotation and says where it is only in its
-    status, as a kubelet would (kwok filled in an InternalIP of its own; it keeps what we set)."""
+    status, as a kubelet would (kwok filled in an InternalIP of its own; it keeps what we set); with
+    ``address`` None its status has no IP address at all, only its host name."""
     lab.kubectl("annotate", "node", node, f"{ADDRESS_ANNOTATION}-")
-    addresses = [{"type": "Hostname", "address": node}, {"type": "InternalIP", "address": address}]
+    addresses = [{"type": "Hostname", "address": node}]
+    if address is not None:
+        addresses.append({"type": "InternalIP", "address": address})
     patch = json.dumps({"status": {"addresses": addresses}})
     lab.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", patch)
 
@@ -156,10 +163,14 @@ def test_auto_rollout_updates_every_host_in_turn(
 def test_manual_rollout_updates_only_the_selected_node(
     kubelab_mcm: Lab, lab: HostLab, pool_factory: Any, start_agent: StartAgent
 ) -> None:
+    """Also: a selected Node that neither the annotation, nor the inventory, nor an IP of its status
+    places is answered failed with the stable HostNotFound message, and its host is never touched."""
     pool = pool_factory("manual", orchestration="Manual")
-    start_agent()
+    chosen, nowhere, *others = pool.initial
+    nowhere_host = pool.host_of(pool.node(nowhere))
+    find_by_status_address(kubelab_mcm, nowhere, None)
+    start_agent(unlisted=[nowhere_host])
     pool.switch("v2")
-    chosen, *others = pool.initial
     candidates = lambda: all(ns.CANDIDATE_LABEL in ns.node_labels(n) for n in pool.nodes())  # noqa: E731
     assert wait_until(candidates, ROLLOUT, 0.5), "MCM marks every Node a candidate"
     kubelab_mcm.kubectl("label", "node", chosen, "node.machine.sapcloud.io/selected-for-update=true")
@@ -174,6 +185,11 @@ def test_manual_rollout_updates_only_the_selected_node(
         node = pool.node(name)
         assert ns.in_place_reason(node) == "CandidateForUpdate"
         assert stamp_writes(lab, pool.host_of(node)) == [], "an unselected host is never touched"
+    kubelab_mcm.kubectl("label", "node", nowhere, "node.machine.sapcloud.io/selected-for-update=true")
+    failed = lambda: ns.node_labels(pool.node(nowhere)).get(ns.RESULT_LABEL) == ns.FAILED  # noqa: E731
+    assert wait_until(failed, ROLLOUT, 0.5), "a Node with no usable address is answered failed"
+    assert ns.node_annotations(pool.node(nowhere))[ns.FAILED_REASON_ANNOTATION] == HOST_NOT_FOUND
+    assert stamp_writes(lab, nowhere_host) == [], "no host was guessed"
 
 
 def test_task_failure_stalls_until_the_retry_annotation(
