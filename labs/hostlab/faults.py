@@ -6,6 +6,9 @@
 - ``disk_fill`` / ``disk_free``: fill the host's writable layer (its own tmpfs) to the last byte, or free it;
 - ``fail_next(lab, host, command)``: the next run of ``command`` on the host (by any user) exits 97
   with a message saying so; later runs behave normally;
+- ``hold_next(lab, host, command)`` / ``release(lab, host, command)``: the next run of ``command`` on
+  the host waits (``held`` says it does) until released, then runs normally: a step that takes as long
+  as the test needs (a kubelet that is slow to come back);
 - ``slow(lab, host, delay_ms)`` / ``slow(lab, host, None)``: add latency to packets towards the host with
   tc netem; raises FaultUnsupported when the kernel has no netem qdisc.
 """
@@ -55,6 +58,32 @@ EOF
 fi
 : >"$token"
 echo "$p"
+"""
+
+
+HOLD_DIR = "run/hostlab/hold-next"
+HOLD_NEXT_SCRIPT = r"""
+set -eu
+p=$1
+real="$p.hostlab-unheld"
+dir=/run/hostlab/hold-next
+mkdir -p "$dir"
+chmod 0777 "$dir"    # whoever runs the command next (any user) must be able to take the token
+token="$dir/$(echo "$p" | tr / _)"
+if [ ! -e "$real" ] && [ ! -L "$real" ]; then
+  mv "$p" "$real"
+  cat >"$p" <<EOF
+#!/bin/sh
+# hostlab fault "hold-next" for $p: waits once per token in $dir until released, then runs the program
+if /bin/rm "$token" 2>/dev/null; then
+  : >"$token.held"
+  while [ -e "$token.held" ]; do sleep 0.1; done
+fi
+exec "$real" "\$@"
+EOF
+  chmod 755 "$p"
+fi
+: >"$token"
 """
 
 
@@ -174,3 +203,33 @@ def slow(lab: Lab, ref: Host | str | int, delay_ms: int | None) -> None:
                 f"here ({exc})"
             ) from None
         raise
+
+
+def _hold_token(command: str) -> str:
+    return f"{HOLD_DIR}/{command.replace('/', '_')}"
+
+
+def hold_next(lab: Lab, ref: Host | str | int, command: str) -> None:
+    """Make the next run of ``command`` (an absolute path) on the host wait until :func:`release`."""
+    if not command.startswith("/") or not COMMAND_RE.match(command):
+        raise LabError(f"command must be an absolute path of [A-Za-z0-9._+-], got {command!r}")
+    if command.rsplit("/", 1)[-1] in UNWRAPPABLE:
+        raise LabError(f"cannot hold {command}: the fault's wrapper itself runs it")
+    host = _running(lab, ref)
+    result = lab.exec_in(host, ["/bin/sh", "-c", HOLD_NEXT_SCRIPT, "hold-next", command])
+    if result.returncode != 0:
+        raise LabError(f"{host.name}: hold-next {command}: {result.stderr.strip()}")
+
+
+def held(lab: Lab, ref: Host | str | int, command: str) -> bool:
+    """A run of ``command`` waits on the host now (it took the token of :func:`hold_next`)."""
+    host = _running(lab, ref)
+    return (host.root() / f"{_hold_token(command)}.held").exists()
+
+
+def release(lab: Lab, ref: Host | str | int, command: str) -> None:
+    """Let a held run of ``command`` go on, and the next one run without waiting."""
+    host = _running(lab, ref)
+    token = host.root() / _hold_token(command)
+    token.unlink(missing_ok=True)
+    (token.parent / f"{token.name}.held").unlink(missing_ok=True)

@@ -15,6 +15,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 from e2e import conftest as e2e_fixtures
 from e2e.conftest import START_VERSION
 from e2e.hostcheck import run_on, stamp_writes
+from hostlab import faults
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.proc import wait_until
@@ -31,6 +33,7 @@ from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 from playbooks.standins import install_standins, lab_run_on_host
 
+from inplace_extension.kube.update_condition import CONDITION as UPDATE_CONDITION
 from inplace_extension.runs.ssh import close_control_masters
 
 from .conftest import registered
@@ -52,6 +55,7 @@ from .kube_aware import (
     guarded_pod,
     kubelet_args,
 )
+from .kube_aware_rollout import MHC_TIMEOUT, MarkCounter, create_rollout
 from .rollout import wait
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube, pytest.mark.capi]
@@ -332,3 +336,144 @@ def test_an_apiserver_restart_mid_rollout_of_three_updates_each_machine_once_and
         assert SKIP_REMEDIATION not in annotations and SKIP_REMEDIATION_BY not in annotations
     assert not re.search(rf"hook=UpdateMachine machine={ns}/\S+ .*decision=failed", log), "no Failure"
     assert "reason=InternalError" not in log and "Traceback" not in log
+
+
+SYSTEMCTL = (
+    "/usr/local/bin/systemctl"  # the kubelet stand-in's service manager: kubelet_args restarts through it
+)
+
+
+@pytest.fixture
+def three_hosts(lab: HostLab, lab_hosts: list[Host], kube_extension: KubeExtension) -> list[Host]:
+    for host in lab_hosts[:3]:
+        install_standins(lab_run_on_host(lab, host), version=START_VERSION)
+    return lab_hosts[:3]
+
+
+def test_a_rollout_of_3_stops_at_a_failed_health_gate_and_marks_outlive_a_killed_service_once(
+    kube_extension: KubeExtension, three_hosts: list[Host], lab: HostLab, tmp_path: Path
+) -> None:
+    """Item by item: the second Machine's Node turns NotReady during its update (the test flips it while
+    the kubelet restart is held on the host, as a kubelet that does not come back) -> our health gate
+    fails it and CAPI does not start the third; the service is SIGKILLed while that disruptive step runs,
+    after skip-remediation is set -> the restarted service removes it exactly once, and meanwhile the
+    real MachineHealthCheck leaves the marked NotReady Machine alone; Ready + the retry annotation
+    complete the rollout; last, a NotReady Machine that is not being updated is remediated."""
+    ext, rollout = kube_extension, create_rollout(kube_extension, three_hosts, "ka-gate3", tmp_path)
+    for host in three_hosts:
+        faults.hold_next(lab, host, SYSTEMCTL)
+
+    def held() -> str | None:
+        return next((m for m, h in rollout.hosts.items() if faults.held(lab, h, SYSTEMCTL)), None)
+
+    with MarkCounter(ext.kube, rollout.namespace) as marks:
+        rollout.change(kubelet_args(("max-pods", "150")))
+        wait(lambda: held() is not None, 240, "a kubelet restart held on a host", rollout.explain)
+        first = held()
+        assert first is not None
+        # the disruptive step runs: the Machine is marked and its Node says so
+        wait(
+            lambda: SKIP_REMEDIATION in rollout.machine(first)["metadata"].get("annotations", {}),
+            30,
+            "skip-remediation on the first Machine",
+        )
+        assert (rollout.node_condition(first, UPDATE_CONDITION) or {}).get("status") == "True"
+        faults.release(lab, rollout.hosts[first], SYSTEMCTL)
+        wait(lambda: rollout.up_to_date(first), 120, "the first Machine updated", rollout.explain)
+        assert (rollout.node_condition(first, UPDATE_CONDITION) or {}).get("status") == "False"
+
+        wait(
+            lambda: held() not in (None, first),
+            120,
+            "the second Machine's kubelet restart held",
+            rollout.explain,
+        )
+        second = held()
+        assert second is not None and second != first
+        (third,) = set(rollout.uids) - {first, second}
+        wait(
+            lambda: SKIP_REMEDIATION in rollout.machine(second)["metadata"].get("annotations", {}),
+            30,
+            "skip-remediation on the second Machine",
+        )
+        assert f"machine={rollout.namespace}/{second} run=" in ext.log()
+        assert re.search(rf"machine={rollout.namespace}/{second} run=\S+ state=started", ext.log())
+        assert (rollout.node_condition(second, UPDATE_CONDITION) or {}).get("status") == "True"
+        # its Node goes NotReady (both views of it), then the service dies while the step still runs
+        rollout.set_ready(second, False)
+        rollout.set_mhc_ready(second, False)
+        flipped = time.monotonic()
+        ext.kill()
+        # the real MachineHealthCheck does not count the marked Machine, and past its timeout it has
+        # still not remediated it (a window: nothing else tells that it chose not to act)
+        wait(
+            lambda: second not in rollout.mhc().get("status", {}).get("targets", []),
+            30,
+            "the MachineHealthCheck leaves the marked Machine out",
+            rollout.explain,
+        )
+        while time.monotonic() < flipped + MHC_TIMEOUT + 5:
+            machine = rollout.machine(second)
+            assert machine["metadata"]["uid"] == rollout.uids[second]
+            assert co.condition_status(machine, "OwnerRemediated") is None, rollout.explain()
+            time.sleep(1.0)
+        # MachineHealthCheck's view comes back before the mark goes; the kubelab Node (the health gate's
+        # view) stays NotReady: the kubelet that did not come back
+        rollout.set_mhc_ready(second, True)
+        ext.start()
+        faults.release(lab, rollout.hosts[second], SYSTEMCTL)
+        gate = (
+            f"health gate: the Node was not Ready with kubelet {START_VERSION} "
+            f"within {GATE_SECONDS}s after the update"
+        )
+        wait(
+            lambda: gate in rollout.events(second).get("Failed", []),
+            180,
+            "the health gate Failure",
+            rollout.explain,
+        )
+        # the rollout stops: the third Machine keeps the old template, nothing asked to update it
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            machines = rollout.machines()
+            assert co.condition_status(machines[third], "Updating") != "True", rollout.explain()
+            assert not faults.held(lab, rollout.hosts[third], SYSTEMCTL)
+            time.sleep(1.0)
+        assert f"hook=UpdateMachine machine={rollout.namespace}/{third} " not in ext.log()
+        assert not rollout.up_to_date(third) and rollout.up_to_date(first)
+        assert co.condition_status(rollout.machines()[second], "UpToDate") != "True"
+        # the marks of the killed run were undone once, by the restarted service
+        assert SKIP_REMEDIATION not in rollout.machine(second)["metadata"].get("annotations", {})
+        assert (marks.added[second], marks.removed[second]) == (1, 1), (marks.added, marks.removed)
+        removed = [
+            line
+            for line in ext.log().splitlines()
+            if f"machine={rollout.namespace}/{second} " in line and "skip-remediation removed" in line
+        ]
+        assert len(removed) == 1, removed
+        assert (rollout.node_condition(second, UPDATE_CONDITION) or {}).get("status") == "False"
+
+        # the Node is Ready again; the retry annotation makes CAPI call at once: the rollout completes
+        rollout.set_ready(second, True)
+        faults.release(lab, rollout.hosts[third], SYSTEMCTL)
+        ext.kube.kubectl(
+            "annotate", MACHINES, second, "-n", rollout.namespace, "inplace-extension.io/retry=1"
+        )
+        wait(rollout.rolled_out, 240, "the rollout completed after the retry", rollout.explain)
+    for name, host in rollout.hosts.items():
+        assert len(stamp_writes(ext.hosts, host)) == 1, name
+        assert SKIP_REMEDIATION not in rollout.machine(name)["metadata"].get("annotations", {})
+        assert (rollout.node_condition(name, UPDATE_CONDITION) or {}).get("status") == "False"
+    assert marks.removed == marks.added and set(marks.added) == set(rollout.uids)
+
+    # the same MachineHealthCheck does remediate a NotReady Machine that is not being updated
+    rollout.set_mhc_ready(first, False)
+    wait(
+        lambda: (
+            co.condition_status(rollout.machines().get(first, {}), "OwnerRemediated") is not None
+            or first not in rollout.machines()
+        ),
+        60,
+        "the MachineHealthCheck remediates the unmarked Machine",
+        rollout.explain,
+    )

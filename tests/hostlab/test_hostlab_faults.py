@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hostlab import faults
@@ -67,6 +68,22 @@ def test_fail_next_fails_exactly_one_run_with_a_clear_message(lab: Lab, lab_host
     faults.fail_next(lab, host, "id")
     assert lab.ssh(host, ["sudo", "-n", "id", "-u"]).returncode == faults.FAIL_EXIT
     assert lab.ssh(host, ["sudo", "-n", "id", "-u"]).stdout == "0\n"
+
+
+def test_hold_next_holds_exactly_one_run_until_released(lab: Lab, lab_hosts: list[Host]) -> None:
+    host = lab_hosts[0]
+    faults.hold_next(lab, host, "/usr/bin/id")
+    assert not faults.held(lab, host, "/usr/bin/id")
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(lab.ssh, host, ["id", "-un"])
+        assert wait_until(lambda: faults.held(lab, host, "/usr/bin/id"), 10)
+        assert not first.done()  # it waits while held
+        faults.release(lab, host, "/usr/bin/id")
+        assert (first.result(10).returncode, first.result(10).stdout) == (0, "ansible\n")
+    assert not faults.held(lab, host, "/usr/bin/id")
+    assert lab.ssh(host, ["id", "-un"]).stdout == "ansible\n"  # the next run is not held
+    with pytest.raises(LabError, match="absolute path"):
+        faults.hold_next(lab, host, "id")
 
 
 def test_fail_next_rejects_bad_commands_precisely(lab: Lab) -> None:
