@@ -221,7 +221,7 @@ class Fleet:
 def create_fleet(ext: KubeExtension, hosts: list[Host], prefix: str) -> Fleet:
     """A MachineDeployment of ``len(hosts)`` Machines, each with a kwok Node and one Pod on it, mapped to
     the hosts in name order through an inventory of host entries (address and pinned host key)."""
-    namespace, machines = _create_cluster(ext, prefix, len(hosts))
+    namespace, machines = create_md_cluster(ext, prefix, len(hosts))
     names = [m["metadata"]["name"] for m in machines]
     ext.inventory.write_text(yaml.safe_dump(service_inventory(ext.hosts, names), sort_keys=False))
     fleet = Fleet(
@@ -241,13 +241,13 @@ def create_fleet(ext: KubeExtension, hosts: list[Host], prefix: str) -> Fleet:
 
 
 def create_worker(ext: KubeExtension, host: Host, prefix: str, kwok: bool = True) -> Worker:
-    namespace, machines = _create_cluster(ext, prefix, 1)
+    namespace, machines = create_md_cluster(ext, prefix, 1)
     machine = machines[0]
     node = _attach(ext.kube, namespace, machine, host, kwok)
     return Worker(ext, namespace, prefix, machine["metadata"]["name"], machine["metadata"]["uid"], node)
 
 
-def _create_cluster(ext: KubeExtension, prefix: str, replicas: int) -> tuple[str, list[dict[str, Any]]]:
+def create_md_cluster(ext: KubeExtension, prefix: str, replicas: int) -> tuple[str, list[dict[str, Any]]]:
     """A fresh namespace (our ExtensionConfig's label) with an in-memory cluster: one control plane
     Machine and a MachineDeployment of ``replicas`` (maxSurge 0, maxUnavailable 1); waits until every
     Machine is Running and returns the namespace and the MachineDeployment's Machines."""

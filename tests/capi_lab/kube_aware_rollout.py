@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import json
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,7 +38,7 @@ from kubelab import objects
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 
-from .kube_aware import MACHINES, SELECTOR, SKIP_REMEDIATION, KubeExtension
+from .kube_aware import MACHINES, SKIP_REMEDIATION, KubeExtension, create_md_cluster
 from .rollout import wait
 
 MHC = "machinehealthchecks.cluster.x-k8s.io"
@@ -176,34 +175,8 @@ class Rollout:
 def create_rollout(ext: KubeExtension, hosts: list[Host], prefix: str, work: Path) -> Rollout:
     """The cluster, its MachineHealthCheck, the Machines mapped to ``hosts`` and their kubelab Nodes
     Ready; returns once the MachineHealthCheck counts all 3 Machines healthy."""
-    namespace = f"{prefix}-{time.monotonic_ns() % 10**8:08d}"
-    kube = ext.kube
-    objects.apply(
-        kube, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": SELECTOR}}
-    )
-    cluster, cp, md = prefix, f"{prefix}-cp", f"{prefix}-md-0"
-    objects.apply(
-        kube,
-        co.dev_cluster(cluster, namespace),
-        co.cluster(cluster, namespace, control_plane=cp),
-        co.dev_machine_template(cp, namespace),
-        co.kubeadm_control_plane(cp, namespace, 1, START_VERSION, cp),
-        co.dev_machine_template(md, namespace),
-        co.kubeadm_config_template(f"{md}-1", namespace),
-        co.machine_deployment(md, namespace, cluster, 3, START_VERSION, f"{md}-1", md),
-    )
-
-    def running() -> bool:
-        machines = co.machines(kube, namespace)
-        return len(machines) == 4 and all(co.running(m) for m in machines)
-
-    wait(
-        running,
-        180,
-        f"4 Machines Running in {namespace}",
-        lambda: co.conditions_text(co.machines(kube, namespace)),
-    )
-    machines = co.machines(kube, namespace, deployment=md)
+    namespace, machines = create_md_cluster(ext, prefix, 3)
+    kube, cluster, md = ext.kube, prefix, f"{prefix}-md-0"
     names = [m["metadata"]["name"] for m in machines]
     ext.inventory.write_text(yaml.safe_dump(service_inventory(ext.hosts, names), sort_keys=False))
     nodes = {m["metadata"]["name"]: m["status"]["nodeRef"]["name"] for m in machines}
