@@ -234,38 +234,6 @@ def test_a_service_killed_while_the_node_is_cordoned_uncordons_it_once_and_compl
     assert worker.events()["Uncordoned"] == [f"uncordoned Node {worker.node}"]
 
 
-def test_a_paused_deployment_holds_the_update_a_cancel_fails_it_and_removing_it_resumes(
-    kube_extension: KubeExtension, host: Host
-) -> None:
-    worker = create_worker(kube_extension, host, "ka-pause")
-    owner = f"MachineDeployment {worker.namespace}/{worker.md}"
-
-    def annotate(value: str) -> None:
-        worker.kube.kubectl("annotate", MD, worker.md, "-n", worker.namespace, value, "--overwrite")
-
-    annotate("inplace-extension.io/pause=true")
-    stamps = len(stamp_writes(kube_extension.hosts, host))
-    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci1lMmUtdGVzdHMtb25seQ ka@test"
-    worker.change({"format": "cloud-config", "users": [{"name": "kapause", "sshAuthorizedKeys": [key]}]})
-    paused = f"paused by {owner} (annotation inplace-extension.io/pause)"
-    wait(lambda: paused in worker.events().get("Waiting", []), 120, "the pause Event", worker.explain)
-    annotate("inplace-extension.io/pause=cancel")
-    cancelled = f"cancelled by {owner} (annotation inplace-extension.io/pause=cancel)"
-    wait(lambda: cancelled in worker.events().get("Cancelled", []), 120, "the cancel Event", worker.explain)
-    assert not worker.updated_in_place()
-    assert len(stamp_writes(kube_extension.hosts, host)) == stamps, "nothing ran on the host"
-    annotate("inplace-extension.io/pause-")
-    # CAPI calls a failed hook again on its backoff; a change of the Machine (the retry annotation, as
-    # docs/operator-controls.md says) makes it call at once
-    worker.kube.kubectl(
-        "annotate", MACHINES, worker.machine, "-n", worker.namespace, "inplace-extension.io/retry=1"
-    )
-    wait(worker.updated_in_place, 300, "the update once the annotation is gone", worker.explain)
-    assert len(stamp_writes(kube_extension.hosts, host)) == stamps + 1
-    log = kube_extension.log()
-    assert re.search(rf"hook=UpdateMachine machine={worker.namespace}/\S+ .*decision=failed", log)
-
-
 def run_attempts(ext: KubeExtension, machine: str) -> list[dict[str, Any]]:
     """The Machine's run attempts on disk (``meta.json``, with ``outcome`` once the attempt ended)."""
     found = []
@@ -276,6 +244,91 @@ def run_attempts(ext: KubeExtension, machine: str) -> list[dict[str, Any]]:
             meta["outcome"] = json.loads(outcome.read_text())["kind"] if outcome.exists() else None
             found.append(meta)
     return found
+
+
+def test_a_pause_mid_rollout_of_three_holds_the_next_machine_a_cancel_fails_it_and_removing_it_resumes(
+    kube_extension: KubeExtension, hosts: list[Host]
+) -> None:
+    """A MachineDeployment of 3 (maxUnavailable 1): a pause set while the first Machine's run is in
+    flight lets that run finish and holds the next Machine CAPI asks about, also when CAPI asks again; a
+    cancel fails it; removing the annotation (and the retry annotation, past CAPI's backoff) completes
+    the rollout with one apply per host."""
+    fleet = create_fleet(kube_extension, hosts, "ka-pause")
+    kube, namespace = fleet.kube, fleet.namespace
+    owner = f"MachineDeployment {namespace}/{fleet.md}"
+
+    def annotate(value: str) -> None:
+        kube.kubectl("annotate", MD, fleet.md, "-n", namespace, value, "--overwrite")
+
+    def attempts(machine: str) -> list[dict[str, Any]]:
+        return run_attempts(kube_extension, f"{namespace}/{machine}")
+
+    def events(machine: str) -> dict[str, list[str]]:
+        listed = json.loads(kube.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)
+        found: dict[str, list[str]] = {}
+        for event in listed["items"]:
+            if event["involvedObject"].get("uid") == fleet.uids[machine]:
+                found.setdefault(event["reason"], []).append(event["message"])
+        return found
+
+    def up_to_date(machine: str) -> bool:
+        mine = [m for m in fleet.machine_objs() if m["metadata"]["name"] == machine]
+        return (
+            len(mine) == 1
+            and mine[0]["metadata"]["uid"] == fleet.uids[machine]
+            and co.condition_status(mine[0], "UpToDate") == "True"
+            and co.condition_status(mine[0], "Updating") != "True"
+        )
+
+    def explain() -> str:
+        return fleet.explain() + f"\n{ {m: events(m) for m in fleet.uids} }"
+
+    def stamps() -> list[int]:
+        return [len(stamp_writes(kube_extension.hosts, fleet.hosts[m])) for m in sorted(fleet.uids)]
+
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci1lMmUtdGVzdHMtb25seQ ka@test"
+    before = stamps()
+    fleet.change({"format": "cloud-config", "users": [{"name": "kapause", "sshAuthorizedKeys": [key]}]})
+    started = lambda: any(attempts(m) for m in fleet.uids)  # noqa: E731
+    assert wait_until(started, 240, 0.1), f"the first run started\n{explain()}"
+    annotate("inplace-extension.io/pause=true")
+    (first,) = [m for m in fleet.uids if attempts(m)]
+    assert attempts(first)[0]["outcome"] is None, "paused while the first run is in flight"
+    paused = f"paused by {owner} (annotation inplace-extension.io/pause)"
+
+    def held() -> list[str]:
+        return [m for m in fleet.uids if paused in events(m).get("Waiting", [])]
+
+    wait(lambda: bool(held()), 240, "the next Machine held", explain)
+    (second,) = held()
+    wait(lambda: up_to_date(first), 60, "the run in flight finished: its Machine is UpToDate", explain)
+
+    # CAPI asks again after retryAfterSeconds (30 s) and is held again; its Machine shows why
+    def polls() -> int:
+        return kube_extension.log().count(f"hook=UpdateMachine machine={namespace}/{second} ")
+
+    asked = polls()
+    wait(lambda: polls() > asked, 90, "CAPI asks about the held Machine again", explain)
+    updating = objects.condition(objects.get(kube, MACHINES, second, namespace), "Updating") or {}
+    assert paused in str(updating.get("message", "")), updating
+    (third,) = set(fleet.uids) - {first, second}
+    assert not attempts(second) and not attempts(third), "nothing started while paused"
+    assert [n - b for n, b in zip(stamps(), before, strict=True)] == [
+        int(m == first) for m in sorted(fleet.uids)
+    ]
+
+    annotate("inplace-extension.io/pause=cancel")
+    cancelled = f"cancelled by {owner} (annotation inplace-extension.io/pause=cancel)"
+    wait(lambda: cancelled in events(second).get("Cancelled", []), 120, "the cancel Event", explain)
+    assert not attempts(second) and not attempts(third), "nothing runs on a cancelled Machine"
+    annotate("inplace-extension.io/pause-")
+    # CAPI calls a failed hook again on its backoff; a change of the Machine (the retry annotation, as
+    # docs/operator-controls.md says) makes it call at once
+    kube.kubectl("annotate", MACHINES, second, "-n", namespace, "inplace-extension.io/retry=1")
+    wait(fleet.rolled_out, 480, "the rollout once the annotation is gone", explain)
+    assert [n - b for n, b in zip(stamps(), before, strict=True)] == [1] * len(hosts), "one apply per host"
+    log = kube_extension.log()
+    assert re.search(rf"hook=UpdateMachine machine={namespace}/{second} .*decision=failed", log)
 
 
 @pytest.mark.capi_alone  # the restart would break the CAPI tests of another worker on the same lab
