@@ -396,15 +396,8 @@ SYSTEMCTL = (
 )
 
 
-@pytest.fixture
-def three_hosts(lab: HostLab, lab_hosts: list[Host], kube_extension: KubeExtension) -> list[Host]:
-    for host in lab_hosts[:3]:
-        install_standins(lab_run_on_host(lab, host), version=START_VERSION)
-    return lab_hosts[:3]
-
-
 def test_a_rollout_of_3_stops_at_a_failed_health_gate_and_marks_outlive_a_killed_service_once(
-    kube_extension: KubeExtension, three_hosts: list[Host], lab: HostLab, tmp_path: Path
+    kube_extension: KubeExtension, hosts: list[Host], lab: HostLab, tmp_path: Path
 ) -> None:
     """Item by item: the second Machine's Node turns NotReady during its update (the test flips it while
     the kubelet restart is held on the host, as a kubelet that does not come back) -> our health gate
@@ -412,8 +405,8 @@ def test_a_rollout_of_3_stops_at_a_failed_health_gate_and_marks_outlive_a_killed
     after skip-remediation is set -> the restarted service removes it exactly once, and meanwhile the
     real MachineHealthCheck leaves the marked NotReady Machine alone; Ready + the retry annotation
     complete the rollout; last, a NotReady Machine that is not being updated is remediated."""
-    ext, rollout = kube_extension, create_rollout(kube_extension, three_hosts, "ka-gate3", tmp_path)
-    for host in three_hosts:
+    ext, rollout = kube_extension, create_rollout(kube_extension, hosts[:3], "ka-gate3", tmp_path)
+    for host in hosts[:3]:
         faults.hold_next(lab, host, SYSTEMCTL)
 
     def held() -> str | None:
