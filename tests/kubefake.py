@@ -49,7 +49,7 @@ class FakeNode:
     annotations: dict[str, str] = field(default_factory=dict)
     pods: int = 0  # Pods a drain must evict
     stuck: bool = False  # a PodDisruptionBudget refuses every eviction
-    # the InPlaceUpdate condition as (status, message); None: the Node has no such condition
+    # the DisruptiveInPlaceUpdate condition as (status, message); None: the Node has no such condition
     updating: tuple[str, str] | None = None
     condition_writes: int = 0  # how often the condition was written
 

@@ -151,12 +151,13 @@ class WorkloadCluster(ClusterObjects, Protocol):
         ...
 
     def show_updating(self, node: str, message: str) -> bool:
-        """Publish the Node condition ``InPlaceUpdate`` True with ``message`` (a disruptive step runs);
-        True when this call changed the Node, False when it already said so or there is no such Node."""
+        """Publish the Node condition ``DisruptiveInPlaceUpdate`` True with ``message`` (a disruptive
+        step runs); True when this call changed the Node, False when it already said so or there is no
+        such Node."""
         ...
 
     def clear_updating(self, node: str) -> bool:
-        """Set ``InPlaceUpdate`` False if it is True; True when this call did it (of two concurrent
+        """Set ``DisruptiveInPlaceUpdate`` False if it is True; True when this call did it (of two concurrent
         callers exactly one), False when it was not True or there is no such Node."""
         ...
 

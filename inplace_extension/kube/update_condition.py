@@ -1,5 +1,6 @@
-"""The workload Node's ``InPlaceUpdate`` condition: True while a disruptive step of an in-place update runs
-on the Node's host, False after (a MachineHealthCheck can match it, see docs/kube-aware.md).
+"""The workload Node's ``DisruptiveInPlaceUpdate`` condition: True while a disruptive step of an
+in-place update runs on the Node's host, False after (a MachineHealthCheck can match it, see
+docs/kube-aware.md).
 
 Written to the Node's status subresource with a strategic merge patch keyed by the condition type, so
 the kubelet's own conditions are untouched, and carrying the resourceVersion read just before (a
@@ -19,7 +20,7 @@ from lightkube.types import PatchType
 from inplace_extension.kube.client import translated
 from inplace_extension.kube.errors import Conflict, NotFound
 
-CONDITION: Final = "InPlaceUpdate"
+CONDITION: Final = "DisruptiveInPlaceUpdate"  # not MCM's InPlaceUpdate (mcm/node_state.py): another owner
 RUNNING: Final = "DisruptiveStepRunning"  # reason while True
 IDLE: Final = "NoDisruptiveStep"  # reason once False again
 IDLE_MESSAGE: Final = "no disruptive step of an in-place update runs on this Node"
@@ -56,7 +57,7 @@ def _write(client: Client, node: str, version: str | None, status: str, reason: 
 
 
 def show_updating(client: Client, node: str, message: str) -> bool:
-    """``InPlaceUpdate`` True with ``message``; True when this call changed the Node."""
+    """``DisruptiveInPlaceUpdate`` True with ``message``; True when this call changed the Node."""
     for _ in range(TRIES):
         current = _current(client, node)
         if current is None:
@@ -73,7 +74,8 @@ def show_updating(client: Client, node: str, message: str) -> bool:
 
 
 def clear_updating(client: Client, node: str) -> bool:
-    """``InPlaceUpdate`` False if it is True; True when this call did it (exactly one of two callers)."""
+    """``DisruptiveInPlaceUpdate`` False if it is True; True when this call did it (exactly one of two
+    callers)."""
     for _ in range(TRIES):
         current = _current(client, node)
         if current is None or current[1] != "True":

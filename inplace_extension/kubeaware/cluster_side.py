@@ -136,7 +136,8 @@ class KubeClusterSide:
 
     def step_started(self, request: RunRequest, capability: str) -> None:
         """A step that restarts the kubelet or more: skip-remediation on the Machine and the Node condition
-        ``InPlaceUpdate`` True (MachineHealthCheck leaves the Machine alone); any other step: both undone."""
+        ``DisruptiveInPlaceUpdate`` True (MachineHealthCheck leaves the Machine alone); any other step:
+        both undone."""
         self.state(request, "Running", progress.running(capability))
         try:
             facts = self._machine(request)
@@ -268,8 +269,8 @@ class KubeClusterSide:
         return None
 
     def _release_marks(self, request: RunRequest, facts: MachineFacts) -> None:
-        """Remove our skip-remediation and set ``InPlaceUpdate`` False: each at most once, any caller
-        (the run, or a restarted service that finds them on the Machine and the Node after a crash)."""
+        """Remove our skip-remediation and set ``DisruptiveInPlaceUpdate`` False: each at most once, any
+        caller (the run, or a restarted service that finds them on the Machine and the Node after a crash)."""
         if self._management.unmark_skip_remediation(facts):
             log.info("machine=%s run=%s: skip-remediation removed", request.machine, request.ident)
         if facts.node_name is None:
@@ -320,7 +321,8 @@ class KubeClusterSide:
 
 
 def updating_message(request: RunRequest, capability: str) -> str:
-    """The ``InPlaceUpdate`` condition's message while ``capability`` runs (names the Machine and step)."""
+    """The ``DisruptiveInPlaceUpdate`` condition's message while ``capability`` runs (names the Machine
+    and step)."""
     return f"in-place update of Machine {request.machine}: {capability} runs (it may restart the kubelet)"
 
 

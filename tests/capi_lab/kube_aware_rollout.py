@@ -8,7 +8,7 @@ Each Machine's Node exists twice, and the tests say which one they change:
 
 - in the **kubelab's API server** (the service runs with ``--workload-kubeconfig management``): a plain
   Node (no kubelet, not even kwok) whose ``Ready`` condition only the test sets. The service drains it,
-  writes ``InPlaceUpdate`` on it and its health gate reads it;
+  writes ``DisruptiveInPlaceUpdate`` on it and its health gate reads it;
 - in **CAPD's in-memory workload API server** (the ``<cluster>-kubeconfig`` Secret): the Node CAPD
   created when it "provisioned" the DevMachine, Ready once and never written again by CAPD. It is
   what CAPI's MachineHealthCheck controller reads. That fake API server serves GET/LIST/WATCH and

@@ -383,7 +383,7 @@ def test_an_apiserver_restart_mid_rollout_of_three_updates_each_machine_once_and
     for name, obj in fleet.node_objs().items():
         assert not obj["spec"].get("unschedulable"), f"{name}: Node left cordoned"
         assert CORDONED_BY not in obj["metadata"].get("annotations", {})
-        condition = objects.condition(obj, "InPlaceUpdate") or {}
+        condition = objects.condition(obj, "DisruptiveInPlaceUpdate") or {}
         assert condition.get("status") != "True", f"{name}: our Node condition left True: {condition}"
     for obj in fleet.machine_objs():
         annotations = obj["metadata"].get("annotations", {})

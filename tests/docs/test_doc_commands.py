@@ -40,7 +40,10 @@ def isolated() -> list[str]:
     """The command prefix for a private network namespace, or a skip reason when there is none."""
     unshare = shutil.which("unshare")
     if unshare is None:
-        pytest.skip("no unshare(1): cannot give the documented port 9443 a network namespace of its own")
+        why = "no unshare(1): cannot give the documented port 9443 a network namespace of its own"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{why} (required under CI=true)")
+        pytest.skip(why)
     prefix = [unshare, "--net"] if os.geteuid() == 0 else [unshare, "--net", "--map-root-user"]
     probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, check=False)
     if probe.returncode != 0:

@@ -46,7 +46,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.kube]
 CNI_CONFIG = "/etc/cni/net.d/10-hostlab.conflist"  # the node's only network (hostlab.node_base)
 HELD_CNI_CONFIG = "/etc/cni/10-hostlab.conflist.held"
 CORDONED_BY = "inplace-extension.io/cordoned-by"
-UPDATING = "InPlaceUpdate"  # the Node condition the service sets while a disruptive step runs
+UPDATING = "DisruptiveInPlaceUpdate"  # the Node condition the service sets while a disruptive step runs
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Seen:
     at: float
     unschedulable: bool
     ready: str  # the status of the kubelet's Ready condition
-    updating: str  # the status of our InPlaceUpdate condition ("" while there is none)
+    updating: str  # the status of our DisruptiveInPlaceUpdate condition ("" while there is none)
 
 
 class NodeWatch:
@@ -161,7 +161,7 @@ def test_kube_aware_kubelet_args_cordons_drains_and_gates_on_the_real_node(
     assert cordon < restarted < uncordon, (cordon, restarted, uncordon, watch.seen)
     after = node(node_cluster, host)
     assert CORDONED_BY not in after["metadata"].get("annotations", {})
-    # our InPlaceUpdate condition was True during the disruptive step and is False after it, kept
+    # our DisruptiveInPlaceUpdate condition was True during the disruptive step and is False after it, kept
     # beside the conditions the real kubelet posts (its restart and status updates leave it alone)
     assert any(s.updating == "True" for s in watch.seen if cordon <= s.at <= uncordon), watch.seen
     assert {c["type"]: c["status"] for c in after["status"]["conditions"]}[UPDATING] == "False"
