@@ -83,16 +83,27 @@ def _start_rank(item: pytest.Item) -> int:
 
 @contextmanager
 def capi_lab_share(alone: bool) -> Iterator[None]:
-    """Hold the machine's CAPI lab with the others (shared) or alone (exclusive) while the block runs."""
-    path = Config.from_env().run_dir / "capi-tests.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    """Hold the machine's CAPI lab with the others (shared) or alone (exclusive) while the block runs.
+
+    flock(2) grants a shared lock while an exclusive one waits, so tests starting one after another on
+    the other workers could keep an exclusive waiter out for ever. A turnstile lock orders them: a test
+    passes it before it takes its share, and an exclusive waiter holds it until it has the lab, so the
+    tests that start meanwhile queue behind it.
+    """
+    run_dir = Config.from_env().run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    turnstile = os.open(run_dir / "capi-tests.turnstile", os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(run_dir / "capi-tests.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        # blocking: the kernel queues an exclusive waiter, so tests starting afterwards do not starve it
-        fcntl.flock(fd, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
         yield
     finally:
         os.close(fd)
+        os.close(turnstile)
 
 
 @pytest.hookimpl(wrapper=True)

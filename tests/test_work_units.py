@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
+
+import pytest
+from hostlab.proc import wait_until
 
 SUITE_CONFTEST = Path(__file__).resolve().parent / "conftest.py"
 
@@ -156,3 +161,48 @@ def test_capi_tests_hold_the_lab_lock_shared_and_capi_alone_tests_exclusively(tm
         check=False,
     )
     assert result.returncode == 0 and "3 passed" in result.stdout, result.stdout + result.stderr
+
+
+def _blocked_waiters(*paths: Path) -> int:
+    """Lock requests queued in the kernel (``->`` lines of /proc/locks) on the inodes of ``paths``."""
+    inodes = {str(p.stat().st_ino) for p in paths if p.exists()}
+    lines = Path("/proc/locks").read_text().splitlines()
+    return sum(1 for line in lines if "->" in line and line.split()[-3].rsplit(":", 1)[-1] in inodes)
+
+
+def test_a_capi_alone_waiter_is_not_overtaken_by_tests_starting_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flock(2) grants a shared lock while an exclusive request waits: without the turnstile the test
+    that starts after the capi_alone one gets the lab first."""
+    spec = importlib.util.spec_from_file_location("suite_conftest", SUITE_CONFTEST)
+    assert spec is not None and spec.loader is not None
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    monkeypatch.setenv("KUBELAB_RUN_DIR", str(tmp_path))
+    order: list[str] = []
+    release = threading.Event()
+
+    def running(name: str, alone: bool, until: threading.Event | None = None) -> threading.Thread:
+        def body() -> None:
+            with suite.capi_lab_share(alone=alone):
+                order.append(name)
+                if until is not None:
+                    until.wait(30)
+
+        thread = threading.Thread(target=body, daemon=True)
+        thread.start()
+        return thread
+
+    first = running("first", alone=False, until=release)
+    assert wait_until(lambda: order == ["first"], 10, 0.01)
+    alone = running("alone", alone=True)
+    lock, turnstile = tmp_path / "capi-tests.lock", tmp_path / "capi-tests.turnstile"
+    assert wait_until(lambda: _blocked_waiters(lock, turnstile) == 1, 10, 0.01), "the alone test waits"
+    later = running("later", alone=False)
+    # the later test either waits too (queued behind the alone one) or, without the turnstile, got in
+    assert wait_until(lambda: _blocked_waiters(lock, turnstile) == 2 or "later" in order, 10, 0.01)
+    release.set()
+    for thread in (first, alone, later):
+        thread.join(30)
+    assert order == ["first", "alone", "later"]
