@@ -1,7 +1,9 @@
-"""Fixtures of the Kubernetes adapter tests: CAPI's Machine CRD in the kubelab, Machines, a client."""
+"""Fixtures of the Kubernetes adapter tests: CAPI's Machine CRD in the kubelab, Machines, a client, and
+the fake play of the tests that run a RunService against the lab (held until the test releases it)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,8 +11,10 @@ import pytest
 from kubelab import manifests
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
+from runs.fakes import FakeRunner
 
 from inplace_extension.kube.client import connect
+from inplace_extension.runs import runner as runner_mod
 
 MACHINES_CRD = "cluster.x-k8s.io_machines.yaml"
 
@@ -20,6 +24,14 @@ def client(kubelab: Lab) -> Iterator[Any]:
     c = connect(kubelab.kubeconfig)
     yield c
     c.close()
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
+    """runner.start replaced by a fake whose every batch waits on its gate."""
+    fake = FakeRunner(gate=threading.Event())
+    monkeypatch.setattr(runner_mod, "start", fake.start)
+    return fake
 
 
 @pytest.fixture(scope="module")

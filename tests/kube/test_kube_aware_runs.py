@@ -6,7 +6,6 @@ fake (tests/runs/fakes.py): these tests are about what happens in the cluster ar
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,18 +17,16 @@ import pytest
 from hostlab.proc import wait_until
 from kubelab import objects
 from kubelab.lab import Lab
+from runs.cluster_settings import cluster_side_settings
 from runs.fakes import FP, FakeRunner
-from runs.test_service import KEY, PLAYBOOKS
 
 from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.cluster import connect_management
 from inplace_extension.kube.drain import CORDONED_BY
 from inplace_extension.kube.machines import SKIP_REMEDIATION, SKIP_REMEDIATION_BY
 from inplace_extension.kubeaware.cluster_side import KubeClusterSide
-from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.service import RunService
-from inplace_extension.settings import Settings
 
 from .conftest import create_machine
 
@@ -42,24 +39,11 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
-    fake = FakeRunner(gate=threading.Event())
-    monkeypatch.setattr(runner_mod, "start", fake.start)
-    return fake
-
-
-@pytest.fixture
 def service(
     with_machines: Lab, fake: FakeRunner, tmp_path: Path
 ) -> Iterator[tuple[RunService, KubeClusterSide]]:
-    inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(f'hosts: []\ndefaults: {{user: ansible, known_hosts: "{KEY}"}}\n')
-    settings = Settings(
-        inventory=inventory,
-        allowed_cidrs=["10.79.9.0/24"],
-        runs_dir=tmp_path / "runs",
-        playbooks_dir=PLAYBOOKS,
-        retry_after_seconds=1,
+    settings = cluster_side_settings(
+        tmp_path,
         kubeconfig=with_machines.kubeconfig,
         workload_kubeconfig="management",  # the kwok Nodes live in the lab's own API server
         drain_timeout_seconds=4,

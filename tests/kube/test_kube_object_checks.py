@@ -5,7 +5,6 @@ starts and after it ends on a CRD-backed object whose status flips. Only the pla
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,8 +16,8 @@ import pytest
 from hostlab.proc import wait_until
 from kubelab import objects
 from kubelab.lab import Lab
+from runs.cluster_settings import cluster_side_settings
 from runs.fakes import FP, FakeRunner
-from runs.test_service import KEY, PLAYBOOKS
 
 from inplace_extension.capabilities_file import parse_capabilities
 from inplace_extension.kube.cluster import connect_management, connect_objects
@@ -27,10 +26,8 @@ from inplace_extension.kube.objects import read
 from inplace_extension.kube.port import ObjectQuery
 from inplace_extension.kubeaware.cluster_side import KubeClusterSide
 from inplace_extension.kubeaware.object_checks import ObjectChecks
-from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.service import RunService
-from inplace_extension.settings import Settings
 
 from .conftest import create_machine
 from .test_kube_aware_runs import events
@@ -92,24 +89,11 @@ def test_the_adapter_reads_any_kind_by_name_and_by_selector(with_kind: Lab, clie
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
-    fake = FakeRunner(gate=threading.Event())
-    monkeypatch.setattr(runner_mod, "start", fake.start)
-    return fake
-
-
-@pytest.fixture
 def capi_service(with_kind: Lab, fake: FakeRunner, tmp_path: Path) -> Iterator[tuple[RunService, str]]:
     """The CAPI path: the check reads the Machine's workload cluster (here the lab's own API server)."""
     ns = f"oc-{uuid.uuid4().hex[:6]}"
-    inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(f'hosts: []\ndefaults: {{user: ansible, known_hosts: "{KEY}"}}\n')
-    settings = Settings(
-        inventory=inventory,
-        allowed_cidrs=["10.79.9.0/24"],
-        runs_dir=tmp_path / "runs",
-        playbooks_dir=PLAYBOOKS,
-        retry_after_seconds=1,
+    settings = cluster_side_settings(
+        tmp_path,
         kubeconfig=with_kind.kubeconfig,
         workload_kubeconfig="management",
         health_gate_timeout_seconds=60,

@@ -17,10 +17,10 @@ from inplace_extension.runs.model import Blocked, Hold, Progress, ProgressState,
 from inplace_extension.runs.resolve import pick_address
 from inplace_extension.runs.service import RunService
 from inplace_extension.runs.windows import MaintenanceWindow, Schedule
-from inplace_extension.settings import Settings
 
+from .cluster_settings import cluster_side_settings
 from .fakes import FakeRunner, unreachable_events
-from .test_service import KEY, PLAYBOOKS, req, settle
+from .test_service import req, settle
 
 pytestmark = pytest.mark.anyio
 
@@ -96,17 +96,8 @@ def side() -> FakeClusterSide:
 
 @pytest.fixture
 def svc(tmp_path: Path, fake: FakeRunner, side: FakeClusterSide) -> Iterator[RunService]:
-    inventory = tmp_path / "inventory.yaml"
     # no entry matches: the address must come from the Machine; the defaults give the SSH settings
-    inventory.write_text(f'hosts: []\ndefaults: {{user: ansible, known_hosts: "{KEY}"}}\n')
-    settings = Settings(
-        inventory=inventory,
-        allowed_cidrs=["10.79.9.0/24"],
-        runs_dir=tmp_path / "runs",
-        playbooks_dir=PLAYBOOKS,
-        retry_after_seconds=1,
-    )
-    service = RunService(settings, cluster=side)
+    service = RunService(cluster_side_settings(tmp_path), cluster=side)
     yield service
     service.close()
 
@@ -220,14 +211,7 @@ async def test_an_unreachable_api_server_is_retried_with_backoff(
 async def test_waiting_for_a_window_posts_one_event_and_the_health_gate_is_a_wait(
     tmp_path: Path, fake: FakeRunner, side: FakeClusterSide
 ) -> None:
-    inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(f'hosts: []\ndefaults: {{user: ansible, known_hosts: "{KEY}"}}\n')
-    settings = Settings(
-        inventory=inventory,
-        allowed_cidrs=["10.79.9.0/24"],
-        runs_dir=tmp_path / "runs",
-        playbooks_dir=PLAYBOOKS,
-    )
+    settings = cluster_side_settings(tmp_path)
     clock = [datetime(2026, 12, 1, 21, 0, tzinfo=UTC).timestamp()]
     nights = Schedule((MaintenanceWindow("nights", "0 22 * * *", 3600),))
     service = RunService(settings, cluster=side, windows=nights, clock=lambda: clock[0])
