@@ -357,7 +357,12 @@ def test_a_kubernetes_health_check_names_its_objects_and_compiles_its_expression
 @pytest.mark.parametrize(
     ("body", "line", "where", "words"),
     [
-        ('expression: object.status.health = "HEALTH_OK"', 8, r"\.expression", "not a CEL expression"),
+        (
+            'expression: object.status.health = "HEALTH_OK"',
+            8,
+            r"\.expression",
+            "Value error, not a CEL expression: syntax error at column 22",
+        ),
         ("expression: obj.status.ready", 8, r"\.expression", "unknown name 'obj'"),
         ("expression: object.ready\n      selector: {app: x}", 4, "", "exactly one of name"),
         ("expression: object.ready\n      api_version: ceph/v1/x", 8, r"\.api_version", "pattern"),
