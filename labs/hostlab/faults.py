@@ -33,24 +33,26 @@ COMMAND_RE = re.compile(r"^(/[A-Za-z0-9._+-]+)+$|^[A-Za-z0-9_+][A-Za-z0-9._+-]*$
 UNWRAPPABLE = {"sh", "dash", "rm"}
 TIMEOUT = 10.0
 
-FAIL_NEXT_SCRIPT = r"""
+# Installs (once) the wrapper of fault $1 around program $2 and arms it: the next run of the program, by any
+# user, takes the token and runs $3 (shell code of ours) first; later runs only run the real program.
+WRAP_NEXT_SCRIPT = r"""
 set -eu
-cmd=$1 status=$2
+fault=$1 cmd=$2 once=$3
 p=$(command -v -- "$cmd") || { echo "no command $cmd on this host" >&2; exit 3; }
 case $p in /*) ;; *) echo "$cmd is a shell builtin or alias, not a program" >&2; exit 3 ;; esac
-real="$p.hostlab-real"
-tokens=/run/hostlab/fail-next
+real="$p.hostlab-$fault"
+tokens=/run/hostlab/$fault
 mkdir -p "$tokens"
-chmod 0777 "$tokens"    # whoever runs the command next (any user) must be able to consume the token
+chmod 0777 "$tokens"    # whoever runs the command next (any user) must be able to take the token
 token="$tokens/$(echo "$p" | tr / _)"
 if [ ! -e "$real" ] && [ ! -L "$real" ]; then
   mv "$p" "$real"
   cat >"$p" <<EOF
 #!/bin/sh
-# hostlab fault "fail-next" for $p: fails once per token in $tokens, otherwise runs the real program
-if /bin/rm "$token" 2>/dev/null; then
-  echo "hostlab: injected failure: this run of $cmd fails once (hostlab fault fail-next)" >&2
-  exit $status
+# hostlab fault "$fault" for $p: once per token in $tokens, then the real program
+token="$token"
+if /bin/rm "\$token" 2>/dev/null; then
+$once
 fi
 exec "$real" "\$@"
 EOF
@@ -59,32 +61,14 @@ fi
 : >"$token"
 echo "$p"
 """
-
-
-HOLD_DIR = "run/hostlab/hold-next"
-HOLD_NEXT_SCRIPT = r"""
-set -eu
-p=$1
-real="$p.hostlab-unheld"
-dir=/run/hostlab/hold-next
-mkdir -p "$dir"
-chmod 0777 "$dir"    # whoever runs the command next (any user) must be able to take the token
-token="$dir/$(echo "$p" | tr / _)"
-if [ ! -e "$real" ] && [ ! -L "$real" ]; then
-  mv "$p" "$real"
-  cat >"$p" <<EOF
-#!/bin/sh
-# hostlab fault "hold-next" for $p: waits once per token in $dir until released, then runs the program
-if /bin/rm "$token" 2>/dev/null; then
+# what a wrapper does at the run that takes its token ($token is the wrapper's own variable)
+FAIL_ONCE = """\
+  echo "hostlab: injected failure: this run of {command} fails once (hostlab fault fail-next)" >&2
+  exit {status}"""
+HOLD_ONCE = """\
   : >"$token.held"
-  while [ -e "$token.held" ]; do sleep 0.1; done
-fi
-exec "$real" "\$@"
-EOF
-  chmod 755 "$p"
-fi
-: >"$token"
-"""
+  while [ -e "$token.held" ]; do sleep 0.1; done"""
+HOLD_DIR = "run/hostlab/hold-next"  # the tokens of WRAP_NEXT_SCRIPT for the fault "hold-next"
 
 
 def _running(lab: Lab, ref: Host | str | int) -> Host:
@@ -171,17 +155,24 @@ def disk_free(lab: Lab, ref: Host | str | int) -> None:
     (host.root() / FILL_FILE).unlink(missing_ok=True)
 
 
-def fail_next(lab: Lab, ref: Host | str | int, command: str) -> str:
-    """Make the next run of ``command`` on the host fail (exit 97); return the program path wrapped."""
+def _wrap_next(lab: Lab, ref: Host | str | int, fault: str, command: str, once: str) -> str:
+    """The steps fail_next and hold_next share: check ``command``, wrap it on the host (once) and arm the
+    wrapper so that its next run runs ``once`` first; return the program path wrapped."""
     if not COMMAND_RE.match(command):
         raise LabError(f"command must be a program name or absolute path of [A-Za-z0-9._+-], got {command!r}")
     if command.rsplit("/", 1)[-1] in UNWRAPPABLE:
-        raise LabError(f"cannot inject failures into {command}: the fault's wrapper itself runs it")
+        raise LabError(f"{fault} cannot wrap {command}: the fault's wrapper itself runs it")
     host = _running(lab, ref)
-    result = lab.exec_in(host, ["/bin/sh", "-c", FAIL_NEXT_SCRIPT, "fail-next", command, str(FAIL_EXIT)])
+    result = lab.exec_in(host, ["/bin/sh", "-c", WRAP_NEXT_SCRIPT, fault, fault, command, once])
     if result.returncode != 0:
-        raise LabError(f"{host.name}: fail-next {command}: {result.stderr.strip()}")
+        raise LabError(f"{host.name}: {fault} {command}: {result.stderr.strip()}")
     return result.stdout.strip()
+
+
+def fail_next(lab: Lab, ref: Host | str | int, command: str) -> str:
+    """Make the next run of ``command`` on the host fail (exit 97); return the program path wrapped."""
+    once = FAIL_ONCE.format(command=command, status=FAIL_EXIT)  # safe in a script once it matched COMMAND_RE
+    return _wrap_next(lab, ref, "fail-next", command, once)
 
 
 def slow(lab: Lab, ref: Host | str | int, delay_ms: int | None) -> None:
@@ -211,14 +202,9 @@ def _hold_token(command: str) -> str:
 
 def hold_next(lab: Lab, ref: Host | str | int, command: str) -> None:
     """Make the next run of ``command`` (an absolute path) on the host wait until :func:`release`."""
-    if not command.startswith("/") or not COMMAND_RE.match(command):
+    if not command.startswith("/"):
         raise LabError(f"command must be an absolute path of [A-Za-z0-9._+-], got {command!r}")
-    if command.rsplit("/", 1)[-1] in UNWRAPPABLE:
-        raise LabError(f"cannot hold {command}: the fault's wrapper itself runs it")
-    host = _running(lab, ref)
-    result = lab.exec_in(host, ["/bin/sh", "-c", HOLD_NEXT_SCRIPT, "hold-next", command])
-    if result.returncode != 0:
-        raise LabError(f"{host.name}: hold-next {command}: {result.stderr.strip()}")
+    _wrap_next(lab, ref, "hold-next", command, HOLD_ONCE)
 
 
 def held(lab: Lab, ref: Host | str | int, command: str) -> bool:
