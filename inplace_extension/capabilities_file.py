@@ -233,6 +233,12 @@ class KubernetesCheckEntry(_Strict):
         description="the kind's plural resource name (as in RBAC rules), when it is not the lowercase "
         "kind + s (es after s, x, ch, sh; ies for a y after a consonant)",
     )
+    timeout: str | None = Field(
+        None,
+        description="how long an update not started yet waits for this check before it fails naming it: "
+        '"2h", "30m", "90s" (at most 168h); leave it out to wait as long as it takes. After an update the '
+        "health gate's --health-gate-timeout-seconds applies instead",
+    )
 
     @field_validator("selector")
     @classmethod
@@ -246,6 +252,13 @@ class KubernetesCheckEntry(_Strict):
     @classmethod
     def _compiles(cls, value: str) -> str:
         compile_expression(value)  # ExpressionError is a ValueError: the loader names line and field
+        return value
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, value: str | None) -> str | None:
+        if value is not None:
+            duration_seconds(value, with_seconds=True)
         return value
 
     @model_validator(mode="after")
@@ -263,6 +276,9 @@ class KubernetesCheckEntry(_Strict):
             selector=tuple(sorted((self.selector or {}).items())),
             expression=compile_expression(self.expression),
             resource=self.resource,
+            start_timeout_seconds=(
+                None if self.timeout is None else duration_seconds(self.timeout, with_seconds=True)
+            ),
         )
 
 
@@ -324,17 +340,22 @@ class HealthCheckEntry(_Strict):
 
 
 LABEL_KEY_PATTERN: Final = ANNOTATION_PATTERN  # a Kubernetes label key has the annotation key's shape
-DURATION_RE: Final = re.compile(r"^(?:(\d{1,3})h)?(?:(\d{1,5})m)?$")
-MAX_WINDOW_SECONDS: Final = 7 * 24 * 3600
+DURATION_RE: Final = re.compile(r"^(?:(\d{1,3})h)?(?:(\d{1,5})m)?(?:(\d{1,6})s)?$")
+MAX_DURATION_SECONDS: Final = 7 * 24 * 3600
 
 
-def duration_seconds(value: str) -> int:
-    """``"4h"``, ``"90m"``, ``"1h30m"`` as seconds; ValueError for anything else or out of range."""
+def duration_seconds(value: str, with_seconds: bool = False) -> int:
+    """``"4h"``, ``"90m"``, ``"1h30m"`` as seconds (``with_seconds``: also ``"45s"``, ``"2m30s"``: a
+    timeout may be short, a maintenance window opens by the minute); ValueError for anything else or
+    out of range."""
     match = DURATION_RE.match(value)
-    if not value or match is None:
-        raise ValueError('give hours and/or minutes: "4h", "90m", "1h30m"')
-    seconds = int(match.group(1) or 0) * 3600 + int(match.group(2) or 0) * 60
-    if not 0 < seconds <= MAX_WINDOW_SECONDS:
+    if not value or match is None or (match.group(3) is not None and not with_seconds):
+        units = 'hours, minutes and/or seconds: "2h", "90m", "1h30m", "45s"'
+        raise ValueError(
+            f"give {units}" if with_seconds else 'give hours and/or minutes: "4h", "90m", "1h30m"'
+        )
+    seconds = int(match.group(1) or 0) * 3600 + int(match.group(2) or 0) * 60 + int(match.group(3) or 0)
+    if not 0 < seconds <= MAX_DURATION_SECONDS:
         raise ValueError("must be longer than 0 and at most 7 days (168h)")
     return seconds
 

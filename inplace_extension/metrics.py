@@ -39,7 +39,7 @@ class UpdateCounts:
 
     waiting: Mapping[WaitReason, int]
     blocked: int  # retry budget spent: blocked until the retry annotation changes
-    failed: int  # a remembered Failure other than blocked (a task failed, the health gate timed out)
+    failed: int  # a Failure other than blocked (a task failed, a health check timed out, a cancel)
     oldest_update_seconds: float  # age of the oldest update started and not done (0: none)
 
 
@@ -95,7 +95,8 @@ FAMILIES: Final[Mapping[str, Family]] = {
     ),
     "updates_failed": Family(
         "gauge",
-        "Updates answered with a remembered Failure other than blocked (a task failed, health gate).",
+        "Updates answered with a Failure other than blocked (a task failed, the health gate, a health "
+        "check past its timeout before the start, a cancel).",
     ),
     "oldest_update_age_seconds": Family(
         "gauge",

@@ -387,6 +387,40 @@ def test_bad_kubernetes_checks_stop_the_start_with_line_and_field(
         parse_capabilities(text)
 
 
+def test_a_kubernetes_check_may_give_a_timeout_for_the_wait_before_an_update_starts() -> None:
+    """docs/operator-controls.md: optional, no default (an update waits as long as it takes), in the
+    maintenance windows' syntax plus seconds (a timeout may be short)."""
+    ceph, db = (check.kubernetes for check in parse_capabilities(CEPH_CHECK).object_checks)
+    assert ceph is not None and db is not None
+    assert (ceph.start_timeout_seconds, db.start_timeout_seconds) == (None, None)
+    for spelled, seconds in [("2h", 7200), ("1h30m", 5400), ("90s", 90), ("2m30s", 150), ("168h", 604800)]:
+        text = CEPH_CHECK.replace("      name: ceph\n", f"      name: ceph\n      timeout: {spelled}\n")
+        ceph = parse_capabilities(text).object_checks[0].kubernetes
+        assert ceph is not None and ceph.start_timeout_seconds == seconds, spelled
+
+
+@pytest.mark.parametrize(
+    ("timeout", "words"),
+    [
+        ("2 hours", "give hours, minutes and/or seconds"),
+        ("'30'", "give hours, minutes and/or seconds"),
+        ("0s", "must be longer than 0"),
+        ("169h", "at most 7 days"),
+        ("1d", "give hours, minutes and/or seconds"),
+        ("120", "Input should be a valid string"),
+    ],
+)
+def test_a_bad_timeout_stops_the_start_with_line_and_field(timeout: str, words: str) -> None:
+    text = CEPH_CHECK.replace("      name: ceph\n", f"      name: ceph\n      timeout: {timeout}\n")
+    assert "line 8: health_checks[0].kubernetes.timeout: " in refused(text)
+    assert words in refused(text)
+
+
+def test_a_window_duration_stays_in_hours_and_minutes() -> None:
+    text = "maintenance_windows:\n  - {name: w, cron: '0 22 * * *', duration: 90s}\n"
+    assert "line 2: maintenance_windows[0].duration: Value error, give hours and/or minutes" in refused(text)
+
+
 def test_a_check_is_one_of_url_command_or_kubernetes() -> None:
     text = CEPH_CHECK.replace("  - name: ceph\n", "  - name: ceph\n    url: http://h/\n", 1)
     with pytest.raises(CapabilitiesFileError, match=r"line 2: health_checks\[0\]: .*exactly one of url"):

@@ -110,7 +110,8 @@ class CustomCapability:
 class ObjectCheck:
     """What a ``kubernetes`` health check reads and what must hold of it: the object ``name`` (or every
     object carrying the ``selector`` labels) of ``api_version``/``kind``, in ``namespace`` (None: a
-    cluster-scoped kind), and a CEL expression over each (``object``)."""
+    cluster-scoped kind), and a CEL expression over each (``object``); how long an update not started
+    yet waits for it before it fails (``start_timeout_seconds``; None: as long as it takes)."""
 
     api_version: str  # "ceph.rook.io/v1", "apps/v1", "v1"
     kind: str
@@ -119,6 +120,7 @@ class ObjectCheck:
     selector: tuple[tuple[str, str], ...]  # label key, value: all must match
     expression: Expression
     resource: str | None = None  # the kind's plural resource name when the adapter cannot derive it
+    start_timeout_seconds: int | None = None  # the file's ``timeout``
 
     @property
     def target(self) -> str:

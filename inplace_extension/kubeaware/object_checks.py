@@ -47,7 +47,9 @@ class ObjectChecks:
                 log.exception("machine=%s: health check %s failed unexpectedly", request.machine, name)
                 detail = "the check failed unexpectedly (see the service log)"
             if detail is not None:
-                return Unhealthy(name, check.expression.text, check.target, detail)
+                return Unhealthy(
+                    name, check.expression.text, check.target, detail, check.start_timeout_seconds
+                )
         return None
 
     def _detail(self, check: ObjectCheck, request: RunRequest) -> str | None:

@@ -16,7 +16,9 @@ An operator's pause annotation on the Node's MachineDeployment (read with the de
 Node that has not started: no result, one ``InPlaceUpdateWaiting`` Event, as outside a maintenance
 window. Its cancel value answers such a Node ``failed`` with the stable ``cancelled by ...`` reason, not
 as a final answer: removing the annotation lets the update start at the Node's next look. A change of a
-MachineDeployment wakes the held Nodes at once.
+MachineDeployment wakes the held Nodes at once. A ``kubernetes`` health check past its ``timeout``
+before the start is answered ``failed`` in the same way: the resync looks again, and the update starts
+once the check holds.
 
 Once MCM is done with a Node (its candidate and result labels gone), the agent removes the annotations
 of ours left on it (``node_state.leftovers``).
@@ -251,6 +253,12 @@ class Agent:
             # not final: the Node keeps this failed result while the annotation says cancel; once it is
             # removed, the Node's next look starts the update (and a successful result lets MCM go on)
             self._cancelled.add(name)
+            await self._answer(node, successful=False, reason=progress.message)
+            return False
+        if progress.state is ProgressState.FAILED and progress.transient:
+            # not final either (a health check past its timeout before the start): the Node keeps the
+            # failed result while the check does not hold; the resync looks again, and once it holds
+            # the update starts (and a successful result lets MCM go on)
             await self._answer(node, successful=False, reason=progress.message)
             return False
         if progress.state is ProgressState.IN_PROGRESS:

@@ -1,9 +1,11 @@
 """The runs directory on disk: attempt directories, ansible-runner artifacts, and what an attempt ended as.
 
 Layout: ``<runs_dir>/<ident>/attempt-0001/{meta.json, inputs.json, known_hosts, outcome.json}`` per
-Machine attempt; ``<runs_dir>/.batches/<batch>/artifacts/<batch>/`` is the ansible-runner private data
-dir of the one play that carried one or more attempts (fresh every time, never reused: a reused
-dir's stale ``env/`` files override new envvars, and a reused ident mixes two runs' stats);
+Machine attempt (beside them, ``health-wait.json`` while an update not started yet waits for a health
+check: :mod:`inplace_extension.runs.health_wait`); ``<runs_dir>/.batches/<batch>/artifacts/<batch>/`` is
+the ansible-runner private data dir of the one play that carried one or more attempts (fresh every
+time, never reused: a reused dir's stale ``env/`` files override new envvars, and a reused ident mixes
+two runs' stats);
 ``meta.json`` points to it. ``outcome.json`` is our one-file summary written when an attempt ends; without it
 (the service died) the batch's ``status`` file and this host's ``job_events`` are classified again.
 ``<batch dir>/play.lease`` is flock()ed by ``detach.py`` (and inherited by ansible-playbook) for as long as

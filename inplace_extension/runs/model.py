@@ -111,6 +111,9 @@ class Progress:
     # IN_PROGRESS only: not started yet or not done, waiting for this before it goes on (no run in flight)
     waiting: WaitReason | None = None
     blocked: bool = False  # FAILED only: the retry budget is spent (not a task failure)
+    # FAILED only: not remembered, nothing ran: a later call starts the update once what failed it is
+    # over (a kubernetes health check past its timeout before the start holds again)
+    transient: bool = False
 
 
 class Executor(Protocol):
@@ -136,12 +139,14 @@ class Blocked:
 class Unhealthy:
     """A health check of cluster objects (``kubernetes`` in the capabilities file) that does not hold:
     ``check`` names it, ``expression`` and ``target`` say what it wants of which objects, ``detail`` why
-    it does not hold now (false, CEL's error, no object, the API's answer)."""
+    it does not hold now (false, CEL's error, no object, the API's answer); ``start_timeout_seconds``
+    how long an update not started yet waits for it (None: as long as it takes)."""
 
     check: str
     expression: str
     target: str
     detail: str
+    start_timeout_seconds: int | None = None
 
     @property
     def waiting(self) -> str:
@@ -150,6 +155,10 @@ class Unhealthy:
     def failure(self, seconds: int) -> str:
         """The Failure past the gate's timeout: stable (no detail that changes from poll to poll)."""
         return progress.health_check_failed(self.check, seconds, self.expression, self.target)
+
+    def start_failure(self, seconds: int) -> str:
+        """The Failure of an update not started past ``seconds`` of waiting: stable, like :meth:`failure`."""
+        return progress.health_check_timed_out(self.check, seconds, self.expression, self.target)
 
 
 class ObjectHealth(Protocol):

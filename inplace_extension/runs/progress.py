@@ -43,12 +43,15 @@ MESSAGES = {
         'health gate: health check "{check}" did not hold within {seconds}s after the update '
         "({expression} on {target})"
     ),
+    "health_check_timed_out": (
+        'health check "{check}" did not hold within {timeout} before the update ({expression} on {target})'
+    ),
 }
 
 # only the Kubernetes-aware mode's cluster steps (and the kubernetes health checks) answer these
 CLUSTER_STEPS = frozenset({"draining", "health_waiting", "pause_unreadable", "health_check"})
 # answered as a Failure (the MCM agent: a failed result), never while an update goes on
-FAILURES = frozenset({"cancelled", "health_check_failed"})
+FAILURES = frozenset({"cancelled", "health_check_failed", "health_check_timed_out"})
 
 HEALTH_COMMANDS = MESSAGES["health_commands"]
 APPLIED = MESSAGES["applied"]
@@ -111,6 +114,22 @@ def health_check_failed(check: str, seconds: int, expression: str, target: str) 
     return MESSAGES["health_check_failed"].format(
         check=check, seconds=seconds, expression=expression, target=target
     )
+
+
+def health_check_timed_out(check: str, seconds: int, expression: str, target: str) -> str:
+    """The Failure of an update not started yet whose ``kubernetes`` health check did not hold within
+    its ``timeout`` (``seconds``): stable, without the reason that may change from call to call."""
+    return MESSAGES["health_check_timed_out"].format(
+        check=check, timeout=duration(seconds), expression=expression, target=target
+    )
+
+
+def duration(seconds: int) -> str:
+    """``seconds`` as the capabilities file spells a duration: ``2h``, ``1h30m``, ``90s`` -> ``1m30s``."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, rest = divmod(rest, 60)
+    parts = [f"{value}{unit}" for value, unit in ((hours, "h"), (minutes, "m"), (rest, "s")) if value]
+    return "".join(parts) or "0s"
 
 
 def pattern(capabilities: Iterable[str], cluster_steps: bool = False) -> re.Pattern[str]:

@@ -24,7 +24,7 @@ from typing import Any
 import anyio.to_thread
 
 from inplace_extension.metrics import Metrics, WaitReason
-from inplace_extension.runs import model, progress, runner, ssh, validate
+from inplace_extension.runs import health_wait, model, progress, runner, ssh, validate
 from inplace_extension.runs.artifacts import (
     Attempt,
     BatchRef,
@@ -48,6 +48,7 @@ from inplace_extension.runs.model import (
     Progress,
     ProgressState,
     RunRequest,
+    Unhealthy,
 )
 from inplace_extension.runs.outcomes import classify, load_attempts
 from inplace_extension.runs.policy import RETRY_ANNOTATION, Verdict, decide, retry_token
@@ -146,7 +147,8 @@ class RunService:
         self._ends = EndWaiters()
         self._windows = windows
         self._role_vars = dict(role_vars or {})
-        self._announced: dict[str, str] = {}  # ident -> the wait message last posted as an Event
+        # ident -> the message of a not-started update last posted as an Event (a wait, a timed-out check)
+        self._announced: dict[str, str] = {}
 
     async def poll(self, request: RunRequest) -> Progress:
         problem = validate.problem(request)
@@ -190,6 +192,7 @@ class RunService:
         if hold is None and self._cluster is not NO_CLUSTER_SIDE:
             hold = await anyio.to_thread.run_sync(self._cluster.hold, request)
         if hold is not None and hold.cancel and not attempts:
+            self._end_health_wait(request)
             if (request.ident, hold.message) not in self._reported:
                 self._reported.add((request.ident, hold.message))
                 self._cluster.state(request, "Cancelled", hold.message, warning=True)
@@ -203,16 +206,45 @@ class RunService:
             # the cluster must be healthy before this machine's update starts (a started one finishes)
             unhealthy = await anyio.to_thread.run_sync(self._object_health.unhealthy, request)
             if unhealthy is not None:
-                return self._waiting(request, unhealthy.waiting, self._retry_after, "health_check")
+                return await self._unhealthy_before_start(request, token, unhealthy)
         self._announced.pop(request.ident, None)  # it starts: its waits are over
+        self._end_health_wait(request)
         return await self._start(request, token)
 
     def _waiting(self, request: RunRequest, message: str, retry_after: int, why: WaitReason) -> Progress:
         """Not started, and not now: an Event the first time this Machine waits for this."""
+        if why != "health_check":
+            self._end_health_wait(request)  # a pause or a window: the wait for a check begins afresh
         if self._announced.get(request.ident) != message:
             self._announced[request.ident] = message
             self._cluster.state(request, "Waiting", message)
         return Progress(ProgressState.IN_PROGRESS, message, retry_after, waiting=why)
+
+    async def _unhealthy_before_start(
+        self, request: RunRequest, token: str, unhealthy: Unhealthy
+    ) -> Progress:
+        """A ``kubernetes`` health check does not hold before the update starts: wait, or past the check's
+        timeout (counted on disk from the first call that found it not holding, health_wait.py) a
+        Failure naming it, with one ``Failed`` Event. Not remembered: once the check holds, the next
+        call starts the update."""
+        ident_dir = self._runs_dir / request.ident
+        timeout = unhealthy.start_timeout_seconds
+        if timeout is None:
+            self._end_health_wait(request)  # a wait for another check that has a timeout is over
+            return self._waiting(request, unhealthy.waiting, self._retry_after, "health_check")
+        now = self._clock()
+        began = await anyio.to_thread.run_sync(health_wait.began, ident_dir, unhealthy.check, token, now)
+        if now - began < timeout:
+            return self._waiting(request, unhealthy.waiting, self._retry_after, "health_check")
+        failure = unhealthy.start_failure(timeout)
+        if self._announced.get(request.ident) != failure:  # once; again after a new wait
+            self._announced[request.ident] = failure
+            self._cluster.state(request, "Failed", failure, warning=True)
+        return Progress(ProgressState.FAILED, failure, transient=True)
+
+    def _end_health_wait(self, request: RunRequest) -> None:
+        if self._object_health is not NO_OBJECT_HEALTH:
+            health_wait.end(self._runs_dir / request.ident)
 
     async def _settle(self, request: RunRequest, attempts: list[Attempt]) -> Progress:
         """Applied on the host; the health gate decides (once passed, remembered): with a cluster side

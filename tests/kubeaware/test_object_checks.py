@@ -5,6 +5,8 @@ objects from the real API server."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from kubefake import FakeManagement, FakeObjects
 
@@ -63,6 +65,25 @@ def test_a_false_expression_names_the_check_the_expression_and_the_object(cluste
         'health gate: health check "ceph" did not hold within 600s after the update '
         '(object.status.health == "HEALTH_OK" on CephCluster rook-ceph/ceph)'
     )
+
+
+def test_a_check_with_a_timeout_hands_it_over_with_its_failure(cluster: FakeObjects) -> None:
+    timed = parse_capabilities(
+        "health_checks:\n"
+        "  - name: ceph\n"
+        "    kubernetes:\n"
+        "      {api_version: ceph.rook.io/v1, kind: CephCluster, namespace: rook-ceph, name: ceph,\n"
+        "       expression: 'object.status.health == \"HEALTH_OK\"', timeout: 2h}\n"
+    ).object_checks
+    assert ObjectChecks(timed, lambda _request: cluster).unhealthy(RUN) is None
+    cluster.store[("ceph.rook.io/v1", "CephCluster", "rook-ceph", "ceph")]["status"]["health"] = "HEALTH_WARN"
+    unhealthy = ObjectChecks(timed, lambda _request: cluster).unhealthy(RUN)
+    assert unhealthy is not None and unhealthy.start_timeout_seconds == 7200
+    assert unhealthy.start_failure(7200) == (
+        'health check "ceph" did not hold within 2h before the update '
+        '(object.status.health == "HEALTH_OK" on CephCluster rook-ceph/ceph)'
+    )
+    assert checks(cluster).unhealthy(RUN) == replace(unhealthy, start_timeout_seconds=None)
 
 
 def test_an_evaluation_error_does_not_hold_and_carries_cels_error(cluster: FakeObjects) -> None:

@@ -129,7 +129,7 @@ async def running(
     target: FakeTarget, control: FakeControl, executor: ScriptedExecutor, **options: Any
 ) -> AsyncIterator[Agent]:
     agent = Agent(
-        AgentOptions(namespace=NS, poll_seconds=0.02, resync_seconds=3600, **options),
+        AgentOptions(**{"namespace": NS, "poll_seconds": 0.02, "resync_seconds": 3600, **options}),
         target,
         control,
         executor,
@@ -330,6 +330,35 @@ async def test_the_pause_annotation_on_the_deployment_holds_cancels_and_resumes_
     assert target.reasons("n1") == ["InPlaceUpdateWaiting", "InPlaceUpdateFailed", "InPlaceUpdateSucceeded"]
     assert [e.message for e in target.events if e.reason != "InPlaceUpdateSucceeded"] == [paused, cancelled]
     assert executor.requests[-1].hold is None
+
+
+TIMED_OUT = 'health check "ceph" did not hold within 2h before the update (object.ok on CephCluster r/ceph)'
+
+
+async def test_a_health_check_past_its_timeout_fails_the_node_until_it_holds_then_it_updates() -> None:
+    """The run service answers a Failure that is not remembered (tests/runs/test_health_wait.py): the
+    failed result is not final, the agent's resync looks again, and the update starts once it holds."""
+    target, control = FakeTarget(), FakeControl()
+
+    def health(request: RunRequest, calls: int) -> Progress:
+        if not executor.released:
+            return Progress(ProgressState.FAILED, TIMED_OUT, transient=True)
+        return Progress(ProgressState.DONE, "update applied")
+
+    executor = Executor(target, health)
+    pool(control)
+    target.put_node(waiting_node())
+    async for _agent in running(target, control, executor, resync_seconds=0.05):
+        await until(lambda: result(target) == ns.FAILED, target.activity)
+        annotations = ns.node_annotations(target.nodes["n1"])
+        assert annotations[ns.FAILED_REASON_ANNOTATION] == TIMED_OUT
+        assert ns.ANSWERED_ANNOTATION not in annotations, "not final: the Node is looked at again"
+        await until(lambda: len(executor.requests) >= 4, target.activity)  # the resync looks again
+        assert result(target) == ns.FAILED
+        executor.released.add("n1")  # the check holds
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
+    assert target.reasons("n1") == ["InPlaceUpdateFailed", "InPlaceUpdateSucceeded"], "one Event each"
+    assert ns.ANSWERED_ANNOTATION in ns.node_annotations(target.nodes["n1"])
 
 
 OURS = {ns.ANSWERED_ANNOTATION, ns.CLAIM_ANNOTATION}

@@ -63,3 +63,13 @@ def test_a_pause_is_progress_and_a_cancel_is_not() -> None:
     unreadable = progress.pause_unreadable("Cluster default/c1", "connection refused")
     assert not MESSAGES.fullmatch(unreadable)
     assert progress.pattern(CAPABILITIES, cluster_steps=True).fullmatch(unreadable)
+
+
+def test_a_health_check_past_its_timeout_before_the_start_is_a_failure_spelled_like_the_file() -> None:
+    timed_out = progress.health_check_timed_out("ceph", 5400, "object.ok", "CephCluster rook-ceph/ceph")
+    assert timed_out == (
+        'health check "ceph" did not hold within 1h30m before the update (object.ok on CephCluster '
+        "rook-ceph/ceph)"
+    )
+    assert not progress.pattern(CAPABILITIES, cluster_steps=True).fullmatch(timed_out)
+    assert [progress.duration(s) for s in (7200, 90, 3661, 45)] == ["2h", "1m30s", "1h1m1s", "45s"]
