@@ -487,6 +487,8 @@ def test_a_later_desired_state_removes_the_files_of_a_failed_one(
 CEPH_GROUP, CEPH_KIND, CEPH_PLURAL = "lab.inplace-extension.io", "CephCluster", "cephclusters"
 CEPH_HEALTH = 'object.status.health == "HEALTH_OK"'
 PLAY_GATE = "/tmp/inplace-ceph-play-gate"  # the play's command check passes once the test creates it
+# the check's timeout before the start: longer than the test's look at the wait (two kubectl calls)
+HEALTH_TIMEOUT = 8
 
 
 def test_a_kubernetes_health_check_holds_a_node_before_and_after_its_update(
@@ -494,9 +496,11 @@ def test_a_kubernetes_health_check_holds_a_node_before_and_after_its_update(
 ) -> None:
     """docs/operator-controls.md, health checks on cluster objects, with the real MCM: a CRD-backed object
     (a CephCluster-like kind) that is not healthy holds the Node's update before it starts (no run, no
-    result: MCM keeps it waiting); once its status flips the update starts; made unhealthy while the play
-    runs, it holds the result after the play until it flips back. A command check of the same file
-    keeps the play on the host until the test has flipped the object (no race with the play's end)."""
+    result: MCM keeps it waiting); past the check's timeout the Node gets the failed result naming it
+    (still nothing run; not final); once its status flips the update starts; made unhealthy while the
+    play runs, it holds the result after the play until it flips back (the timeout is the start's
+    only). A command check of the same file keeps the play on the host until the test has flipped the
+    object (no race with the play's end)."""
     host = nodes[0]
     crd = objects.define_kind(kubelab_mcm, CEPH_GROUP, CEPH_KIND, CEPH_PLURAL)
     ceph_ns = f"rook-{datetime.now(UTC):%H%M%S}"
@@ -522,6 +526,7 @@ def test_a_kubernetes_health_check_holds_a_node_before_and_after_its_update(
         + f"      namespace: {ceph_ns}\n"
         + "      name: ceph\n"
         + f"      expression: '{CEPH_HEALTH}'\n"
+        + f"      timeout: {HEALTH_TIMEOUT}s\n"
     )
     pool = Pool(kubelab_mcm, "ceph", [host], {"v1": V1, "v2": FIXED_FILES})
     try:
@@ -535,6 +540,20 @@ def test_a_kubernetes_health_check_holds_a_node_before_and_after_its_update(
         assert ns.RESULT_LABEL not in ns.node_labels(pool.node(name)), "no result: MCM keeps the Node waiting"
         assert before in node_event_messages(kubelab_mcm, name)
 
+        # past the timeout: the failed result names the check (the Failure does not carry the reason)
+        timed_out = (
+            f'health check "ceph" did not hold within {HEALTH_TIMEOUT}s before the update '
+            f"({CEPH_HEALTH} on {CEPH_KIND} {ceph_ns}/ceph)"
+        )
+        failed = f"node {name}: update-result={ns.FAILED} {timed_out}"
+        assert wait_until(lambda: failed in agent.log(), HEALTH_TIMEOUT + 60, 0.25), agent.log()
+        annotations = ns.node_annotations(pool.node(name))
+        assert annotations[ns.FAILED_REASON_ANNOTATION] == timed_out
+        assert ns.ANSWERED_ANNOTATION not in annotations, "not final: the agent looks again"
+        assert timed_out in node_event_messages(kubelab_mcm, name)
+        assert not list(runs.glob("*/attempt-*")), "nothing starts before the check holds"
+        assert list(runs.glob("*/health-wait.json")), "the wait's clock is on disk"
+
         health("HEALTH_OK")  # the object flips: the update starts
         assert wait_until(lambda: bool(list(runs.glob("*/attempt-*"))), 120, 0.25), agent.log()
         health("HEALTH_ERR")  # the update made it unhealthy; the play is held on the host until now
@@ -542,7 +561,10 @@ def test_a_kubernetes_health_check_holds_a_node_before_and_after_its_update(
         after = f"health gate: {before}"
         assert wait_until(lambda: f"node {name}: {after}" in agent.log(), 120, 0.25), agent.log()
         assert stamp_writes(lab, host) != [], "applied on the host"
-        assert ns.RESULT_LABEL not in ns.node_labels(pool.node(name)), "no result while the check waits"
+        # no new result while the check waits: the Node still has the one from before the start
+        held = pool.node(name)
+        assert ns.node_labels(held)[ns.RESULT_LABEL] == ns.FAILED
+        assert ns.node_annotations(held)[ns.FAILED_REASON_ANNOTATION] == timed_out
 
         health("HEALTH_OK")
         watch_rollout(pool, pool.finished, 300)
