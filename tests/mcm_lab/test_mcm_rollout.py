@@ -487,8 +487,9 @@ def test_a_later_desired_state_removes_the_files_of_a_failed_one(
 CEPH_GROUP, CEPH_KIND, CEPH_PLURAL = "lab.inplace-extension.io", "CephCluster", "cephclusters"
 CEPH_HEALTH = 'object.status.health == "HEALTH_OK"'
 PLAY_GATE = "/tmp/inplace-ceph-play-gate"  # the play's command check passes once the test creates it
-# the check's timeout before the start: longer than the test's look at the wait (two kubectl calls)
-HEALTH_TIMEOUT = 8
+# the check's timeout before the start: well beyond the test's look at the wait (two kubectl calls,
+# seconds each on a loaded CI machine), short enough to cost the run little
+HEALTH_TIMEOUT = 20
 
 
 def test_a_kubernetes_health_check_holds_a_node_before_and_after_its_update(
