@@ -31,6 +31,7 @@ PLAYBOOK = REPO / "playbooks" / "update_machine.yml"
 ANSIBLE_CFG = REPO / "playbooks" / "ansible.cfg"
 STATE_DIR = "/var/lib/inplace-extension"
 ALL_CAPABILITIES = ("users", "ntp", "kubeadm_files", "kubelet_args", "kubernetes_version")
+STAMP_TASK = "Write the stamp of the applied fingerprint"  # the playbook task that stamps the host
 
 
 @dataclass

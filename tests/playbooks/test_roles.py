@@ -15,18 +15,19 @@ from hostlab.lab import Host, Lab
 
 from .apt_repo import StandinAptRepo
 from .inputs import KEY_A, KEY_B, PASSWORD_HASH, inputs
-from .standins import install_standins, lab_run_on_host
-from .support import STATE_DIR, ReleaseServer, RunResult, RunSpec, calls, host_exists, host_root, run_update
+from .support import (
+    STAMP_TASK,
+    STATE_DIR,
+    ReleaseServer,
+    RunResult,
+    RunSpec,
+    calls,
+    host_exists,
+    host_root,
+    run_update,
+)
 
 pytestmark = pytest.mark.lab
-
-STAMP_TASK = "Write the stamp of the applied fingerprint"
-
-
-@pytest.fixture
-def host(lab: Lab, lab_hosts: list[Host]) -> Host:
-    install_standins(lab_run_on_host(lab, lab_hosts[0]), version="v1.30.2")
-    return lab_hosts[0]
 
 
 def ok(result: RunResult) -> RunResult:

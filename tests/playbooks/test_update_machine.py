@@ -15,8 +15,8 @@ import pytest
 from hostlab.lab import Host, Lab
 
 from .inputs import inputs
-from .standins import install_standins, lab_run_on_host
 from .support import (
+    STAMP_TASK,
     STATE_DIR,
     RunSpec,
     finish,
@@ -28,15 +28,6 @@ from .support import (
 )
 
 pytestmark = pytest.mark.lab
-
-STAMP_TASK = "Write the stamp of the applied fingerprint"
-
-
-@pytest.fixture
-def host(lab: Lab, lab_hosts: list[Host]) -> Host:
-    """A fresh lab host with the Kubernetes stand-ins at v1.30.2."""
-    install_standins(lab_run_on_host(lab, lab_hosts[0]), version="v1.30.2")
-    return lab_hosts[0]
 
 
 def test_full_update_converges_and_the_stamp_short_circuits(lab: Lab, host: Host, tmp_path: Path) -> None:

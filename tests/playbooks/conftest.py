@@ -1,0 +1,16 @@
+"""Fixtures of the playbook tests on lab hosts."""
+
+from __future__ import annotations
+
+import pytest
+from hostlab.lab import Host, Lab
+
+from .standins import install_standins, lab_run_on_host
+
+
+@pytest.fixture
+def host(lab: Lab, lab_hosts: list[Host]) -> Host:
+    """A fresh lab host with the Kubernetes stand-ins at v1.30.2 (test_os_update.py has its own: a host
+    with the OS update stand-ins)."""
+    install_standins(lab_run_on_host(lab, lab_hosts[0]), version="v1.30.2")
+    return lab_hosts[0]
