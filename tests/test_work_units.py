@@ -15,13 +15,30 @@ from hostlab.proc import wait_until
 
 SUITE_CONFTEST = Path(__file__).resolve().parent / "conftest.py"
 
-INNER_CONFTEST = f"""
+
+def suite_conftest(*hooks: str) -> str:
+    """The conftest of an inner suite: it loads the real suite's conftest and takes ``hooks`` from it."""
+    loads = f"""
 import importlib.util
 spec = importlib.util.spec_from_file_location("suite_conftest", {str(SUITE_CONFTEST)!r})
 suite = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(suite)
-pytest_collection_modifyitems = suite.pytest_collection_modifyitems
 """
+    return loads + "".join(f"{hook} = suite.{hook}\n" for hook in hooks)
+
+
+def inner_pytest(root: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run pytest on the inner suite at ``root`` with only ``env`` (and a PATH)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=root,
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
 
 RECORDING_TEST = """
 import json, os, pytest
@@ -37,7 +54,7 @@ def test_records_its_worker(n, request):
 
 
 def _write_suite(root: Path) -> None:
-    (root / "conftest.py").write_text(INNER_CONFTEST)
+    (root / "conftest.py").write_text(suite_conftest("pytest_collection_modifyitems"))
     (root / "pytest.ini").write_text("[pytest]\nmarkers =\n    capi: CAPI lab\n    mcm: MCM lab\n")
     modules = {
         "test_a_unit.py": ("", 6),
@@ -51,15 +68,7 @@ def _write_suite(root: Path) -> None:
 
 
 def _run(root: Path, records: Path, *args: str) -> list[dict[str, str]]:
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "xdist", "-q", "-p", "no:cacheprovider", *args],
-        cwd=root,
-        env={"PATH": "/usr/bin:/bin", "RECORD_DIR": str(records)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = inner_pytest(root, {"RECORD_DIR": str(records)}, "-p", "xdist", *args)
     assert result.returncode == 0, result.stdout + result.stderr
     return [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
 
@@ -93,27 +102,11 @@ def test_a_serial_run_keeps_the_collection_order(tmp_path: Path) -> None:
     root = tmp_path / "suite"
     root.mkdir()
     _write_suite(root)
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
-        cwd=root,
-        env={"PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = inner_pytest(root, {}, "--collect-only")
     assert result.returncode == 0, result.stdout + result.stderr
     files = [line.split("::")[0] for line in result.stdout.splitlines() if "::" in line]
     assert len(files) == 21 and files == sorted(files)
 
-
-LOCK_CONFTEST = f"""
-import importlib.util
-spec = importlib.util.spec_from_file_location("suite_conftest", {str(SUITE_CONFTEST)!r})
-suite = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(suite)
-pytest_runtest_protocol = suite.pytest_runtest_protocol
-"""
 
 LOCK_TEST = """
 import fcntl, os, pytest
@@ -148,18 +141,10 @@ def test_not_capi():
 def test_capi_tests_hold_the_lab_lock_shared_and_capi_alone_tests_exclusively(tmp_path: Path) -> None:
     root, run_dir = tmp_path / "suite", tmp_path / "run"
     root.mkdir()
-    (root / "conftest.py").write_text(LOCK_CONFTEST)
+    (root / "conftest.py").write_text(suite_conftest("pytest_runtest_protocol"))
     (root / "pytest.ini").write_text("[pytest]\nmarkers =\n    capi: CAPI lab\n    capi_alone: alone\n")
     (root / "test_lock.py").write_text(LOCK_TEST)
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=root,
-        env={"PATH": "/usr/bin:/bin", "KUBELAB_RUN_DIR": str(run_dir)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = inner_pytest(root, {"KUBELAB_RUN_DIR": str(run_dir)})
     assert result.returncode == 0 and "3 passed" in result.stdout, result.stdout + result.stderr
 
 
