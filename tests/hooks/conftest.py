@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from inplace_extension.app import create_app
+from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.runs.model import Executor, Progress, ProgressState, RunRequest
 from inplace_extension.settings import Settings
 
@@ -26,9 +27,18 @@ def load(name: str) -> dict[str, Any]:
     return data
 
 
-def client_for(executor: Executor | None = None, **settings: Any) -> httpx.AsyncClient:
-    app = create_app(Settings(plain_http=True, **settings), executor)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://capi.test")
+async def post(
+    path: str, body: Any, executor: Executor | None = None, custom: CustomTable = NO_CUSTOM, **settings: Any
+) -> dict[str, Any]:
+    """POST ``body`` to the hook at ``path`` of the real app (over ASGI); the answer, which is an HTTP 200."""
+    app = create_app(Settings(plain_http=True, **settings), executor, custom=custom)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://capi.test"
+    ) as client:
+        reply = await client.post(path, content=json.dumps(body).encode())
+    assert reply.status_code == 200, reply.text
+    answer: dict[str, Any] = reply.json()
+    return answer
 
 
 class FakeExecutor:

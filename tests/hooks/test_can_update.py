@@ -12,7 +12,7 @@ from capi_emulator import emulate_can_update_machine, emulate_can_update_machine
 
 from inplace_extension.hooks.can_update import DISABLED_MESSAGE
 
-from .conftest import CAN_UPDATE_MACHINE, CAN_UPDATE_MACHINE_SET, TOKEN, client_for, load
+from .conftest import CAN_UPDATE_MACHINE, CAN_UPDATE_MACHINE_SET, TOKEN, load, post
 
 pytestmark = pytest.mark.anyio
 
@@ -27,14 +27,6 @@ CASES = [
 def emulate(path: str, request: dict[str, Any], answer: dict[str, Any]) -> Any:
     emulator = emulate_can_update_machine if path == CAN_UPDATE_MACHINE else emulate_can_update_machine_set
     return emulator(request, answer)
-
-
-async def post(path: str, request: dict[str, Any]) -> dict[str, Any]:
-    async with client_for() as client:
-        reply = await client.post(path, content=json.dumps(request).encode())
-    assert reply.status_code == 200
-    answer: dict[str, Any] = reply.json()
-    return answer
 
 
 @pytest.mark.parametrize(("fixture", "path", "outcome"), CASES)

@@ -8,15 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from inplace_extension.app import create_app
 from inplace_extension.capabilities_file import load_capabilities
 from inplace_extension.inplace.custom import CustomTable
-from inplace_extension.settings import Settings
 
-from .conftest import CAN_UPDATE_MACHINE_SET, TOKEN, UPDATE_MACHINE, FakeExecutor, load
+from .conftest import CAN_UPDATE_MACHINE_SET, TOKEN, UPDATE_MACHINE, FakeExecutor, load, post
 
 pytestmark = pytest.mark.anyio
 
@@ -49,22 +46,11 @@ def metal3(obj: dict[str, Any], url: str, template: bool) -> None:
     spec["image"] = {"url": url}
 
 
-async def post(path: str, body: dict[str, Any], custom: CustomTable, executor: Any = None) -> dict[str, Any]:
-    app = create_app(Settings(plain_http=True), executor, custom=custom)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://capi.test"
-    ) as client:
-        reply = await client.post(path, content=json.dumps(body).encode())
-    assert reply.status_code == 200
-    answer: dict[str, Any] = reply.json()
-    return answer
-
-
 async def test_can_update_machine_set_claims_the_template_image(custom: CustomTable) -> None:
     request = load("can_update_machine_set/5A.request.json")
     metal3(request["current"]["infrastructureMachineTemplate"], OLD_URL, template=True)
     metal3(request["desired"]["infrastructureMachineTemplate"], PAYLOAD, template=True)
-    answer = await post(CAN_UPDATE_MACHINE_SET, request, custom)
+    answer = await post(CAN_UPDATE_MACHINE_SET, request, custom=custom)
     assert answer["status"] == "Success"
     assert answer["message"].endswith(", os_image") and answer["message"].startswith("in place: ")
     assert PAYLOAD not in answer["message"]
@@ -76,7 +62,7 @@ async def test_without_the_file_the_same_request_is_a_rollout(custom: CustomTabl
     request = load("can_update_machine_set/5A.request.json")
     metal3(request["current"]["infrastructureMachineTemplate"], OLD_URL, template=True)
     metal3(request["desired"]["infrastructureMachineTemplate"], PAYLOAD, template=True)
-    answer = await post(CAN_UPDATE_MACHINE_SET, request, CustomTable())
+    answer = await post(CAN_UPDATE_MACHINE_SET, request, custom=CustomTable())
     assert answer["message"].startswith("rollout needed: Metal3MachineTemplate /image/url")
     assert "infrastructureMachineTemplatePatch" not in answer
 
@@ -85,7 +71,7 @@ async def test_update_machine_runs_the_custom_role_last_with_the_desired_values(
     request = load("update_machine/6B.request.json")
     metal3(request["desired"]["infrastructureMachine"], PAYLOAD, template=False)
     executor = FakeExecutor()
-    answer = await post(UPDATE_MACHINE, request, custom, executor)
+    answer = await post(UPDATE_MACHINE, request, executor, custom=custom)
     assert answer["status"] == "Success"
     [run] = executor.requests
     assert run.capabilities == ("kubeadm_files", "kubelet_args", "kubernetes_version", "os_image")
@@ -100,7 +86,7 @@ async def test_update_machine_fingerprint_follows_the_custom_values(custom: Cust
         request = load("update_machine/6B.request.json")
         metal3(request["desired"]["infrastructureMachine"], url, template=False)
         executor = FakeExecutor()
-        await post(UPDATE_MACHINE, request, custom, executor)
+        await post(UPDATE_MACHINE, request, executor, custom=custom)
         runs.extend(executor.requests)
     assert runs[0].fingerprint != runs[1].fingerprint
     assert runs[0].capabilities == runs[1].capabilities

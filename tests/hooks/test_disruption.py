@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from inplace_extension.app import create_app
 from inplace_extension.capabilities_file import CapabilitiesFileError, parse_capabilities
 from inplace_extension.inplace.capabilities import (
     CAPABILITIES,
@@ -19,9 +16,8 @@ from inplace_extension.inplace.capabilities import (
     max_disruption,
 )
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable, Disruption
-from inplace_extension.settings import Settings
 
-from .conftest import CAN_UPDATE_MACHINE, CAN_UPDATE_MACHINE_SET, load
+from .conftest import CAN_UPDATE_MACHINE, CAN_UPDATE_MACHINE_SET, load, post
 
 pytestmark = pytest.mark.anyio
 
@@ -95,14 +91,6 @@ def users_only(request: dict[str, Any], template: bool) -> dict[str, Any]:
     return body
 
 
-async def post(path: str, body: dict[str, Any], custom: CustomTable = NO_CUSTOM, **settings: Any) -> Any:
-    app = create_app(Settings(plain_http=True, **settings), None, custom=custom)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-        reply = await client.post(path, content=json.dumps(body).encode())
-    assert reply.status_code == 200
-    return reply.json()
-
-
 @pytest.mark.parametrize(
     ("fixture", "path", "template"),
     [
@@ -145,5 +133,5 @@ async def test_a_user_defined_class_decides_for_its_claims(tmp_path: Path) -> No
         infra["kind"], infra["spec"] = "Metal3Machine", {"image": {"url": url}}
     for declared, affects in (("none", False), ("reboot", True)):
         custom = custom_table(tmp_path / declared, declared)
-        answer = await post(CAN_UPDATE_MACHINE, request, custom)
+        answer = await post(CAN_UPDATE_MACHINE, request, custom=custom)
         assert (answer["message"], answer["affectsAvailability"]) == ("in place: os_image", affects)

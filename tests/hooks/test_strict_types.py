@@ -18,8 +18,8 @@ from .conftest import (
     CAN_UPDATE_MACHINE_SET,
     UPDATE_MACHINE,
     FakeExecutor,
-    client_for,
     load,
+    post,
 )
 
 pytestmark = pytest.mark.anyio
@@ -29,14 +29,6 @@ FIXTURES = {
     CAN_UPDATE_MACHINE_SET: "can_update_machine_set/5A.request.json",
     UPDATE_MACHINE: "update_machine/6B.request.json",
 }
-
-
-async def post(path: str, request: dict[str, Any], executor: Any = None) -> dict[str, Any]:
-    async with client_for(executor) as client:
-        reply = await client.post(path, content=json.dumps(request).encode())
-    assert reply.status_code == 200
-    answer: dict[str, Any] = reply.json()
-    return answer
 
 
 def _set(obj: dict[str, Any], dotted: str, value: Any) -> None:

@@ -20,7 +20,7 @@ from inplace_extension.inplace.custom import CustomCapability, CustomClaim, Cust
 from inplace_extension.inplace.decide import decide_can_update_machine
 from inplace_extension.inplace.plan import plan_update
 
-from .conftest import CAN_UPDATE_MACHINE, UPDATE_MACHINE, FakeExecutor, client_for, load
+from .conftest import CAN_UPDATE_MACHINE, UPDATE_MACHINE, FakeExecutor, load, post
 
 pytestmark = pytest.mark.anyio
 
@@ -46,14 +46,6 @@ def request(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
 
 def join(*entries: dict[str, str]) -> dict[str, Any]:
     return {"joinConfiguration": {"nodeRegistration": {"kubeletExtraArgs": args(*entries)}}}
-
-
-async def post(path: str, body: dict[str, Any], executor: Any = None) -> dict[str, Any]:
-    async with client_for(executor) as client:
-        reply = await client.post(path, content=json.dumps(body).encode())
-    assert reply.status_code == 200
-    answer: dict[str, Any] = reply.json()
-    return answer
 
 
 def patch_ops(answer: dict[str, Any]) -> list[dict[str, Any]]:

@@ -13,23 +13,15 @@ from inplace_extension.hooks.update_machine import NO_EXECUTOR_MESSAGE, UNEXPECT
 from inplace_extension.inplace.plan import plan_update
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 
-from .conftest import TOKEN, UPDATE_MACHINE, FakeExecutor, client_for, load
+from .conftest import TOKEN, UPDATE_MACHINE, FakeExecutor, load, post
 
 pytestmark = pytest.mark.anyio
-
-
-async def post(request: dict[str, Any], executor: Any = None, **settings: Any) -> dict[str, Any]:
-    async with client_for(executor, **settings) as client:
-        reply = await client.post(UPDATE_MACHINE, content=json.dumps(request).encode())
-    assert reply.status_code == 200
-    answer: dict[str, Any] = reply.json()
-    return answer
 
 
 async def test_run_request_is_built_from_the_plan_and_machine_metadata() -> None:
     request = load("update_machine/6B.request.json")
     executor = FakeExecutor()
-    await post(request, executor)
+    await post(UPDATE_MACHINE, request, executor)
     [run] = executor.requests
     plan = plan_update(request["desired"])
     assert (run.namespace, run.name) == ("default", "my-cluster-md-0-7c9b8d5f4x-hx9tv")
@@ -68,7 +60,7 @@ async def test_run_request_is_built_from_the_plan_and_machine_metadata() -> None
     ],
 )
 async def test_progress_maps_to_the_answer(progress: Progress, expected: dict[str, Any]) -> None:
-    answer = await post(load("update_machine/6A.request.json"), FakeExecutor(progress))
+    answer = await post(UPDATE_MACHINE, load("update_machine/6A.request.json"), FakeExecutor(progress))
     assert {k: answer[k] for k in expected} == expected
     assert answer["kind"] == "UpdateMachineResponse"
 
@@ -79,7 +71,7 @@ def test_in_progress_never_answers_zero_retry_even_if_the_default_is_misconfigur
 
 
 async def test_without_executor_the_answer_is_a_failure_not_a_fake_success() -> None:
-    answer = await post(load("update_machine/6A.request.json"))
+    answer = await post(UPDATE_MACHINE, load("update_machine/6A.request.json"))
     assert answer == {
         "kind": "UpdateMachineResponse",
         "apiVersion": "hooks.runtime.cluster.x-k8s.io/v1alpha1",
@@ -93,7 +85,7 @@ async def test_disabled_in_place_updates_answer_like_capis_reference_extension()
     request = load("update_machine/6A.request.json")
     request["settings"]["disableInPlaceUpdates"] = "true"
     executor = FakeExecutor()
-    answer = await post(request, executor)
+    answer = await post(UPDATE_MACHINE, request, executor)
     assert (answer["status"], answer["message"]) == ("Failure", UNEXPECTED_CALL_MESSAGE)
     assert executor.requests == []
 
@@ -102,7 +94,7 @@ async def test_an_invalid_desired_value_is_a_failure_naming_its_path() -> None:
     request = load("update_machine/6A.request.json")
     request["desired"]["machine"]["spec"]["version"] = "latest-and-greatest"
     executor = FakeExecutor()
-    answer = await post(request, executor)
+    answer = await post(UPDATE_MACHINE, request, executor)
     assert answer["status"] == "Failure"
     assert answer["message"].startswith("InvalidRequest: desired.machine.spec.version: ")
     assert "latest-and-greatest" not in answer["message"]
@@ -115,7 +107,7 @@ class RefusingExecutor:
 
 
 async def test_known_executor_errors_become_their_failure_message() -> None:
-    answer = await post(load("update_machine/6A.request.json"), RefusingExecutor())
+    answer = await post(UPDATE_MACHINE, load("update_machine/6A.request.json"), RefusingExecutor())
     assert answer["status"] == "Failure"
     assert answer["message"] == "InvalidRequest: desired.machine.metadata.annotations: refused here"
 
@@ -128,7 +120,7 @@ async def test_bootstrap_tokens_never_reach_answers_or_logs(
     request = load(fixture)
     assert TOKEN in json.dumps(request)
     for executor in (FakeExecutor(), None):
-        answer = await post(request, executor, log_level="DEBUG")
+        answer = await post(UPDATE_MACHINE, request, executor, log_level="DEBUG")
         assert TOKEN not in json.dumps(answer)
     assert TOKEN not in caplog.text
     assert "hook=UpdateMachine machine=default/" in caplog.text
