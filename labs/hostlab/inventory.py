@@ -60,7 +60,9 @@ def service_inventory(lab: Lab, machine_names: Sequence[str] | None = None) -> d
 def defaults_only_inventory(lab: Lab, host: Host) -> dict[str, Any]:
     """A service inventory with no host entry, only ``host``'s SSH settings as defaults (user, key, pinned
     host key): the service must find the address elsewhere (the Kubernetes-aware mode reads the Machine)."""
-    entry: dict[str, Any] = service_inventory(lab, [host.name])["hosts"][0]
+    # every host under its own name, then this one's entry (its own address and host key)
+    entries = service_inventory(lab)["hosts"]
+    entry: dict[str, Any] = next(e for e in entries if e["match"]["name"] == host.name)
     defaults = {k: v for k, v in entry.items() if k not in ("match", "address")}
     return {"hosts": [], "defaults": defaults}
 

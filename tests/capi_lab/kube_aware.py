@@ -1,18 +1,25 @@
-"""What the Kubernetes-aware CAPI lab tests share: the service started with ``--kubeconfig``, one
-in-memory cluster per test whose MachineDeployment Machine is mapped to a lab host and a kwok Node
-(:class:`Worker`), or whose MachineDeployment of three is mapped to the three lab hosts (:class:`Fleet`),
-a PDB-guarded Pod, and a :class:`Sampler` that watches cordon and skip-remediation while a rollout runs.
-The tests themselves are in ``test_capi_kube_aware.py``.
+"""What the Kubernetes-aware CAPI lab tests share: the service started with ``--kubeconfig`` and
+registered with CAPI (:func:`serving`, one per test module, each with its own ExtensionConfig and
+namespace label), one in-memory cluster per test whose MachineDeployment Machine is mapped to a lab host
+and a kwok Node (:class:`Worker`), or whose MachineDeployment of three is mapped to the three lab hosts
+(:class:`Fleet`), a PDB-guarded Pod, the run attempts on disk, and a :class:`Sampler` that watches cordon
+and skip-remediation while a rollout runs. The tests are in ``test_capi_kube_aware.py`` and
+``test_capi_operator_checks.py``.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
+import ssl
 import subprocess
+import sys
+import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +35,11 @@ from kubelab import objects
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 
-from .conftest import unique_namespace
+from inplace_extension.runs.ssh import close_control_masters
+
+from .conftest import registered, unique_namespace
 from .rollout import wait
 
-EXTENSION = "inplace-extension-kube"
-SELECTOR = {"inplace-extension.io/capi-kube-aware": "yes"}
 MACHINES = "machines.cluster.x-k8s.io"
 DEV_MACHINES = "devmachines.infrastructure.cluster.x-k8s.io"
 MD = "machinedeployments.cluster.x-k8s.io"
@@ -52,6 +59,7 @@ class KubeExtension:
     runs_dir: Path
     log_path: Path
     argv: list[str]
+    selector: dict[str, str]  # the label of the namespaces its ExtensionConfig serves
     proc: subprocess.Popen[bytes] | None = None
 
     def log(self) -> str:
@@ -91,6 +99,88 @@ class KubeExtension:
     def serve_host(self, host: Host) -> None:
         """Only inventory defaults (SSH user, key, this host's key): the address comes from the Machine."""
         self.inventory.write_text(yaml.safe_dump(defaults_only_inventory(self.hosts, host)))
+
+    @property
+    def url(self) -> str:
+        match = SERVING_RE.search(self.log())
+        assert match is not None, self.log()
+        return f"https://127.0.0.1:{match.group(1)}"
+
+    def metrics(self) -> str:
+        """The service's ``/metrics`` page, over TLS trusted through the lab CA."""
+        verify = ssl.create_default_context(cafile=str(self.kube.ca))
+        with httpx.Client(base_url=self.url, timeout=15, verify=verify) as client:
+            return client.get("/metrics").raise_for_status().text
+
+
+@contextmanager
+def serving(
+    kube: Lab,
+    hosts: HostLab,
+    name: str,
+    selector: Mapping[str, str],
+    capabilities: Path,
+    log_path: Path,
+    extra_argv: Sequence[str] = (),
+) -> Iterator[KubeExtension]:
+    """``serve --kubeconfig ... --workload-kubeconfig management`` (TLS from the lab's PKI, an empty
+    inventory, ``--retry-after-seconds 1``) with ``capabilities`` and ``extra_argv``, registered with CAPI
+    through the ExtensionConfig ``name`` for the namespaces labelled ``selector``; stopped and deregistered
+    afterwards. ``name`` is also the serving certificate's file name in the PKI: one per test module, so
+    modules running at once on other workers never share either."""
+    # short: ssh's ControlPath socket lives under the runs dir (108-byte limit for socket paths)
+    work = Path(tempfile.mkdtemp(prefix="ka-"))
+    cert = kube.pki.issue_server(name)
+    inventory = work / "inventory.yaml"
+    inventory.write_text("hosts: []\n")
+    argv = [
+        sys.executable,
+        "-m",
+        "inplace_extension",
+        "serve",
+        "--listen",
+        f"127.0.0.1:{kube.free_port()}",
+        "--tls-cert",
+        str(cert.cert),
+        "--tls-key",
+        str(cert.key),
+        "--inventory",
+        str(inventory),
+        "--allowed-cidrs",
+        str(hosts.network),
+        "--runs-dir",
+        str(work / "runs"),
+        "--capabilities-file",
+        str(capabilities),
+        "--retry-after-seconds",
+        "1",
+        "--kubeconfig",
+        str(kube.kubeconfig),
+        "--workload-kubeconfig",
+        "management",
+        *extra_argv,
+    ]
+    ext = KubeExtension(kube, hosts, inventory, work / "runs", log_path, argv, dict(selector))
+    try:
+        ext.start()
+        with registered(kube, ext.url, name, ext.selector):
+            yield ext
+    finally:
+        ext.stop()
+        close_control_masters(work / "runs")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_attempts(ext: KubeExtension, machine: str) -> list[dict[str, Any]]:
+    """The Machine's run attempts on disk (``meta.json``, with ``outcome`` once the attempt ended)."""
+    found = []
+    for meta_path in sorted(ext.runs_dir.glob("*/attempt-*/meta.json")):
+        meta = json.loads(meta_path.read_text())
+        if meta.get("machine") == machine:
+            outcome = meta_path.with_name("outcome.json")
+            meta["outcome"] = json.loads(outcome.read_text())["kind"] if outcome.exists() else None
+            found.append(meta)
+    return found
 
 
 @dataclass
@@ -254,7 +344,7 @@ def create_md_cluster(ext: KubeExtension, prefix: str, replicas: int) -> tuple[s
     namespace = unique_namespace(prefix)
     objects.apply(
         ext.kube,
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": SELECTOR}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": ext.selector}},
     )
     cluster, kube = prefix, ext.kube
     cp, md = f"{cluster}-cp", f"{cluster}-md-0"

@@ -36,6 +36,9 @@ CP_MACHINE_HEALTH_CONDITIONS = (
 KCP_HEALTH_CONDITIONS = ("EtcdClusterHealthy", "ControlPlaneComponentsHealthy")
 ROLLOUT_TIMEOUT = 240.0
 HOST_FILE = "/etc/capi-lab/in-place.conf"  # what the rollouts write on the hosts
+# all CAPI v1.14 shows in a Machine's Updating condition when UpdateMachine answers a Failure (ours is
+# in the service's log, its metrics and, in the Kubernetes-aware mode, the Machine's Failed Event)
+CAPI_FAILURE = "UpdateMachine hook failed: please check controller logs for errors"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci1lMmUtdGVzdHMtb25seQ capi@test"
 
 

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,18 +32,13 @@ from kubelab.lab import Lab
 from playbooks.standins import install_standins, lab_run_on_host
 
 from inplace_extension.kube.update_condition import CONDITION as UPDATE_CONDITION
-from inplace_extension.runs.ssh import close_control_masters
 
-from .conftest import registered
 from .kube_aware import (
     CORDONED_BY,
     DRAIN_SECONDS,
-    EXTENSION,
     GATE_SECONDS,
     MACHINES,
     MD,
-    SELECTOR,
-    SERVING_RE,
     SKIP_REMEDIATION,
     SKIP_REMEDIATION_BY,
     KubeExtension,
@@ -55,12 +47,17 @@ from .kube_aware import (
     create_worker,
     guarded_pod,
     kubelet_args,
+    run_attempts,
+    serving,
 )
 from .kube_aware_rollout import MHC_TIMEOUT, MarkCounter, create_rollout
 from .rollout import wait
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube, pytest.mark.capi]
 
+# this module's ExtensionConfig and the label of its namespaces (test_capi_operator_checks.py has its own)
+EXTENSION = "inplace-extension-kube"
+SELECTOR = {"inplace-extension.io/capi-kube-aware": "yes"}
 ROLLOUT = 420.0  # 3 Machines one at a time (drain, play, health gate each) and an API restart
 release_server = e2e_fixtures.release_server
 e2e_capabilities = e2e_fixtures.e2e_capabilities
@@ -70,54 +67,16 @@ e2e_capabilities = e2e_fixtures.e2e_capabilities
 def kube_extension(
     kubelab_capi: Lab, lab: HostLab, e2e_capabilities: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KubeExtension]:
-    # short: ssh's ControlPath socket lives under the runs dir (108-byte limit for socket paths)
-    work = Path(tempfile.mkdtemp(prefix="ka-"))
-    cert = kubelab_capi.pki.issue_server(EXTENSION)
-    inventory = work / "inventory.yaml"
-    inventory.write_text("hosts: []\n")
-    log_path = tmp_path_factory.mktemp("capi-kube-aware") / "service.log"  # kept after the run
-    argv = [
-        sys.executable,
-        "-m",
-        "inplace_extension",
-        "serve",
-        "--listen",
-        f"127.0.0.1:{kubelab_capi.free_port()}",
-        "--tls-cert",
-        str(cert.cert),
-        "--tls-key",
-        str(cert.key),
-        "--inventory",
-        str(inventory),
-        "--allowed-cidrs",
-        str(lab.network),
-        "--runs-dir",
-        str(work / "runs"),
-        "--capabilities-file",
-        str(e2e_capabilities),
-        "--retry-after-seconds",
-        "1",
-        "--kubeconfig",
-        str(kubelab_capi.kubeconfig),
-        "--workload-kubeconfig",
-        "management",
+    extra = [
         "--drain-timeout-seconds",
         str(DRAIN_SECONDS),
         "--drain-wait-for-blocking-pdbs",  # guarded_pod's budget holds the drain until the timeout
         "--health-gate-timeout-seconds",
         str(GATE_SECONDS),
     ]
-    ext = KubeExtension(kubelab_capi, lab, inventory, work / "runs", log_path, argv)
-    try:
-        ext.start()
-        match = SERVING_RE.search(ext.log())
-        assert match is not None, ext.log()
-        with registered(kubelab_capi, f"https://127.0.0.1:{match.group(1)}", EXTENSION, SELECTOR):
-            yield ext
-    finally:
-        ext.stop()
-        close_control_masters(work / "runs")
-        shutil.rmtree(work, ignore_errors=True)
+    log_path = tmp_path_factory.mktemp("capi-kube-aware") / "service.log"  # kept after the run
+    with serving(kubelab_capi, lab, EXTENSION, SELECTOR, e2e_capabilities, log_path, extra) as ext:
+        yield ext
 
 
 @pytest.fixture
@@ -233,18 +192,6 @@ def test_a_service_killed_while_the_node_is_cordoned_uncordons_it_once_and_compl
     assert len(uncordons) == 1, uncordons
     wait(lambda: "Done" in worker.events(), 30, "the Done Event", worker.explain)
     assert worker.events()["Uncordoned"] == [f"uncordoned Node {worker.node}"]
-
-
-def run_attempts(ext: KubeExtension, machine: str) -> list[dict[str, Any]]:
-    """The Machine's run attempts on disk (``meta.json``, with ``outcome`` once the attempt ended)."""
-    found = []
-    for meta_path in sorted(ext.runs_dir.glob("*/attempt-*/meta.json")):
-        meta = json.loads(meta_path.read_text())
-        if meta.get("machine") == machine:
-            outcome = meta_path.with_name("outcome.json")
-            meta["outcome"] = json.loads(outcome.read_text())["kind"] if outcome.exists() else None
-            found.append(meta)
-    return found
 
 
 def test_a_pause_mid_rollout_of_three_holds_the_next_machine_a_cancel_fails_it_and_removing_it_resumes(

@@ -19,6 +19,7 @@ from kubelab import objects
 from kubelab.flavours import capi_objects as co
 
 from .rollout import (
+    CAPI_FAILURE,
     HOST_FILE,
     MACHINES,
     MD,
@@ -33,7 +34,6 @@ from .rollout import (
 pytestmark = [pytest.mark.kube, pytest.mark.capi, pytest.mark.lab]
 
 RETRY = "inplace-extension.io/retry"
-CAPI_FAILURE = "UpdateMachine hook failed: please check controller logs for errors"  # all CAPI v1.14 shows
 STALL_OBSERVATION = 10.0  # how long the stalled rollout is watched for a second Machine going down
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hostlab.cli import main
+from hostlab.inventory import defaults_only_inventory
 from hostlab.lab import Lab
 from hostlab.pytest_plugin import WriteInventory
 
@@ -93,6 +94,14 @@ def test_service_inventory_is_accepted_by_the_service_loader(lab: Lab, lab_inven
     assert [entry.match.name for entry in loaded.hosts] == ["m-1", "m-2", "m-3"]
     assert [entry.address for entry in loaded.hosts] == [h.address for h in lab.hosts()]
     assert all(entry.known_hosts and not entry.insecure_skip_host_key_check for entry in loaded.hosts)
+
+
+@pytest.mark.lab
+def test_a_defaults_only_inventory_pins_the_key_of_the_host_it_names(lab: Lab) -> None:
+    for host in lab.hosts():
+        defaults = defaults_only_inventory(lab, host)["defaults"]
+        assert defaults["known_hosts"] == lab.known_hosts_line(host), host.name
+        assert "address" not in defaults
 
 
 @pytest.mark.lab

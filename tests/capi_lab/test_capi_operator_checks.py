@@ -1,0 +1,219 @@
+"""Operator controls with the real CAPI v1.14.2 controllers (kubelab capi flavour): a ``kubernetes``
+health check whose object flips, and the retry budget of a Machine whose host cannot be reached.
+
+Real: the apiserver, CAPI core/KCP/CABPK/CAPD, our service (``serve --kubeconfig``, registered through
+this module's own ExtensionConfig), the CEL check read from the API server, the playbooks over SSH on a
+hostlab host. Simulated, as in ``test_capi_kube_aware.py``: CAPD's in-memory machines (a Machine's
+operating system is the lab host its DevMachine's ``status.addresses`` names) and the workload cluster:
+the service reads the Nodes and the checked object in the kubelab's own API server
+(``--workload-kubeconfig management``). The checked object is a stand-in for Rook's CephCluster: a small
+CRD of that name (``lab.inplace-extension.io``) with a status subresource that only the test writes, as
+the Ceph operator would write the real one's ``status``.
+
+The check holds every Machine of this module's service, so a fixture leaves the object healthy after
+each test that changes it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from e2e import conftest as e2e_fixtures
+from e2e.conftest import START_VERSION
+from e2e.hostcheck import stamp_writes
+from hostlab import faults
+from hostlab.lab import Host
+from hostlab.lab import Lab as HostLab
+from hostlab.proc import wait_until
+from kubelab import objects
+from kubelab.lab import Lab
+from playbooks.standins import install_standins, lab_run_on_host
+
+from .conftest import unique_namespace
+from .kube_aware import MACHINES, KubeExtension, Worker, create_worker, run_attempts, serving
+from .rollout import CAPI_FAILURE, wait
+
+pytestmark = [pytest.mark.lab, pytest.mark.kube, pytest.mark.capi]
+
+# this module's ExtensionConfig and the label of its namespaces (test_capi_kube_aware.py has its own)
+EXTENSION = "inplace-extension-ops"
+SELECTOR = {"inplace-extension.io/capi-operator-checks": "yes"}
+GROUP, KIND, PLURAL = "lab.inplace-extension.io", "CephCluster", "cephclusters"
+CHECK = "ceph"
+EXPRESSION = 'object.status.health == "HEALTH_OK"'
+BUDGET = 2  # --max-failed-attempts
+GATE_SECONDS = 120  # the health gate outlasts the test's flip back (the gate's timeout is not tested here)
+RETRY = "inplace-extension.io/retry"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci1lMmUtdGVzdHMtb25seQ ops@test"
+release_server = e2e_fixtures.release_server
+e2e_capabilities = e2e_fixtures.e2e_capabilities
+
+
+@dataclass
+class Ceph:
+    """The checked object: a CephCluster stand-in whose ``status.health`` the test sets."""
+
+    kube: Lab
+    namespace: str
+    name: str = "ceph"
+
+    def set(self, health: str) -> None:
+        objects.set_status(self.kube, f"{PLURAL}.{GROUP}", self.name, self.namespace, {"health": health})
+
+    @property
+    def where(self) -> str:
+        return f"{KIND} {self.namespace}/{self.name}"
+
+
+@pytest.fixture(scope="module")
+def ceph(kubelab_capi: Lab) -> Ceph:
+    objects.define_kind(kubelab_capi, GROUP, KIND, PLURAL)
+    found = Ceph(kubelab_capi, unique_namespace("ops-ceph"))
+    objects.ensure_namespace(kubelab_capi, found.namespace)
+    metadata = {"name": found.name, "namespace": found.namespace}
+    objects.apply(kubelab_capi, {"apiVersion": f"{GROUP}/v1", "kind": KIND, "metadata": metadata, "spec": {}})
+    found.set("HEALTH_OK")
+    return found
+
+
+@pytest.fixture(scope="module")
+def ops_extension(
+    kubelab_capi: Lab,
+    lab: HostLab,
+    e2e_capabilities: Path,
+    ceph: Ceph,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[KubeExtension]:
+    """The Kubernetes-aware service with a ``kubernetes`` health check on the CephCluster stand-in and a
+    retry budget of 2 attempts (backoff: ``--retry-after-seconds`` 1, doubled per failure)."""
+    work = tmp_path_factory.mktemp("capi-operator-checks")  # kept after the run
+    capabilities = work / "capabilities.yaml"
+    capabilities.write_text(
+        e2e_capabilities.read_text()
+        + "health_checks:\n"
+        + f"  - name: {CHECK}\n"
+        + "    kubernetes:\n"
+        + f"      api_version: {GROUP}/v1\n"
+        + f"      kind: {KIND}\n"
+        + f"      namespace: {ceph.namespace}\n"
+        + f"      name: {ceph.name}\n"
+        + f"      expression: '{EXPRESSION}'\n"
+    )
+    extra = ["--max-failed-attempts", str(BUDGET), "--health-gate-timeout-seconds", str(GATE_SECONDS)]
+    with serving(kubelab_capi, lab, EXTENSION, SELECTOR, capabilities, work / "service.log", extra) as ext:
+        yield ext
+
+
+@pytest.fixture
+def healthy(ceph: Ceph) -> Iterator[Ceph]:
+    """The checked object, healthy again after the test whatever it did (the check holds every Machine)."""
+    try:
+        yield ceph
+    finally:
+        ceph.set("HEALTH_OK")
+
+
+def on_host(ext: KubeExtension, lab: HostLab, host: Host, prefix: str) -> Worker:
+    """A cluster whose one worker Machine is the lab host (with the Kubernetes stand-ins)."""
+    install_standins(lab_run_on_host(lab, host), version=START_VERSION)
+    ext.serve_host(host)
+    return create_worker(ext, host, prefix)
+
+
+def updating_message(worker: Worker) -> str:
+    """The message of the Machine's ``Updating`` condition, as CAPI wrote it from our last answer."""
+    return str((objects.condition(worker.machine_obj(), "Updating") or {}).get("message", ""))
+
+
+def add_user(name: str) -> dict[str, object]:
+    """A bootstrap template change our service updates in place without a drain (a users change)."""
+    return {"format": "cloud-config", "users": [{"name": name, "sshAuthorizedKeys": [KEY]}]}
+
+
+def test_a_cel_check_on_an_object_that_flips_holds_the_update_before_it_starts_and_in_its_health_gate(
+    ops_extension: KubeExtension, healthy: Ceph, lab: HostLab, lab_hosts: list[Host]
+) -> None:
+    """The CephCluster stand-in says unhealthy -> CAPI's UpdateMachine calls are held with a message naming
+    the check, and nothing starts on the host; it flips healthy -> the update starts; it flips unhealthy
+    while the play runs -> the play finishes and the health gate holds the Machine; healthy again -> the
+    Machine is UpToDate, updated once."""
+    ext, ceph, host = ops_extension, healthy, lab_hosts[0]
+    worker = on_host(ext, lab, host, "ops-cel")
+    machine = f"{worker.namespace}/{worker.machine}"
+    ceph.set("HEALTH_WARN")
+    worker.change(add_user("opscel"))
+    reason = f"{EXPRESSION} is false on {ceph.where}"
+    waiting = f'waiting for health check "{CHECK}" ({reason})'
+    wait(lambda: waiting in updating_message(worker), 240, f"the Machine shows: {waiting}", worker.explain)
+    assert worker.events().get("Waiting") == [waiting]
+
+    # CAPI asks again (retryAfterSeconds 1) and is held again: nothing has started on the host
+    def polls() -> int:
+        return ext.log().count(f"hook=UpdateMachine machine={machine} ")
+
+    asked = polls()
+    wait(lambda: polls() > asked, 60, "CAPI asks about the held Machine again", worker.explain)
+    assert run_attempts(ext, machine) == [], "no attempt while the check does not hold"
+    assert stamp_writes(lab, host) == []
+
+    ceph.set("HEALTH_OK")
+    # polled fast: the object flips back to unhealthy while the started play still runs
+    assert wait_until(lambda: bool(run_attempts(ext, machine)), 60, 0.1), worker.explain()
+    ceph.set("HEALTH_ERR")
+    assert run_attempts(ext, machine)[0]["outcome"] is None, "flipped while the play runs"
+    gate = f'health gate: waiting for health check "{CHECK}" ({reason})'
+    wait(lambda: gate in updating_message(worker), 120, f"the Machine shows: {gate}", worker.explain)
+    assert [a["outcome"] for a in run_attempts(ext, machine)] == ["successful"]
+    assert not worker.updated_in_place() and "Done" not in worker.events()
+
+    ceph.set("HEALTH_OK")
+    wait(worker.updated_in_place, 120, "the Machine updated in place once the check holds", worker.explain)
+    wait(lambda: "Done" in worker.events(), 30, "the Done Event", worker.explain)
+    assert len(stamp_writes(lab, host)) == 1, "one apply"
+    assert [a["outcome"] for a in run_attempts(ext, machine)] == ["successful"]
+    assert worker.events()["Waiting"] == [waiting], "the wait before the start, said once"
+
+
+def test_a_machine_whose_host_cannot_be_reached_is_blocked_after_2_attempts_until_the_retry_annotation(
+    ops_extension: KubeExtension, healthy: Ceph, lab: HostLab, lab_hosts: list[Host]
+) -> None:
+    """sshd stopped on the host -> two unreachable attempts -> the update is blocked (a Failure CAPI
+    shows, our Failed Event and the blocked gauge say why); sshd back -> still blocked when CAPI calls
+    again; the retry annotation on the Machine -> a full budget, and the update completes with one
+    apply."""
+    ext, host = ops_extension, lab_hosts[1]
+    worker = on_host(ext, lab, host, "ops-budget")
+    machine = f"{worker.namespace}/{worker.machine}"
+    blocked = f"blocked after {BUDGET} failed attempts: host unreachable"
+    faults.sshd(lab, host, running=False)
+    try:
+        worker.change(add_user("opsbudget"))
+        wait(
+            lambda: blocked in worker.events().get("Failed", []), 240, f"the Event: {blocked}", worker.explain
+        )
+        assert [a["outcome"] for a in run_attempts(ext, machine)] == ["unreachable"] * BUDGET
+        assert re.search(r"^inplace_extension_updates_blocked 1(\.0)?$", ext.metrics(), re.M), ext.metrics()
+        wait(lambda: updating_message(worker) == CAPI_FAILURE, 60, "CAPI shows the Failure", worker.explain)
+    finally:
+        faults.sshd(lab, host, running=True)
+
+    # the host is back, the budget stays spent: a change of the Machine makes CAPI call at once, and it
+    # gets the same Failure; nothing is tried on the host
+    def failures() -> int:
+        return len(re.findall(rf"hook=UpdateMachine machine={machine} .*decision=failed", ext.log()))
+
+    told = failures()
+    worker.kube.kubectl("annotate", MACHINES, worker.machine, "-n", worker.namespace, "lab.example/poke=1")
+    wait(lambda: failures() > told, 60, "CAPI calls again and is answered the Failure", worker.explain)
+    assert len(run_attempts(ext, machine)) == BUDGET and stamp_writes(lab, host) == []
+    assert worker.events()["Failed"] == [blocked]
+
+    worker.kube.kubectl("annotate", MACHINES, worker.machine, "-n", worker.namespace, f"{RETRY}=1")
+    wait(worker.updated_in_place, 240, "the Machine updated in place after the retry", worker.explain)
+    assert [a["outcome"] for a in run_attempts(ext, machine)] == ["unreachable"] * BUDGET + ["successful"]
+    assert len(stamp_writes(lab, host)) == 1, "one apply"
+    assert re.search(r"^inplace_extension_updates_blocked 0(\.0)?$", ext.metrics(), re.M), ext.metrics()
