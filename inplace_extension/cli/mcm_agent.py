@@ -63,7 +63,10 @@ def configure(parser: Parser) -> None:
     )
     seconds: dict[str, Any] = {"type": float, "metavar": "SECONDS"}
     parser.add_argument(
-        "--resync-seconds", default=30.0, help="re-check every Node this often (default: 30)", **seconds
+        "--resync-seconds",
+        default=30.0,
+        help="look again this often at the Nodes MCM is updating (default: 30)",
+        **seconds,
     )
     parser.add_argument(
         "--poll-seconds", default=2.0, help="poll a running update this often (default: 2)", **seconds

@@ -9,8 +9,11 @@ resolution (the Node's annotation, labels and ``status.addresses`` in place of t
 and stamp, and artifacts on disk: a restarted agent resumes without a second apply. A final answer is a
 merge patch of the result label and reason annotation, and of the answered annotation naming the desired
 state it is for: no replica (nor this one restarted) acts on that state again while MCM has not consumed
-the result. Retriable failures are answered ``failed`` and retried with backoff until they succeed. A
-periodic resync re-checks every Node (retry annotations, claims of dead replicas, backoffs ending).
+the result. Retriable failures are answered ``failed`` and retried with backoff until they succeed or
+their retry budget is spent (then the ``blocked after ...`` answer is final until the retry annotation).
+A periodic resync looks again at the Nodes whose last watched state calls for the agent (claims of dead
+replicas, backoffs ending, a step that failed): only those, as any change of another Node is a watch
+event, so a resync of a large pool reads a handful of Nodes, not all of them.
 
 An operator's pause annotation on the Node's MachineDeployment (read with the desired state) holds a
 Node that has not started: no result, one ``InPlaceUpdateWaiting`` Event, as outside a maintenance
@@ -26,7 +29,7 @@ of ours left on it (``node_state.leftovers``).
 The agent owns the two cluster clients it is given: when :meth:`Agent.run` ends (cancelled) it lets
 each Node task finish the step it is in, then closes both clients. A request cancelled while its
 connection is being set up would leave that socket open (the HTTP library closes it on errors, not on
-cancellation), and a resync starts a request for every Node at once.
+cancellation).
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ class Agent:
         self._custom = custom
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wake: dict[str, asyncio.Event] = {}
-        self._known: set[str] = set()
+        self._active: set[str] = set()  # Nodes whose last watched state calls for us (resynced)
         self._waiting: dict[str, Progress] = {}  # Node -> what its update waits for (an Event once)
         self._cancelled: set[str] = set()  # Nodes answered "cancelled by ..." (looked at again on a change)
         self.connected = asyncio.Event()
@@ -101,9 +104,11 @@ class Agent:
         desired = asyncio.create_task(self._desired.run(), name="desired state watch")
         try:
             async for node in self._target.watch_nodes(self.connected):
-                self._known.add(ns.name(node))
                 if ns.wants_update(node) or ns.has_critical_taint(node) or ns.leftovers(node):
+                    self._active.add(ns.name(node))
                     self.kick(ns.name(node))
+                else:  # nothing for us until it changes, and a change is a watch event
+                    self._active.discard(ns.name(node))
         finally:
             await self._stop(resync, desired)
 
@@ -143,7 +148,7 @@ class Agent:
     async def _resync(self) -> None:
         while True:
             await asyncio.sleep(self.options.resync_seconds)
-            for name in list(self._known):
+            for name in list(self._active):
                 self.kick(name)
 
     async def _work(self, name: str) -> None:
@@ -174,7 +179,7 @@ class Agent:
         try:
             node = await self._target.get_node(name)
             if node is None:
-                self._known.discard(name)
+                self._active.discard(name)
                 self._cancelled.discard(name)
                 return False
             if self.options.remove_critical_taint and ns.wants_taint_removal(node):
@@ -223,7 +228,9 @@ class Agent:
                 await self._answer(node, successful=False, reason=str(exc), answered_key=key)
             return False
         key = f"{desired.plan.fingerprint}|{token}"
-        if ns.answered(node, key):
+        if ns.answered(node, key):  # MCM has not consumed it yet, or it waits for the retry annotation
+            result = ns.node_labels(node).get(ns.RESULT_LABEL)
+            log.debug("node %s: answered %s already for this desired state", name, result)
             return False
         node = await self._claim(node)
         request = run_request(

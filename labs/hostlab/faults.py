@@ -5,7 +5,8 @@
   starts it again; the host itself keeps running;
 - ``disk_fill`` / ``disk_free``: fill the host's writable layer (its own tmpfs) to the last byte, or free it;
 - ``fail_next(lab, host, command)``: the next run of ``command`` on the host (by any user) exits 97
-  with a message saying so; later runs behave normally;
+  with a message saying so; later runs behave normally; ``spare(lab, host, program)`` takes back a
+  failure not used yet;
 - ``hold_next(lab, host, command)`` / ``release(lab, host, command)``: the next run of ``command`` on
   the host waits (``held`` says it does) until released, then runs normally: a step that takes as long
   as the test needs (a kubelet that is slow to come back);
@@ -68,6 +69,7 @@ FAIL_ONCE = """\
 HOLD_ONCE = """\
   : >"$token.held"
   while [ -e "$token.held" ]; do sleep 0.1; done"""
+FAIL_DIR = "run/hostlab/fail-next"  # the tokens of WRAP_NEXT_SCRIPT for the fault "fail-next"
 HOLD_DIR = "run/hostlab/hold-next"  # the tokens of WRAP_NEXT_SCRIPT for the fault "hold-next"
 
 
@@ -173,6 +175,17 @@ def fail_next(lab: Lab, ref: Host | str | int, command: str) -> str:
     """Make the next run of ``command`` on the host fail (exit 97); return the program path wrapped."""
     once = FAIL_ONCE.format(command=command, status=FAIL_EXIT)  # safe in a script once it matched COMMAND_RE
     return _wrap_next(lab, ref, "fail-next", command, once)
+
+
+def spare(lab: Lab, ref: Host | str | int, program: str) -> bool:
+    """Take back a :func:`fail_next` of ``program`` (the path it returned) that no run used yet: the next
+    run works. True if one was pending (False: a run used it, or none was armed)."""
+    host = _running(lab, ref)
+    try:
+        (host.root() / FAIL_DIR / program.replace("/", "_")).unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def slow(lab: Lab, ref: Host | str | int, delay_ms: int | None) -> None:

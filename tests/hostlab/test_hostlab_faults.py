@@ -68,6 +68,11 @@ def test_fail_next_fails_exactly_one_run_with_a_clear_message(lab: Lab, lab_host
     faults.fail_next(lab, host, "id")
     assert lab.ssh(host, ["sudo", "-n", "id", "-u"]).returncode == faults.FAIL_EXIT
     assert lab.ssh(host, ["sudo", "-n", "id", "-u"]).stdout == "0\n"
+    # armed, then spared before any run: the next run works, and a used or unarmed one is not pending
+    program = faults.fail_next(lab, host, "id")
+    assert faults.spare(lab, host, program)
+    assert lab.ssh(host, ["id", "-un"]).returncode == 0
+    assert not faults.spare(lab, host, program)
 
 
 def test_hold_next_holds_exactly_one_run_until_released(lab: Lab, lab_hosts: list[Host]) -> None:

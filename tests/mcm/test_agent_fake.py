@@ -287,6 +287,41 @@ async def test_an_object_whose_watch_event_is_still_on_its_way_is_read_once() ->
     assert executor.requests[0].inputs["kubernetes_version"]["kubernetes_version_target"] == "v1.31.3"
 
 
+class ReadsTarget(FakeTarget):
+    """The fake target, recording which Node each read was for (announced on ``activity``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    async def get_node(self, name: str) -> dict[str, Any] | None:
+        self.reads.append(name)
+        self.activity.set()
+        return await super().get_node(name)
+
+
+async def test_a_resync_reads_only_the_nodes_mcm_is_acting_on() -> None:
+    """Not every Node of the pool: an idle one changes only through a watch event, and a resync that
+    read them all would send a large pool's API server one request per Node at once."""
+    target, control = ReadsTarget(), FakeControl()
+    executor = Executor(target, lambda request, calls: Progress(ProgressState.FAILED, "task failed"))
+    pool(control)
+    target.put_node(waiting_node())
+    for i in range(50):
+        idle = waiting_node(f"idle-{i}", machine=None)
+        del idle["metadata"]["labels"][ns.CANDIDATE_LABEL]
+        target.put_node(idle)
+    async for _agent in running(target, control, executor, resync_seconds=0.01):
+        # answered failed finally, n1 still waits in MCM's eyes: every resync reads it again
+        await until(lambda: target.reads.count("n1") >= 5, target.activity)
+        assert result(target) == ns.FAILED
+        # an idle Node that MCM hands over is a watch event: from then on it is read too
+        target.put_node(waiting_node("idle-7", machine=None))
+        await until(lambda: target.reads.count("idle-7") >= 3, target.activity)
+    assert set(target.reads) == {"n1", "idle-7"}
+    assert len(executor.requests) == 1, "answered once; idle-7 has no desired state (answered failed)"
+
+
 def like_the_service(request: RunRequest, calls: int) -> Progress:
     """The run service's answers to a held request (tests/runs/test_service.py checks the service)."""
     if request.hold is not None and request.hold.cancel:

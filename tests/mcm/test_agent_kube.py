@@ -220,13 +220,20 @@ BURST_NODES = 20
 
 
 def test_an_agent_stopped_while_its_requests_connect_leaves_no_socket_open(kube: Lab, tmp_path: Path) -> None:
-    """Each resync asks for every known Node at once. With the API server's answers to new connections
-    stalled, those requests are still connecting when the agent is told to stop: it lets them end (the
-    client's connect timeout closes their sockets) before it closes its clients. A request cancelled
-    while connecting would leave its socket open until the garbage collector finds it."""
+    """Each resync reads every Node MCM is acting on at once (here: each has MCM's critical-components
+    taint and is not Ready yet). With the API server's answers to new connections stalled, those
+    requests are still connecting when the agent is told to stop: it lets them end (the client's
+    connect timeout closes their sockets) before it closes its clients. A request cancelled while
+    connecting would leave its socket open until the garbage collector finds it."""
     group = unique("burst")
+    key, effect = ns.CRITICAL_TAINT
     nodes = [
-        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"{group}-{i}", "labels": {"burst": group}}}
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": f"{group}-{i}", "labels": {"burst": group}},
+            "spec": {"taints": [{"key": key, "effect": effect}]},
+        }
         for i in range(BURST_NODES)
     ]
     objects.apply(kube, *nodes)

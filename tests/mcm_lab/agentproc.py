@@ -65,12 +65,20 @@ class AgentProcess:
     def __init__(self, argv: Sequence[str], log_path: Path, port: int, runs_dir: Path) -> None:
         self.log_path, self.port, self.runs_dir = log_path, port, runs_dir
         self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(
-            list(argv), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO
-        )
-        if not wait_until(lambda: self.healthy() or self.proc.poll() is not None, 60, 0.1):
-            raise AssertionError(f"mcm-agent not healthy: {self.log()}")
-        assert self.proc.poll() is None, f"mcm-agent exited: {self.log()}"
+        try:
+            self.proc = subprocess.Popen(
+                list(argv), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO
+            )
+        except BaseException:
+            self._log.close()
+            raise
+        try:
+            if not wait_until(lambda: self.healthy() or self.proc.poll() is not None, 60, 0.1):
+                raise AssertionError(f"mcm-agent not healthy: {self.log()}")
+            assert self.proc.poll() is None, f"mcm-agent exited: {self.log()}"
+        except BaseException:  # the caller gets no AgentProcess to stop: stop it (and close its log) here
+            self.stop()
+            raise
 
     def get(self, path: str) -> httpx.Response:
         return httpx.get(f"http://127.0.0.1:{self.port}{path}", timeout=5)

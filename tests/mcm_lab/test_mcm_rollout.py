@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,6 +31,7 @@ from kubelab.lab import Lab
 from inplace_extension.mcm import node_state as ns
 from inplace_extension.mcm.desired import InPlaceUpdateSpec, plan_for
 from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.policy import backoff_seconds, retry_token
 from inplace_extension.runs.resolve import ADDRESS_ANNOTATION
 
 from .agentproc import Pool, attempts, play_started
@@ -192,60 +194,116 @@ def test_manual_rollout_updates_only_the_selected_node(
     assert stamp_writes(lab, nowhere_host) == [], "no host was guessed"
 
 
+BUDGET = 2  # the agent's --max-failed-attempts in the test of the retry budget
+UNREACHABLE = "host unreachable"
+BLOCKED = f"blocked after {BUDGET} failed attempts: {UNREACHABLE}"
+
+
+def node_events(lab: Lab, node: str) -> list[tuple[str, str, str]]:
+    """The Events about a Node: (type, reason, message)."""
+    selector = f"involvedObject.kind=Node,involvedObject.name={node}"
+    out = lab.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
+    return [
+        (e.get("type", ""), e.get("reason", ""), e.get("message", ""))
+        for e in json.loads(out.stdout)["items"]
+    ]
+
+
 def test_task_failure_stalls_until_the_retry_annotation(
     kubelab_mcm: Lab, lab: HostLab, pool_factory: Any, start_agent: StartAgent
 ) -> None:
-    """A task failure stalls the rollout until the retry annotation; then the hosts not updated yet are
-    unreachable (sshd stopped) until the next Node is answered failed: retried after the backoff, it is
-    answered successful and the rollout completes."""
+    """A task failure stalls the rollout until the retry annotation. Then the hosts not updated yet are
+    unreachable (sshd stopped): the next Node MCM hands over is retried after a backoff until its retry
+    budget (2) is spent, and answered blocked (the Node's reason, the Machine's last operation, a Warning
+    Event, the agent's metric). With sshd back it stays blocked: the agent looks at it again and starts
+    nothing. The retry annotation resets the budget: it is answered successful, the rollout completes."""
     pool = pool_factory("failing")
-    agent = start_agent(extra=["--max-failed-attempts", "6"])  # a loaded machine may be slow to start sshd
-    first = pool.nodes()[0]
-    host = pool.host_of(first)
-    name = first["metadata"]["name"]
-    faults.fail_next(lab, host, "systemctl")  # the kubelet restart after the new flags fails once
+    agent = start_agent(extra=["--max-failed-attempts", str(BUDGET), "--log-level", "debug"])
+    # a service restart fails once on every host; MCM's first Node (its order is its cache's) fails, and
+    # the hosts it has not handed over yet have theirs taken back
+    armed = [faults.fail_next(lab, each, "systemctl") for each in pool.hosts]
     pool.switch("v2")
-    assert wait_until(lambda: ns.node_labels(pool.node(name)).get(ns.RESULT_LABEL) == ns.FAILED, ROLLOUT, 0.5)
+
+    def failed_node() -> str | None:
+        return next(
+            (n for n in pool.initial if ns.node_labels(pool.node(n)).get(ns.RESULT_LABEL) == ns.FAILED), None
+        )
+
+    assert wait_until(lambda: failed_node() is not None, ROLLOUT, 0.5), "the first Node's task fails"
+    name = failed_node()
+    assert name is not None
+    host = pool.host_of(pool.node(name))
+    pending = {n: pool.host_of(pool.node(n)) for n in pool.initial if n != name}
+    for program, each in zip(armed, pool.hosts, strict=True):
+        assert each == host or faults.spare(lab, each, program), f"{each.name}: nothing ran on it yet"
     reason = ns.node_annotations(pool.node(name))[ns.FAILED_REASON_ANNOTATION]
     assert reason.endswith("failed on host") and '"' in reason, reason
 
-    def machine_shows_it() -> bool:
-        machine = next(m for m in pool.machines() if m["metadata"]["name"] == name)
-        return reason in machine.get("status", {}).get("lastOperation", {}).get("description", "")
+    def machine_shows(node: str, message: str) -> bool:
+        machine = next(m for m in pool.machines() if m["metadata"]["name"] == node)
+        return message in machine.get("status", {}).get("lastOperation", {}).get("description", "")
 
-    assert wait_until(machine_shows_it, 60, 0.5), "MCM shows our message on the Machine"
+    def machine_failed(node: str) -> bool:
+        machine = next(m for m in pool.machines() if m["metadata"]["name"] == node)
+        return mcm_objects.phase(machine) == "InPlaceUpdateFailed"
+
+    assert wait_until(lambda: machine_shows(name, reason), 60, 0.5), "MCM shows our message on the Machine"
     assert pool.deployment().get("status", {}).get("updatedReplicas", 0) < 3, "the rollout stalls"
-    assert stamp_writes(lab, host) == []
-    # a retriable failure next, on a Node MCM has not taken yet (MCM goes by name: the first is nodes()[0])
-    pending = {n: pool.host_of(pool.node(n)) for n in pool.initial if n != name}
-    pending = {n: h for n, h in pending.items() if stamp_writes(lab, h) == []}
-    assert pending, "a Node is left to update after the failed one"
+    assert all(stamp_writes(lab, each) == [] for each in pool.hosts)
+    # a retriable failure next, on the Node MCM hands over after the failed one
     for each in pending.values():
         faults.sshd(lab, each, running=False)
 
-    def answered_failed() -> str | None:
-        return next(
-            (n for n in pending if ns.node_labels(pool.node(n)).get(ns.RESULT_LABEL) == ns.FAILED), None
-        )
+    def reason_of(node: str) -> str:
+        return ns.node_annotations(pool.node(node)).get(ns.FAILED_REASON_ANNOTATION, "")
+
+    def blocked_node() -> str | None:
+        return next((n for n in pending if reason_of(n) == BLOCKED), None)
 
     try:
         kubelab_mcm.kubectl("annotate", "node", name, "inplace-extension.io/retry=1")
-        assert wait_until(lambda: answered_failed() is not None, ROLLOUT, 0.25), "answered failed"
+        assert wait_until(lambda: blocked_node() is not None, ROLLOUT, 0.25), "blocked after its budget"
+        blocked = blocked_node()
+        assert blocked is not None
+        assert ns.node_labels(pool.node(blocked)).get(ns.RESULT_LABEL) == ns.FAILED
+        # MCM copies the Node's reason into the Machine once, when it turns InPlaceUpdateFailed: at the
+        # first try's "retrying" answer unless MCM was slower than the second try; the blocked answer
+        # keeps the label "failed", so MCM keeps the copy it made (docs/operator-controls.md)
+        assert wait_until(lambda: machine_failed(blocked) and machine_shows(blocked, UNREACHABLE), 60, 0.5)
+        warning = ("Warning", "InPlaceUpdateFailed", BLOCKED)
+        assert wait_until(lambda: warning in node_events(kubelab_mcm, blocked), 60, 0.5), "a Warning Event"
+        assert "inplace_extension_updates_blocked 1.0" in agent.get("/metrics").text
     finally:
         for each in pending.values():
             faults.sshd(lab, each, running=True)
-    retried = answered_failed()
-    assert retried is not None
+    tries = attempts(agent.runs_dir, blocked, V2_FINGERPRINT)
+    assert [a.outcome.kind if a.outcome else None for a in tries] == [OutcomeKind.UNREACHABLE] * BUDGET
+    first_try, second_try = tries
+    assert first_try.outcome is not None and second_try.outcome is not None
+    assert second_try.started >= first_try.outcome.finished + RETRY_AFTER, "retried after a backoff"
+    # a third try would start a backoff after the second; the agent's first look after both (sshd back,
+    # the backoff over) finds the Node answered and starts nothing: it stays blocked
+    backoff_over = second_try.outcome.finished + backoff_seconds(BUDGET, RETRY_AFTER)
+    assert wait_until(lambda: time.time() > backoff_over, 60, 0.1)
+    offset = len(agent.log())
+    looked = f"node {blocked}: answered failed already for this desired state"
+    assert wait_until(lambda: looked in agent.log()[offset:], 60, 0.25), "the agent looks again (resync)"
+    assert len(attempts(agent.runs_dir, blocked, V2_FINGERPRINT)) == BUDGET, "not retried by itself"
+    assert reason_of(blocked) == BLOCKED and stamp_writes(lab, pool.host_of(pool.node(blocked))) == []
+
+    kubelab_mcm.kubectl("annotate", "node", blocked, "inplace-extension.io/retry=1")  # a full budget again
     watch_rollout(pool, pool.finished)
     for node in pool.nodes():
         assert_host_updated(lab, pool.host_of(node))
-    first_try, *rest = attempts(agent.runs_dir, retried, V2_FINGERPRINT)
-    assert first_try.outcome is not None and first_try.outcome.kind is OutcomeKind.UNREACHABLE
-    assert rest and rest[-1].outcome is not None and rest[-1].outcome.kind is OutcomeKind.SUCCESSFUL
-    assert rest[0].started >= first_try.outcome.finished + RETRY_AFTER, "retried after a backoff"
-    said = f"node {retried}: update-result="
-    answers = [line.split(said, 1)[1].split()[0] for line in agent.log().splitlines() if said in line]
-    assert answers[0] == ns.FAILED and answers[-1] == ns.SUCCESSFUL, answers
+    *_, last = attempts(agent.runs_dir, blocked, V2_FINGERPRINT)
+    assert last.outcome is not None and last.outcome.kind is OutcomeKind.SUCCESSFUL
+    assert last.retry_token == retry_token("1") != first_try.retry_token
+    said = f"node {blocked}: update-result="
+    answers = [line.split(said, 1)[1].strip() for line in agent.log().splitlines() if said in line]
+    assert answers[0] == f"{ns.FAILED} {UNREACHABLE}, retrying (attempt 2)", answers
+    assert answers[-1] == ns.SUCCESSFUL, answers
+    assert f"{ns.FAILED} {BLOCKED}" in answers, answers
+    assert "inplace_extension_updates_blocked 0.0" in agent.get("/metrics").text
 
 
 def test_a_replica_killed_mid_update_resumes_beside_the_other_without_a_second_apply(
