@@ -13,7 +13,7 @@ the result. Retriable failures are answered ``failed`` and retried with backoff 
 their retry budget is spent (then the ``blocked after ...`` answer is final until the retry annotation).
 A periodic resync looks again at the Nodes whose last watched state calls for the agent (claims of dead
 replicas, backoffs ending, a step that failed): only those, as any change of another Node is a watch
-event, so a resync of a large pool reads a handful of Nodes, not all of them.
+event, so a resync of a large pool reads the Nodes MCM is updating, not all of them.
 
 An operator's pause annotation on the Node's MachineDeployment (read with the desired state) holds a
 Node that has not started: no result, one ``InPlaceUpdateWaiting`` Event, as outside a maintenance
