@@ -1,6 +1,7 @@
 """Shared pytest configuration: registers the host lab plugin (``lab``, ``lab_hosts``, ``lab_inventory``)
 and the Kubernetes lab plugin (``kubelab``, ``kubelab_capi``, ``kubelab_mcm``), and sorts the tests into
-the work units of parallel runs.
+the work units of parallel runs. The async tests (``pytest.mark.anyio``) run on asyncio, the loop the
+service runs on (uvicorn's).
 
 ``scripts/test`` runs the suite in pytest-xdist workers (``-n N --dist loadgroup``). Each worker is its
 own pytest session, so it brings up its own host lab and Kubernetes lab (named after its PID, on a free
@@ -42,6 +43,11 @@ pytest_plugins = ["hostlab.pytest_plugin", "kubelab.pytest_plugin"]
 # for every "capi-lab:<module>" unit
 LAB_UNITS = ("mcm-lab", "capi-lab", "node-lab")
 LAB_MARKERS = ("lab", "kube", "image")  # tests that start hosts, a control plane or a container
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
 
 
 def _module(item: pytest.Item) -> str:

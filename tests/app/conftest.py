@@ -39,11 +39,6 @@ def client_for(settings: Settings, executor: Executor | None = None) -> httpx.As
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
     async with client_for(Settings(plain_http=True)) as c:
         yield c

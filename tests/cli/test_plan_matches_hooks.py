@@ -30,11 +30,6 @@ API = "/hooks.runtime.cluster.x-k8s.io/v1alpha1"
 EXAMPLES = ROOT / "examples" / "plan"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Recorder:
     """An executor that records the run UpdateMachine hands it."""
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from inplace_extension.app import create_app
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
@@ -51,8 +50,3 @@ class FakeExecutor:
     async def poll(self, request: RunRequest) -> Progress:
         self.requests.append(request)
         return self.progress
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"

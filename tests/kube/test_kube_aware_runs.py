@@ -34,11 +34,6 @@ pytestmark = [pytest.mark.kube, pytest.mark.anyio]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def service(
     with_machines: Lab, fake: FakeRunner, tmp_path: Path
 ) -> Iterator[tuple[RunService, KubeClusterSide]]:

@@ -39,11 +39,6 @@ RESOURCE = f"{PLURAL}.{GROUP}"
 EXPRESSION = 'object.status.health == "HEALTH_OK"'
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def with_kind(with_machines: Lab) -> Lab:
     objects.define_kind(with_machines, GROUP, KIND, PLURAL)

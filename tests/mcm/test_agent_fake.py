@@ -30,11 +30,6 @@ NEW = {
 }
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _owner(kind: str, name: str) -> dict[str, Any]:
     return {"apiVersion": API, "kind": kind, "name": name, "uid": f"uid-{name}", "controller": True}
 

@@ -78,11 +78,6 @@ class FakeClusterSide:
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
     fake = FakeRunner()
     monkeypatch.setattr(runner_mod, "start", fake.start)

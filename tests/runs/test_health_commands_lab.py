@@ -39,11 +39,6 @@ RECORD_ARGV = [
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def sentinel() -> Iterator[str]:
     path = f"/tmp/inplace-pwned-{uuid.uuid4().hex[:12]}"
     yield path

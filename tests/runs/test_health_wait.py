@@ -34,11 +34,6 @@ TIMED_OUT = (
 WAITING = Progress(ProgressState.IN_PROGRESS, CEPH_DOWN.waiting, 1, waiting="health_check")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def marker(settings: Settings) -> Path:
     return settings.runs_dir / req().ident / health_wait.WAIT_FILE
 

@@ -40,11 +40,6 @@ defaults: {{user: ansible, private_key_file: /keys/id}}
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
     fake = FakeRunner()
     monkeypatch.setattr(runner_mod, "start", fake.start)
