@@ -45,6 +45,8 @@ SELECTOR = {"inplace-extension.io/capi-operator-checks": "yes"}
 GROUP, KIND, PLURAL = "lab.inplace-extension.io", "CephCluster", "cephclusters"
 CHECK = "ceph"
 EXPRESSION = 'object.status.health == "HEALTH_OK"'
+# the check's timeout before an update starts: well beyond the test's look at the wait (a few kubectl calls)
+HEALTH_TIMEOUT = 30
 BUDGET = 2  # --max-failed-attempts
 GATE_SECONDS = 120  # the health gate outlasts the test's flip back (the gate's timeout is not tested here)
 RETRY = "inplace-extension.io/retry"
@@ -88,8 +90,9 @@ def ops_extension(
     ceph: Ceph,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[KubeExtension]:
-    """The Kubernetes-aware service with a ``kubernetes`` health check on the CephCluster stand-in and a
-    retry budget of 2 attempts (backoff: ``--retry-after-seconds`` 1, doubled per failure)."""
+    """The Kubernetes-aware service with a ``kubernetes`` health check on the CephCluster stand-in (with a
+    timeout before the start) and a retry budget of 2 attempts (backoff: ``--retry-after-seconds`` 1,
+    doubled per failure)."""
     work = tmp_path_factory.mktemp("capi-operator-checks")  # kept after the run
     capabilities = work / "capabilities.yaml"
     capabilities.write_text(
@@ -102,6 +105,7 @@ def ops_extension(
         + f"      namespace: {ceph.namespace}\n"
         + f"      name: {ceph.name}\n"
         + f"      expression: '{EXPRESSION}'\n"
+        + f"      timeout: {HEALTH_TIMEOUT}s\n"
     )
     extra = ["--max-failed-attempts", str(BUDGET), "--health-gate-timeout-seconds", str(GATE_SECONDS)]
     with serving(kubelab_capi, lab, EXTENSION, SELECTOR, capabilities, work / "service.log", extra) as ext:
@@ -138,9 +142,10 @@ def test_a_cel_check_on_an_object_that_flips_holds_the_update_before_it_starts_a
     ops_extension: KubeExtension, healthy: Ceph, lab: HostLab, lab_hosts: list[Host]
 ) -> None:
     """The CephCluster stand-in says unhealthy -> CAPI's UpdateMachine calls are held with a message naming
-    the check, and nothing starts on the host; it flips healthy -> the update starts; it flips unhealthy
-    while the play runs -> the play finishes and the health gate holds the Machine; healthy again -> the
-    Machine is UpToDate, updated once."""
+    the check, and nothing starts on the host; past the check's timeout CAPI gets the Failure naming it,
+    still nothing started; it flips healthy (and the retry annotation makes CAPI call at once) -> the
+    update starts; it flips unhealthy while the play runs -> the play finishes and the health gate holds
+    the Machine; healthy again -> the Machine is UpToDate, updated once."""
     ext, ceph, host = ops_extension, healthy, lab_hosts[0]
     worker = on_host(ext, lab, host, "ops-cel")
     machine = f"{worker.namespace}/{worker.machine}"
@@ -148,8 +153,10 @@ def test_a_cel_check_on_an_object_that_flips_holds_the_update_before_it_starts_a
     worker.change(add_user("opscel"))
     reason = f"{EXPRESSION} is false on {ceph.where}"
     waiting = f'waiting for health check "{CHECK}" ({reason})'
-    wait(lambda: waiting in updating_message(worker), 240, f"the Machine shows: {waiting}", worker.explain)
-    assert worker.events().get("Waiting") == [waiting]
+    # the Event, not the condition: the condition says it only until the timeout
+    wait(lambda: "Waiting" in worker.events(), 240, f"the Waiting Event: {waiting}", worker.explain)
+    assert worker.events()["Waiting"] == [waiting]
+    assert waiting in updating_message(worker), "the Machine shows why it waits"
 
     # CAPI asks again (retryAfterSeconds 1) and is held again: nothing has started on the host
     def polls() -> int:
@@ -160,7 +167,24 @@ def test_a_cel_check_on_an_object_that_flips_holds_the_update_before_it_starts_a
     assert run_attempts(ext, machine) == [], "no attempt while the check does not hold"
     assert stamp_writes(lab, host) == []
 
+    # past the timeout: the Failure names the check (CAPI shows its generic message), nothing runs
+    timed_out = (
+        f'health check "{CHECK}" did not hold within {HEALTH_TIMEOUT}s before the update '
+        f"({EXPRESSION} on {ceph.where})"
+    )
+    wait(
+        lambda: timed_out in worker.events().get("Failed", []),
+        HEALTH_TIMEOUT + 60,
+        f"the Failed Event: {timed_out}",
+        worker.explain,
+    )
+    wait(lambda: updating_message(worker) == CAPI_FAILURE, 60, "CAPI shows the Failure", worker.explain)
+    assert run_attempts(ext, machine) == [] and stamp_writes(lab, host) == [], "nothing started"
+
     ceph.set("HEALTH_OK")
+    # CAPI calls a failed hook again on its backoff; the retry annotation (a change of the Machine)
+    # makes it call at once
+    worker.kube.kubectl("annotate", MACHINES, worker.machine, "-n", worker.namespace, f"{RETRY}=1")
     # polled fast: the object flips back to unhealthy while the started play still runs
     assert wait_until(lambda: bool(run_attempts(ext, machine)), 60, 0.1), worker.explain()
     ceph.set("HEALTH_ERR")
@@ -175,7 +199,8 @@ def test_a_cel_check_on_an_object_that_flips_holds_the_update_before_it_starts_a
     wait(lambda: "Done" in worker.events(), 30, "the Done Event", worker.explain)
     assert len(stamp_writes(lab, host)) == 1, "one apply"
     assert [a["outcome"] for a in run_attempts(ext, machine)] == ["successful"]
-    assert worker.events()["Waiting"] == [waiting], "the wait before the start, said once"
+    events = worker.events()
+    assert (events["Waiting"], events["Failed"]) == ([waiting], [timed_out]), "each said once"
 
 
 def test_a_machine_whose_host_cannot_be_reached_is_blocked_after_2_attempts_until_the_retry_annotation(
