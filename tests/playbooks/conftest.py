@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 from hostlab.lab import Host, Lab
 
@@ -14,3 +18,12 @@ def host(lab: Lab, lab_hosts: list[Host]) -> Host:
     with the OS update stand-ins)."""
     install_standins(lab_run_on_host(lab, lab_hosts[0]), version="v1.30.2")
     return lab_hosts[0]
+
+
+@pytest.fixture
+def sentinel() -> Iterator[str]:
+    """A fresh path the injection payloads create if they are ever evaluated (on the controller or the
+    host); removed after the test."""
+    path = f"/tmp/inplace-sentinel-{uuid.uuid4().hex[:12]}"
+    yield path
+    Path(path).unlink(missing_ok=True)

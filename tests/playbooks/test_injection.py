@@ -10,8 +10,6 @@ sentinel check does see an evaluated payload: the same string passed as a plain 
 from __future__ import annotations
 
 import copy
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +19,6 @@ from hostlab.lab import Host, Lab
 
 from .standins import install_standins, lab_run_on_host
 from .support import RunSpec, base_envvars, host_exists, host_root, run_update
-
-
-@pytest.fixture
-def sentinel() -> Iterator[str]:
-    path = f"/tmp/inplace-sentinel-{uuid.uuid4().hex[:12]}"
-    yield path
-    Path(path).unlink(missing_ok=True)
 
 
 def payloads(sentinel: str) -> dict[str, str]:

@@ -9,8 +9,6 @@ to the role directly it lands only as literal text in the role's record. Compani
 from __future__ import annotations
 
 import copy
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,13 +21,6 @@ from .standins import install_standins, lab_run_on_host
 from .support import host_exists, host_root, write_kubelet_credentials
 
 pytestmark = pytest.mark.lab
-
-
-@pytest.fixture
-def sentinel() -> Iterator[str]:
-    path = f"/tmp/inplace-sentinel-{uuid.uuid4().hex[:12]}"
-    yield path
-    Path(path).unlink(missing_ok=True)
 
 
 def payload(sentinel: str) -> str:
