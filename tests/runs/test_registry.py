@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
+
+from hostlab.proc import wait_until
 
 from inplace_extension.runs.registry import Job, JobState, RunRegistry
-
-
-def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 class Gates:
@@ -50,7 +43,7 @@ def test_fifo_queue_with_positions_and_bounded_slots() -> None:
     for i in range(5):
         assert reg.submit(gates.job(f"r{i}", f"ns/m{i}"))
     assert not reg.submit(Job("r0", "ns/m0", None))  # same ident: already known
-    until(lambda: len(gates.ran) == 2)
+    assert wait_until(lambda: len(gates.ran) == 2, 5, 0.01)
     assert [reg.view(f"r{i}").message() for i in range(5)] == [  # type: ignore[union-attr]
         "running: starting",
         "running: starting",
@@ -61,15 +54,15 @@ def test_fifo_queue_with_positions_and_bounded_slots() -> None:
     reg.set_phase("r0", "ntp")
     assert reg.view("r0").message() == "running: ntp"  # type: ignore[union-attr]
     gates.release["r1"].set()
-    until(lambda: gates.ran == ["r0", "r1", "r2"])
+    assert wait_until(lambda: gates.ran == ["r0", "r1", "r2"], 5, 0.01)
     assert reg.view("r1") is None
     assert reg.view("r3").message() == "queued: position 1 of 2"  # type: ignore[union-attr]
     gates.release["r0"].set()
-    until(lambda: "r3" in gates.ran)
+    assert wait_until(lambda: "r3" in gates.ran, 5, 0.01)
     assert "r4" not in gates.ran  # r2 and r3 hold both slots
     for ev in gates.release.values():
         ev.set()
-    until(lambda: reg.in_flight() == 0)
+    assert wait_until(lambda: reg.in_flight() == 0, 5, 0.01)
     assert gates.ran == ["r0", "r1", "r2", "r3", "r4"]
     assert gates.max_active == 2
 
@@ -80,14 +73,14 @@ def test_one_machine_never_runs_twice_at_once() -> None:
     reg.submit(gates.job("a1", "ns/a"))
     reg.submit(gates.job("a2", "ns/a"))  # new fingerprint for the same Machine
     reg.submit(gates.job("b1", "ns/b"))
-    until(lambda: sorted(gates.ran) == ["a1", "b1"])
+    assert wait_until(lambda: sorted(gates.ran) == ["a1", "b1"], 5, 0.01)
     view = reg.view("a2")
     assert view is not None and view.state is JobState.QUEUED
     gates.release["a1"].set()
-    until(lambda: "a2" in gates.ran)
+    assert wait_until(lambda: "a2" in gates.ran, 5, 0.01)
     for ev in gates.release.values():
         ev.set()
-    until(lambda: reg.in_flight() == 0)
+    assert wait_until(lambda: reg.in_flight() == 0, 5, 0.01)
 
 
 def test_a_crashing_batch_gives_its_slots_back() -> None:
@@ -109,12 +102,12 @@ def test_jobs_submitted_within_the_window_share_a_batch() -> None:
     reg = RunRegistry(3, gates.work, window=0.2)
     for i in range(4):
         reg.submit(gates.job(f"w{i}", f"ns/w{i}"))
-    until(lambda: len(gates.batches) == 1)
+    assert wait_until(lambda: len(gates.batches) == 1, 5, 0.01)
     assert gates.batches == [["w0", "w1", "w2"]]  # bounded by the slots; w3 waits its turn
     assert reg.view("w3").message() == "queued: position 1 of 1"  # type: ignore[union-attr]
     for ev in gates.release.values():
         ev.set()
-    until(lambda: reg.in_flight() == 0)
+    assert wait_until(lambda: reg.in_flight() == 0, 5, 0.01)
     assert gates.batches == [["w0", "w1", "w2"], ["w3"]]
 
 
@@ -123,7 +116,7 @@ def test_close_drops_the_queue() -> None:
     reg = RunRegistry(1, gates.work)
     reg.submit(gates.job("a", "ns/a"))
     reg.submit(gates.job("b", "ns/b"))
-    until(lambda: gates.ran == ["a"])
+    assert wait_until(lambda: gates.ran == ["a"], 5, 0.01)
     threads = reg.close()
     assert len(threads) == 1
     assert reg.view("b") is None

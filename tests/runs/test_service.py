@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
 import pytest
+from hostlab.proc import wait_until
 
 from inplace_extension.metrics import Metrics
 from inplace_extension.runs import holds
@@ -91,13 +92,6 @@ async def settle(svc: RunService, request: RunRequest, within: float = 5.0) -> P
         await anyio.sleep(0.01)
 
 
-def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
 async def test_first_poll_runs_then_done_and_no_second_run(svc: RunService, fake: FakeRunner) -> None:
     first = await svc.poll(req())
     assert first.state is ProgressState.IN_PROGRESS
@@ -121,7 +115,7 @@ async def test_messages_name_queue_position_and_capability(settings: Settings, f
         assert (await service.poll(req("m1"))).message == "queued: position 1 of 1"
         for name in ("m2", "m3"):
             await service.poll(req(name))
-        until(lambda: fake.count("m1") == 1)
+        assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
         assert (await service.poll(req("m1"))).message == "running: kubeadm_files"  # last role started
         assert (await service.poll(req("m2"))).message == "queued: position 1 of 2"
         assert (await service.poll(req("m3"))).message == "queued: position 2 of 2"
@@ -200,7 +194,7 @@ async def test_close_waits_for_running_attempts_and_admits_no_more(
     service = RunService(settings.model_copy(update={"max_parallel_runs": 1}))
     await service.poll(req("m1"))
     await service.poll(req("m2"))
-    until(lambda: fake.count("m1") == 1)
+    assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
     closer = threading.Thread(target=service.close)
     closer.start()
     closer.join(0.3)  # bounded: proves close() blocks while the run goes on
@@ -266,7 +260,7 @@ async def test_a_poll_during_a_run_is_held_until_it_ends(settings: Settings, fak
     service = RunService(settings)
     try:
         assert (await service.poll(req())).state is ProgressState.IN_PROGRESS
-        until(lambda: fake.count("m1") == 1)
+        assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
         started = time.monotonic()
         still = await service.poll(req())  # the run does not end: answered after the hold
         assert still.message == "running: kubeadm_files"
@@ -320,7 +314,7 @@ async def test_run_metrics_count_outcomes_and_track_slots(settings: Settings, fa
     try:
         for name in ("m1", "m2"):
             await service.poll(req(name))
-        until(lambda: fake.count("m1") == 1)
+        assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
         # scraped while m1 holds the only slot and m2 waits
         assert _sample(metrics, "inplace_extension_runs_in_flight") == 1
         assert _sample(metrics, "inplace_extension_run_queue_length") == 1
@@ -481,7 +475,7 @@ async def test_update_status_metrics_count_waiting_failed_and_the_oldest_update(
         held = RunRequest(**{**req("m3").__dict__, "labels": {"env": "prod"}})
         assert (await service.poll(held)).waiting == "window"
         await service.poll(req("m1"))
-        until(lambda: fake.count("m1") == 1)
+        assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
         clock.now += 600
         assert _sample(metrics, "inplace_extension_updates_waiting", {"reason": "window"}) == 1
         assert _sample(metrics, "inplace_extension_updates_waiting", {"reason": "health_check"}) == 0
@@ -591,7 +585,7 @@ async def test_after_the_play_the_health_gate_waits_for_the_checks_then_fails_na
     service = RunService(settings, clock=clock, object_health=health)
     try:
         await service.poll(req())
-        until(lambda: fake.count("m1") == 1)
+        assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
         health.failing = CEPH_DOWN  # the update made the cluster unhealthy
         fake.gate.set()
         waiting = await settle(service, req())
