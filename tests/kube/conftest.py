@@ -1,5 +1,6 @@
-"""Fixtures of the Kubernetes adapter tests: CAPI's Machine CRD in the kubelab, Machines, a client, and
-the fake play of the tests that run a RunService against the lab (held until the test releases it)."""
+"""Fixtures of the Kubernetes adapter tests: CAPI's Machine CRD in the kubelab, Machines, a client, the
+fake play of the tests that run a RunService against the lab (held until the test releases it), and what
+the tests read back of an object (its annotations, a Node's cordon)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubelab import manifests
+from kubelab import manifests, objects
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 from runs.fakes import FakeRunner
@@ -45,3 +46,13 @@ def create_machine(
 ) -> dict[str, Any]:
     """A v1beta2 Machine with the given status (set through the status subresource, as CAPI does)."""
     return co.machine_with_status(lab, namespace, name, addresses, node)
+
+
+def annotations_of(lab: Lab, kind: str, name: str, ns: str | None = None) -> dict[str, str]:
+    """The object's annotations as the API server has them now (none when it does not exist)."""
+    return dict((objects.get(lab, kind, name, ns) or {}).get("metadata", {}).get("annotations", {}))
+
+
+def unschedulable(lab: Lab, node: str) -> bool:
+    """The Node is cordoned (spec.unschedulable)."""
+    return bool((objects.get(lab, "node", node) or {}).get("spec", {}).get("unschedulable"))

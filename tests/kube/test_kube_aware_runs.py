@@ -28,7 +28,7 @@ from inplace_extension.kubeaware.cluster_side import KubeClusterSide
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.service import RunService
 
-from .conftest import create_machine
+from .conftest import annotations_of, create_machine, unschedulable
 
 pytestmark = [pytest.mark.kube, pytest.mark.anyio]
 
@@ -90,14 +90,6 @@ def events(lab: Lab, ns: str) -> list[tuple[str, str]]:
     listed = json.loads(lab.kubectl("get", "events", "-n", ns, "-o", "json").stdout)["items"]
     ordered = sorted(listed, key=lambda e: (e["firstTimestamp"], e["metadata"]["creationTimestamp"]))
     return [(e["reason"], e["message"]) for e in ordered]
-
-
-def annotations_of(lab: Lab, kind: str, name: str, ns: str | None = None) -> dict[str, str]:
-    return dict((objects.get(lab, kind, name, ns) or {}).get("metadata", {}).get("annotations", {}))
-
-
-def unschedulable(lab: Lab, node: str) -> bool:
-    return bool((objects.get(lab, "node", node) or {}).get("spec", {}).get("unschedulable"))
 
 
 async def test_a_kubelet_restart_drains_marks_the_machine_and_cleans_up(

@@ -22,6 +22,8 @@ from kubelab.lab import Lab
 from inplace_extension.kube import drain
 from inplace_extension.kube.nodes import node_health
 
+from .conftest import annotations_of, unschedulable
+
 pytestmark = pytest.mark.kube
 
 OWNER = "default/md-0-abc"
@@ -29,14 +31,6 @@ OWNER = "default/md-0-abc"
 
 def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-def _unschedulable(lab: Lab, node: str) -> bool:
-    return bool((objects.get(lab, "node", node) or {}).get("spec", {}).get("unschedulable"))
-
-
-def _annotations(lab: Lab, node: str) -> dict[str, str]:
-    return dict((objects.get(lab, "node", node) or {}).get("metadata", {}).get("annotations", {}))
 
 
 def test_drain_evicts_workloads_skips_daemonset_and_mirror_pods_and_uncordons_once(
@@ -85,7 +79,7 @@ def test_drain_evicts_workloads_skips_daemonset_and_mirror_pods_and_uncordons_on
     )
 
     assert drain.cordon(client, node, OWNER) is True
-    assert _unschedulable(kubelab, node) and _annotations(kubelab, node)[drain.CORDONED_BY] == OWNER
+    assert unschedulable(kubelab, node) and annotations_of(kubelab, "node", node)[drain.CORDONED_BY] == OWNER
     reports: list[int] = []
     drain.drain(client, node, drain.DrainPolicy(timeout_seconds=60, poll_seconds=0.2), reports.append)
     assert reports[0] == 3 and reports[-1] == 0 and reports == sorted(reports, reverse=True)
@@ -94,7 +88,7 @@ def test_drain_evicts_workloads_skips_daemonset_and_mirror_pods_and_uncordons_on
 
     assert drain.uncordon(client, node, OWNER) is True
     assert drain.uncordon(client, node, OWNER) is False  # already done: never twice
-    assert not _unschedulable(kubelab, node) and drain.CORDONED_BY not in _annotations(kubelab, node)
+    assert not unschedulable(kubelab, node) and drain.CORDONED_BY not in annotations_of(kubelab, "node", node)
     assert node_health(client, node).ready
 
 
@@ -112,7 +106,7 @@ def test_a_node_cordoned_by_someone_else_is_drained_but_never_uncordoned(kubelab
     kubelab.kubectl("cordon", node)
     assert drain.cordon(client, node, OWNER) is False
     assert drain.uncordon(client, node, OWNER) is False
-    assert _unschedulable(kubelab, node)
+    assert unschedulable(kubelab, node)
 
 
 def test_a_pdb_that_can_never_allow_the_eviction_waits_for_the_timeout_when_told_to(
@@ -134,7 +128,7 @@ def test_a_pdb_that_can_never_allow_the_eviction_waits_for_the_timeout_when_told
     )
     assert reports[0] == 2 and reports[-1] == 1
     assert drain.uncordon(client, node, OWNER) is True
-    assert not _unschedulable(kubelab, node)
+    assert not unschedulable(kubelab, node)
 
 
 @pytest.mark.parametrize(
@@ -230,7 +224,7 @@ def test_a_process_killed_between_cordon_and_uncordon_is_cleaned_up_exactly_once
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
-    assert _unschedulable(kubelab, node)
+    assert unschedulable(kubelab, node)
     # what a restarted service finds on the Node, and two cleanups racing (a poll and a run): one wins
     assert drain.cordoned_by(client, node) == OWNER
     results: list[bool] = []
@@ -242,5 +236,5 @@ def test_a_process_killed_between_cordon_and_uncordon_is_cleaned_up_exactly_once
     for thread in threads:
         thread.join()
     assert sorted(results) == [False, True]
-    assert wait_until(lambda: not _unschedulable(kubelab, node), 10, 0.2)
+    assert wait_until(lambda: not unschedulable(kubelab, node), 10, 0.2)
     assert drain.cordoned_by(client, node) is None
