@@ -17,7 +17,6 @@ from hostlab.lab import Host, Lab
 from inplace_extension.inplace.plan import PlanError
 
 from .shipped import ANNOTATION, STANDIN, desired, install_os_update_standin, plan_for, run_plan
-from .standins import install_standins, lab_run_on_host
 from .support import host_exists, host_root, write_kubelet_credentials
 
 pytestmark = pytest.mark.lab
@@ -42,12 +41,10 @@ def test_os_update_value_payloads_reach_the_command_as_one_literal_argument(
 
 
 def test_annotation_payloads_are_refused_by_the_plan_and_stay_text_in_the_role(
-    lab: Lab, lab_hosts: list[Host], tmp_path: Path, sentinel: str
+    lab: Lab, host: Host, tmp_path: Path, sentinel: str
 ) -> None:
     with pytest.raises(PlanError):
         plan_for(desired(annotations={ANNOTATION: payload(sentinel)}))
-    host = lab_hosts[0]
-    install_standins(lab_run_on_host(lab, host), version="v1.30.2")
     write_kubelet_credentials(lab, host, cert="cert\n")
     good = plan_for(desired(annotations={ANNOTATION: "2026-11-25T07:00:00Z"}))
     inputs = copy.deepcopy(good.inputs)

@@ -16,17 +16,14 @@ import yaml
 from hostlab.lab import Host, Lab
 
 from .shipped import ANNOTATION, desired, plan_for, run_plan
-from .standins import install_standins, lab_run_on_host
 from .support import calls, host_exists, host_root, write_kubelet_credentials
 
 pytestmark = pytest.mark.lab
 
 
 def test_rotation_embeds_the_current_cert_in_the_bootstrap_kubeconfig_removes_the_certs_and_restarts_once(
-    lab: Lab, lab_hosts: list[Host], tmp_path: Path
+    lab: Lab, host: Host, tmp_path: Path
 ) -> None:
-    host = lab_hosts[0]
-    install_standins(lab_run_on_host(lab, host), version="v1.30.2")
     write_kubelet_credentials(lab, host, cert="cert\n")
     restarts = calls(lab, host).count("systemctl restart kubelet")
     plan = plan_for(desired(annotations={ANNOTATION: "2026-11-25T07:00:00Z"}))
@@ -62,10 +59,8 @@ def test_rotation_embeds_the_current_cert_in_the_bootstrap_kubeconfig_removes_th
 
 
 def test_a_kubeconfig_naming_a_missing_cert_fails_before_anything_is_removed(
-    lab: Lab, lab_hosts: list[Host], tmp_path: Path
+    lab: Lab, host: Host, tmp_path: Path
 ) -> None:
-    host = lab_hosts[0]
-    install_standins(lab_run_on_host(lab, host), version="v1.30.2")
     write_kubelet_credentials(lab, host, cert=None)  # no kubelet-client-current.pem
     restarts = calls(lab, host).count("systemctl restart kubelet")
     result = run_plan(

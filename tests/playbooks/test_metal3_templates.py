@@ -18,7 +18,6 @@ from hostlab.lab import Host, Lab
 
 from inplace_extension.inplace.plan import plan_update
 
-from .standins import install_standins, lab_run_on_host
 from .support import RunSpec, host_root, run_update
 
 pytestmark = pytest.mark.lab
@@ -42,11 +41,7 @@ def desired() -> dict[str, Any]:
     return dict(body["desired"])
 
 
-def test_max_pods_lands_and_the_join_rendered_templates_stay(
-    lab: Lab, lab_hosts: list[Host], tmp_path: Path
-) -> None:
-    host = lab_hosts[0]
-    install_standins(lab_run_on_host(lab, host), version="v1.30.2")
+def test_max_pods_lands_and_the_join_rendered_templates_stay(lab: Lab, host: Host, tmp_path: Path) -> None:
     host_root(lab, host, ["sh", "-c", f"mkdir -p /var/lib/kubelet && cat >{FLAGS}"], stdin=RENDERED)
     plan = plan_update(desired())
     assert [step.capability for step in plan.steps] == ["kubelet_args"]
