@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
@@ -47,12 +48,17 @@ def write_state(text: str) -> None:
     tmp.replace(STATE)  # atomic: the controller never reads a half-written state
 
 
+def _processes_but_init() -> Iterator[Path]:
+    """The /proc entry of every process of this PID namespace but PID 1 (it may be gone when read)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != "1":
+            yield entry
+
+
 def sshd_processes() -> list[int]:
     """Every sshd in this PID namespace: the listener and the per-connection session processes."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or entry.name == "1":
-            continue
+    for entry in _processes_but_init():
         try:
             if str((entry / "exe").readlink()) == SSHD:
                 pids.append(int(entry.name))
@@ -70,9 +76,7 @@ def signal_all(pids: list[int], sig: int) -> None:
 def other_processes() -> list[int]:
     """Every live process of this PID namespace but PID 1 (zombies are for their parents to reap)."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or entry.name == "1":
-            continue
+    for entry in _processes_but_init():
         try:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
