@@ -59,7 +59,8 @@ def wait_established(lab: Lab, name: str, timeout: float = CRD_TIMEOUT) -> None:
         proc = lab.kubectl("get", name, "-o", "jsonpath={.status.conditions}", check=False)
         if proc.returncode != 0 or not proc.stdout.strip():
             return False
-        conditions = json.loads(proc.stdout)
+        # "null" right after the apply, before the API server wrote any condition (seen 2026-11-26)
+        conditions = json.loads(proc.stdout) or []
         return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
     if not wait_until(established, timeout, 0.2):
