@@ -11,7 +11,9 @@ CRD of that name (``lab.inplace-extension.io``) with a status subresource that o
 the Ceph operator would write the real one's ``status``.
 
 The check holds every Machine of this module's service, so a fixture leaves the object healthy after
-each test that changes it.
+each test that changes it. A ``command`` check of the same file (a file on the host must exist) keeps a
+play on its host until the test lets it end, so the test flips the object while the play runs without
+racing the play's end.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from e2e.hostcheck import stamp_writes
 from hostlab import faults
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
-from hostlab.proc import wait_until
 from kubelab import objects
 from kubelab.lab import Lab
 from playbooks.standins import install_standins, lab_run_on_host
@@ -47,6 +48,7 @@ CHECK = "ceph"
 EXPRESSION = 'object.status.health == "HEALTH_OK"'
 # the check's timeout before an update starts: well beyond the test's look at the wait (a few kubectl calls)
 HEALTH_TIMEOUT = 30
+PLAY_GATE = "/tmp/inplace-ops-play-gate"  # the play's command check passes once this file exists
 BUDGET = 2  # --max-failed-attempts
 GATE_SECONDS = 120  # the health gate outlasts the test's flip back (the gate's timeout is not tested here)
 RETRY = "inplace-extension.io/retry"
@@ -98,6 +100,8 @@ def ops_extension(
     capabilities.write_text(
         e2e_capabilities.read_text()
         + "health_checks:\n"
+        + "  - name: play_gate\n"
+        + f"    command: [test, -e, {PLAY_GATE}]\n"
         + f"  - name: {CHECK}\n"
         + "    kubernetes:\n"
         + f"      api_version: {GROUP}/v1\n"
@@ -121,6 +125,18 @@ def healthy(ceph: Ceph) -> Iterator[Ceph]:
         ceph.set("HEALTH_OK")
 
 
+@pytest.fixture
+def gated(lab: HostLab, lab_hosts: list[Host]) -> Iterator[list[Host]]:
+    """The lab hosts with the play gate open (the file the command check wants); removed after the test."""
+    try:
+        for host in lab_hosts:
+            lab.exec_in(host, ["touch", PLAY_GATE])
+        yield lab_hosts
+    finally:
+        for host in lab_hosts:
+            lab.exec_in(host, ["rm", "-f", PLAY_GATE])
+
+
 def on_host(ext: KubeExtension, lab: HostLab, host: Host, prefix: str) -> Worker:
     """A cluster whose one worker Machine is the lab host (with the Kubernetes stand-ins)."""
     install_standins(lab_run_on_host(lab, host), version=START_VERSION)
@@ -139,15 +155,16 @@ def add_user(name: str) -> dict[str, object]:
 
 
 def test_a_cel_check_on_an_object_that_flips_holds_the_update_before_it_starts_and_in_its_health_gate(
-    ops_extension: KubeExtension, healthy: Ceph, lab: HostLab, lab_hosts: list[Host]
+    ops_extension: KubeExtension, healthy: Ceph, lab: HostLab, gated: list[Host]
 ) -> None:
     """The CephCluster stand-in says unhealthy -> CAPI's UpdateMachine calls are held with a message naming
     the check, and nothing starts on the host; past the check's timeout CAPI gets the Failure naming it,
     still nothing started; it flips healthy (and the retry annotation makes CAPI call at once) -> the
     update starts; it flips unhealthy while the play runs -> the play finishes and the health gate holds
     the Machine; healthy again -> the Machine is UpToDate, updated once."""
-    ext, ceph, host = ops_extension, healthy, lab_hosts[0]
+    ext, ceph, host = ops_extension, healthy, gated[0]
     worker = on_host(ext, lab, host, "ops-cel")
+    lab.exec_in(host, ["rm", "-f", PLAY_GATE])  # the play waits on the host until the test has flipped
     machine = f"{worker.namespace}/{worker.machine}"
     ceph.set("HEALTH_WARN")
     worker.change(add_user("opscel"))
@@ -185,10 +202,11 @@ def test_a_cel_check_on_an_object_that_flips_holds_the_update_before_it_starts_a
     # CAPI calls a failed hook again on its backoff; the retry annotation (a change of the Machine)
     # makes it call at once
     worker.kube.kubectl("annotate", MACHINES, worker.machine, "-n", worker.namespace, f"{RETRY}=1")
-    # polled fast: the object flips back to unhealthy while the started play still runs
-    assert wait_until(lambda: bool(run_attempts(ext, machine)), 60, 0.1), worker.explain()
+    # the object flips back to unhealthy while the started play waits on its gate, then the play ends
+    wait(lambda: bool(run_attempts(ext, machine)), 60, "the update started", worker.explain)
     ceph.set("HEALTH_ERR")
     assert run_attempts(ext, machine)[0]["outcome"] is None, "flipped while the play runs"
+    lab.exec_in(host, ["touch", PLAY_GATE])
     gate = f'health gate: waiting for health check "{CHECK}" ({reason})'
     wait(lambda: gate in updating_message(worker), 120, f"the Machine shows: {gate}", worker.explain)
     assert [a["outcome"] for a in run_attempts(ext, machine)] == ["successful"]
@@ -204,13 +222,13 @@ def test_a_cel_check_on_an_object_that_flips_holds_the_update_before_it_starts_a
 
 
 def test_a_machine_whose_host_cannot_be_reached_is_blocked_after_2_attempts_until_the_retry_annotation(
-    ops_extension: KubeExtension, healthy: Ceph, lab: HostLab, lab_hosts: list[Host]
+    ops_extension: KubeExtension, healthy: Ceph, lab: HostLab, gated: list[Host]
 ) -> None:
     """sshd stopped on the host -> two unreachable attempts -> the update is blocked (a Failure CAPI
     shows, our Failed Event and the blocked gauge say why); sshd back -> still blocked when CAPI calls
     again; the retry annotation on the Machine -> a full budget, and the update completes with one
     apply."""
-    ext, host = ops_extension, lab_hosts[1]
+    ext, host = ops_extension, gated[1]
     worker = on_host(ext, lab, host, "ops-budget")
     machine = f"{worker.namespace}/{worker.machine}"
     blocked = f"blocked after {BUDGET} failed attempts: host unreachable"
