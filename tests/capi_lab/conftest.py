@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from ipaddress import IPv4Network
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,37 @@ SELECTOR_KEY = "inplace-extension.io/capi-lab"
 def handlers_of(name: str) -> set[str]:
     """The handler names CAPI gives our three hooks under the ExtensionConfig ``name``."""
     return {f"{h}.{name}" for h in ("can-update-machine", "can-update-machineset", "update-machine")}
+
+
+def serve_argv(
+    kube: Lab, name: str, inventory: Path, network: IPv4Network, runs_dir: Path, capabilities: Path
+) -> list[str]:
+    """``inplace-extension serve`` over TLS for CAPI to call: a serving certificate ``name`` from the lab's
+    PKI (SAN 127.0.0.1), a free port outside CAPD's 19000 and 20000-30000, the hostlab ``network`` as
+    ``--allowed-cidrs`` and ``--retry-after-seconds 1`` (the lab's CAPI asks again at once)."""
+    cert = kube.pki.issue_server(name)
+    return [
+        sys.executable,
+        "-m",
+        "inplace_extension",
+        "serve",
+        "--listen",
+        f"127.0.0.1:{kube.free_port()}",
+        "--tls-cert",
+        str(cert.cert),
+        "--tls-key",
+        str(cert.key),
+        "--inventory",
+        str(inventory),
+        "--allowed-cidrs",
+        str(network),
+        "--runs-dir",
+        str(runs_dir),
+        "--capabilities-file",
+        str(capabilities),
+        "--retry-after-seconds",
+        "1",
+    ]
 
 
 def worker_id(config: pytest.Config) -> str:
@@ -164,33 +196,10 @@ def capi_extension(
     worker = worker_id(request.config)
     name, selector = f"{EXTENSION}-{worker}", {SELECTOR_KEY: worker}
     work = tmp_path_factory.mktemp("capi-extension")
-    cert = kubelab_capi.pki.issue_server(name)
     inventory = work / "inventory.yaml"
     inventory.write_text("hosts: []\n")
     runs_dir = work / "runs"
-    port = kubelab_capi.free_port()  # outside CAPD's 19000 and 20000-30000
-    argv = [
-        sys.executable,
-        "-m",
-        "inplace_extension",
-        "serve",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--tls-cert",
-        str(cert.cert),
-        "--tls-key",
-        str(cert.key),
-        "--inventory",
-        str(inventory),
-        "--allowed-cidrs",
-        str(lab.network),
-        "--runs-dir",
-        str(runs_dir),
-        "--capabilities-file",
-        str(e2e_capabilities),
-        "--retry-after-seconds",
-        "1",
-    ]
+    argv = serve_argv(kubelab_capi, name, inventory, lab.network, runs_dir, e2e_capabilities)
     service = Service(argv, work / "service-1.log", runs_dir, kubelab_capi.ca)
     ext = Extension(
         kubelab_capi, lab, argv, kubelab_capi.ca, inventory, runs_dir, work, service, name, selector

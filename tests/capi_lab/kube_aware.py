@@ -15,7 +15,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,7 +36,7 @@ from kubelab.lab import Lab
 
 from inplace_extension.runs.ssh import close_control_masters
 
-from .conftest import registered, unique_namespace
+from .conftest import registered, serve_argv, unique_namespace
 from .rollout import wait
 
 MACHINES = "machines.cluster.x-k8s.io"
@@ -130,30 +129,10 @@ def serving(
     modules running at once on other workers never share either."""
     # short: ssh's ControlPath socket lives under the runs dir (108-byte limit for socket paths)
     work = Path(tempfile.mkdtemp(prefix="ka-"))
-    cert = kube.pki.issue_server(name)
     inventory = work / "inventory.yaml"
     inventory.write_text("hosts: []\n")
     argv = [
-        sys.executable,
-        "-m",
-        "inplace_extension",
-        "serve",
-        "--listen",
-        f"127.0.0.1:{kube.free_port()}",
-        "--tls-cert",
-        str(cert.cert),
-        "--tls-key",
-        str(cert.key),
-        "--inventory",
-        str(inventory),
-        "--allowed-cidrs",
-        str(hosts.network),
-        "--runs-dir",
-        str(work / "runs"),
-        "--capabilities-file",
-        str(capabilities),
-        "--retry-after-seconds",
-        "1",
+        *serve_argv(kube, name, inventory, hosts.network, work / "runs", capabilities),
         "--kubeconfig",
         str(kube.kubeconfig),
         "--workload-kubeconfig",
