@@ -162,8 +162,39 @@ def run_attempts(ext: KubeExtension, machine: str) -> list[dict[str, Any]]:
     return found
 
 
+class TemplateChanges:
+    """The MachineDeployment ``<cluster>-md-0`` of a test's in-memory cluster and the bootstrap templates
+    the test gives it: each :meth:`change` is a new KubeadmConfigTemplate ``<md>-<generation>`` the
+    MachineDeployment then points at (CAPI asks CanUpdateMachineSet and rolls it out in place). Shared by
+    the dataclasses of one worker, a fleet and a rollout of 3, which declare these attributes."""
+
+    ext: KubeExtension
+    namespace: str
+    cluster: str
+    generation: int
+
+    @property
+    def kube(self) -> Lab:
+        return self.ext.kube
+
+    @property
+    def md(self) -> str:
+        return f"{self.cluster}-md-0"
+
+    @property
+    def template(self) -> str:
+        """The KubeadmConfigTemplate of the latest :meth:`change`."""
+        return f"{self.md}-{self.generation}"
+
+    def change(self, spec: dict[str, Any]) -> None:
+        self.generation += 1
+        objects.apply(self.kube, co.kubeadm_config_template(self.template, self.namespace, spec))
+        body = {"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": self.template}}}}}}
+        self.kube.kubectl("patch", MD, self.md, "-n", self.namespace, "--type=merge", "-p", json.dumps(body))
+
+
 @dataclass
-class Worker:
+class Worker(TemplateChanges):
     """One in-memory cluster with one MachineDeployment Machine mapped to a lab host and a kwok Node."""
 
     ext: KubeExtension
@@ -174,14 +205,6 @@ class Worker:
     node: str
     generation: int = 1
 
-    @property
-    def kube(self) -> Lab:
-        return self.ext.kube
-
-    @property
-    def md(self) -> str:
-        return f"{self.cluster}-md-0"
-
     def machine_obj(self) -> dict[str, Any]:
         found = objects.get(self.kube, MACHINES, self.machine, self.namespace)
         assert found is not None
@@ -191,19 +214,6 @@ class Worker:
         found = objects.get(self.kube, "node", self.node)
         assert found is not None
         return found
-
-    def change(self, spec: dict[str, Any]) -> None:
-        """A new KubeadmConfigTemplate for the MachineDeployment (CAPI then asks CanUpdateMachineSet)."""
-        self.generation += 1
-        name = self.template
-        objects.apply(self.kube, co.kubeadm_config_template(name, self.namespace, spec))
-        body = {"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": name}}}}}}
-        self.kube.kubectl("patch", MD, self.md, "-n", self.namespace, "--type=merge", "-p", json.dumps(body))
-
-    @property
-    def template(self) -> str:
-        """The KubeadmConfigTemplate of the latest :meth:`change`."""
-        return f"{self.md}-{self.generation}"
 
     def updated_in_place(self) -> bool:
         """CAPI moved the Machine (same UID) to the MachineSet of the latest template and it is UpToDate."""
@@ -230,7 +240,7 @@ class Worker:
 
 
 @dataclass
-class Fleet:
+class Fleet(TemplateChanges):
     """One in-memory cluster whose MachineDeployment of several Machines is mapped to lab hosts (by
     Machine name, through the inventory) and kwok Nodes: a rollout CAPI does one Machine at a time."""
 
@@ -241,25 +251,6 @@ class Fleet:
     nodes: dict[str, str]  # Machine name -> Node name
     hosts: dict[str, Host]  # Machine name -> lab host
     generation: int = 1
-
-    @property
-    def kube(self) -> Lab:
-        return self.ext.kube
-
-    @property
-    def md(self) -> str:
-        return f"{self.cluster}-md-0"
-
-    @property
-    def template(self) -> str:
-        return f"{self.md}-{self.generation}"
-
-    def change(self, spec: dict[str, Any]) -> None:
-        """A new KubeadmConfigTemplate for the MachineDeployment (CAPI rolls it out in place)."""
-        self.generation += 1
-        objects.apply(self.kube, co.kubeadm_config_template(self.template, self.namespace, spec))
-        body = {"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": self.template}}}}}}
-        self.kube.kubectl("patch", MD, self.md, "-n", self.namespace, "--type=merge", "-p", json.dumps(body))
 
     def machine_objs(self) -> list[dict[str, Any]]:
         return co.machines(self.kube, self.namespace, deployment=self.md)

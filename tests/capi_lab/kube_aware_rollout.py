@@ -38,7 +38,7 @@ from kubelab import objects
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 
-from .kube_aware import MACHINES, SKIP_REMEDIATION, KubeExtension, create_md_cluster
+from .kube_aware import MACHINES, SKIP_REMEDIATION, KubeExtension, TemplateChanges, create_md_cluster
 from .rollout import wait
 
 MHC = "machinehealthchecks.cluster.x-k8s.io"
@@ -56,7 +56,7 @@ def ready_condition(ready: bool) -> dict[str, str]:
 
 
 @dataclass
-class Rollout:
+class Rollout(TemplateChanges):
     ext: KubeExtension
     namespace: str
     cluster: str
@@ -66,18 +66,6 @@ class Rollout:
     generation: int = 1
     uids: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def kube(self) -> Lab:
-        return self.ext.kube
-
-    @property
-    def md(self) -> str:
-        return f"{self.cluster}-md-0"
-
-    @property
-    def template(self) -> str:
-        return f"{self.md}-{self.generation}"
-
     def machines(self) -> dict[str, dict[str, Any]]:
         return {m["metadata"]["name"]: m for m in co.machines(self.kube, self.namespace, deployment=self.md)}
 
@@ -85,22 +73,6 @@ class Rollout:
         found = objects.get(self.kube, MACHINES, name, self.namespace)
         assert found is not None, name
         return found
-
-    def change(self, spec: dict[str, Any]) -> None:
-        """A new KubeadmConfigTemplate for the MachineDeployment (CAPI then asks CanUpdateMachineSet)."""
-        self.generation += 1
-        objects.apply(self.kube, co.kubeadm_config_template(self.template, self.namespace, spec))
-        body = {"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": self.template}}}}}}
-        self.kube.kubectl(
-            "patch",
-            "machinedeployments.cluster.x-k8s.io",
-            self.md,
-            "-n",
-            self.namespace,
-            "--type=merge",
-            "-p",
-            json.dumps(body),
-        )
 
     def up_to_date(self, name: str) -> bool:
         machine = self.machines().get(name)
