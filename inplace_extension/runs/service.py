@@ -192,15 +192,17 @@ class RunService:
         if hold is None and self._cluster is not NO_CLUSTER_SIDE:
             hold = await anyio.to_thread.run_sync(self._cluster.hold, request)
         if hold is not None and hold.cancel and not attempts:
-            self._end_health_wait(request)
+            await self._end_health_wait(request)
             if (request.ident, hold.message) not in self._reported:
                 self._reported.add((request.ident, hold.message))
                 self._cluster.state(request, "Cancelled", hold.message, warning=True)
             return Progress(ProgressState.FAILED, hold.message)
         if hold is not None and not hold.cancel:  # no new run starts; one in flight answered above
+            await self._end_health_wait(request)  # the wait for a check begins afresh after it
             return self._waiting(request, hold.message, PAUSE_RETRY_SECONDS, "pause")
         closed = None if attempts else self._windows.closed(request.labels, now)
         if closed is not None:  # only a first attempt waits: an update that has started finishes
+            await self._end_health_wait(request)
             return self._waiting(request, closed.message(), closed.retry_after(now), "window")
         if not attempts and self._object_health is not NO_OBJECT_HEALTH:
             # the cluster must be healthy before this machine's update starts (a started one finishes)
@@ -208,13 +210,11 @@ class RunService:
             if unhealthy is not None:
                 return await self._unhealthy_before_start(request, token, unhealthy)
         self._announced.pop(request.ident, None)  # it starts: its waits are over
-        self._end_health_wait(request)
+        await self._end_health_wait(request)
         return await self._start(request, token)
 
     def _waiting(self, request: RunRequest, message: str, retry_after: int, why: WaitReason) -> Progress:
         """Not started, and not now: an Event the first time this Machine waits for this."""
-        if why != "health_check":
-            self._end_health_wait(request)  # a pause or a window: the wait for a check begins afresh
         if self._announced.get(request.ident) != message:
             self._announced[request.ident] = message
             self._cluster.state(request, "Waiting", message)
@@ -230,7 +230,7 @@ class RunService:
         ident_dir = self._runs_dir / request.ident
         timeout = unhealthy.start_timeout_seconds
         if timeout is None:
-            self._end_health_wait(request)  # a wait for another check that has a timeout is over
+            await self._end_health_wait(request)  # a wait for another check that has a timeout is over
             return self._waiting(request, unhealthy.waiting, self._retry_after, "health_check")
         now = self._clock()
         began = await anyio.to_thread.run_sync(health_wait.began, ident_dir, unhealthy.check, token, now)
@@ -242,9 +242,11 @@ class RunService:
             self._cluster.state(request, "Failed", failure, warning=True)
         return Progress(ProgressState.FAILED, failure, transient=True)
 
-    def _end_health_wait(self, request: RunRequest) -> None:
+    async def _end_health_wait(self, request: RunRequest) -> None:
+        """Remove the wait's clock (health_wait.py), in a worker thread: the event loop never waits on the
+        disk. Only where checks of cluster objects are configured: else there is none to remove."""
         if self._object_health is not NO_OBJECT_HEALTH:
-            health_wait.end(self._runs_dir / request.ident)
+            await anyio.to_thread.run_sync(health_wait.end, self._runs_dir / request.ident)
 
     async def _settle(self, request: RunRequest, attempts: list[Attempt]) -> Progress:
         """Applied on the host; the health gate decides (once passed, remembered): with a cluster side
