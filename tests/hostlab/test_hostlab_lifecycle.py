@@ -68,7 +68,8 @@ def test_down_leaves_namespaces_mounts_links_and_processes_as_before(lab: Lab) -
     other = Lab(f"pytest-{os.getpid()}-down", lab.cfg)
     try:
         hosts = other.up(2, owner_pid=os.getpid())
-        assert other.slot != lab.slot  # coexists with the session lab on its own /24
+        slot, bridge = other.slot, other.bridge  # read while up: down() removes the state file
+        assert slot != lab.slot  # coexists with the session lab on its own /24
         for host in hosts:
             assert other.ssh(host, ["hostname"]).stdout.strip() == host.name
         pids1 = [h.pid1 for h in hosts]
@@ -86,7 +87,7 @@ def test_down_leaves_namespaces_mounts_links_and_processes_as_before(lab: Lab) -
         other.down()
     after = Snapshot.take()
     new_links = after.links - before.links
-    assert not {name for name in new_links if name.startswith(f"hl{other.slot}h") or name == other.bridge}
+    assert not {name for name in new_links if name.startswith(f"hl{slot}h") or name == bridge}
     # namespace numbers are reused at once by others' new namespaces: compare the processes instead
     assert not (ours | in_lab) & after.processes
     assert not [proc for proc in after.processes if str(other.dir) in proc[2]]
