@@ -9,6 +9,7 @@ holds in every mode.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from inplace_extension.capabilities_file import FileConfig, load_file
@@ -21,7 +22,7 @@ from inplace_extension.runs.model import (
     HostCheck,
     ObjectHealth,
 )
-from inplace_extension.runs.service import RunService
+from inplace_extension.runs.service import PlayConfig, RunDeps, RunService
 from inplace_extension.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -59,14 +60,23 @@ def build_engine(
     its play (the Kubernetes-aware mode of ``serve``), nothing otherwise; ``object_health``: the file's
     ``kubernetes`` health checks over the cluster the caller reads them in (``serve``: each Machine's
     workload cluster; ``mcm-agent``: the target cluster)."""
-    custom = config.custom
     return RunService(
-        settings,
-        metrics,
-        custom.roles_paths,
-        cluster,
-        host_checks(custom),
-        config.windows,
-        role_vars=config.role_vars,
-        object_health=object_health,
+        RunDeps(
+            settings=settings,
+            metrics=metrics,
+            cluster=cluster,
+            object_health=object_health,
+            windows=config.windows,
+            clock=time.time,
+            play=play_config(config),
+        )
+    )
+
+
+def play_config(config: FileConfig) -> PlayConfig:
+    """What the capabilities file adds to every play: its roles, command checks and role settings."""
+    return PlayConfig(
+        roles_paths=tuple(Path(path) for path in config.custom.roles_paths),
+        host_checks=host_checks(config.custom),
+        role_vars=dict(config.role_vars),
     )

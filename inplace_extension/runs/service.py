@@ -15,11 +15,11 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import anyio.to_thread
 
@@ -39,6 +39,7 @@ from inplace_extension.runs.artifacts import (
     write_json,
 )
 from inplace_extension.runs.inventory import InventorySource
+from inplace_extension.runs.memo import Memo
 from inplace_extension.runs.model import (
     NO_CLUSTER_SIDE,
     NO_OBJECT_HEALTH,
@@ -63,7 +64,7 @@ from inplace_extension.runs.resolve import (
 from inplace_extension.runs.status import StatusBoard
 from inplace_extension.runs.steps import StepTracker, blocked_outcome, drain_outcome
 from inplace_extension.runs.waiters import EndWaiters
-from inplace_extension.runs.windows import NO_WINDOWS, Schedule
+from inplace_extension.runs.windows import Schedule
 from inplace_extension.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -93,41 +94,55 @@ class _Pending:
     token: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class PlayConfig:
+    """What the capabilities file adds to every play: user-defined roles' directories, the health gate's
+    command checks (run on the host before the stamp) and the roles' settings (extra vars)."""
+
+    roles_paths: tuple[Path, ...]
+    host_checks: tuple[model.HostCheck, ...]
+    role_vars: Mapping[str, Any]
+
+
+# no capabilities file: the shipped roles only, no command checks, no role settings
+NO_PLAY_CONFIG: Final = PlayConfig(roles_paths=(), host_checks=(), role_vars={})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunDeps:
+    """Everything a :class:`RunService` is built from, each named by its caller (``engine.py``, tests):
+    no default stands in for one that was forgotten."""
+
+    settings: Settings
+    metrics: Metrics | None  # None: nothing exported (tests, commands without /metrics)
+    cluster: ClusterSide  # what a run does in the cluster around its play; NO_CLUSTER_SIDE without access
+    object_health: ObjectHealth  # checks of cluster objects around each update; NO_OBJECT_HEALTH: none
+    windows: Schedule  # when a new update may start; NO_WINDOWS: any time
+    clock: Callable[[], float]  # wall-clock seconds (time.time; tests pass their own)
+    play: PlayConfig
+
+
 class RunService:
     """The :class:`~inplace_extension.runs.model.Executor`: fast, durable, bounded."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        metrics: Metrics | None = None,
-        roles_paths: Sequence[Path | str] = (),
-        cluster: ClusterSide = NO_CLUSTER_SIDE,
-        host_checks: Sequence[model.HostCheck] = (),
-        windows: Schedule = NO_WINDOWS,
-        clock: Callable[[], float] = time.time,
-        role_vars: Mapping[str, Any] | None = None,
-        object_health: ObjectHealth = NO_OBJECT_HEALTH,
-    ) -> None:
-        """``roles_paths``: user-defined roles' directories; ``cluster``: what a run does in the cluster
-        around its play (Kubernetes-aware mode); ``host_checks``: command checks run before the stamp;
-        ``windows``: when a new update may start; ``clock``: wall-clock seconds (tests pass their own);
-        ``role_vars``: the roles' settings from the capabilities file, extra vars of every play;
-        ``object_health``: the checks of cluster objects before an update starts and after it ends."""
-        self._clock = clock
+    def __init__(self, deps: RunDeps) -> None:
+        settings = deps.settings
+        self._clock = deps.clock
         self._runs_dir = settings.runs_dir.expanduser().resolve()
         self._runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._allowed = parse_cidrs(settings.allowed_cidrs)
         self._address_types = tuple(settings.address_types)
-        self._cluster = cluster
-        self._settled: set[str] = set()  # idents whose settle() answered done (health gate passed)
-        self._reported: set[tuple[str, str]] = set()  # (ident, failure) already handed to cluster.failed
+        self._cluster = deps.cluster
+        # what this process did already, so that the next poll does not do it again; bounded (memo.py),
+        # and never the record: forgetting one only repeats work whose answer is the same
+        self._settled: Memo[str] = Memo()  # idents whose settle() answered done (health gate passed)
+        self._reported: Memo[tuple[str, str]] = Memo()  # (ident, failure) handed to cluster.failed
         self._inventory = InventorySource(settings.inventory)
         self._playbook, self._ansible_cfg = runner.locate_playbook(settings.playbooks_dir)
         self._wrapper = runner.install_wrapper(self._runs_dir)
-        self._roles_paths = tuple(Path(path) for path in roles_paths)
-        self._host_checks = tuple(host_checks)
+        self._play = deps.play
         self._host_checks_timeout = settings.health_gate_timeout_seconds
-        self._object_health = object_health
+        self._object_health = deps.object_health
         self._gate_seconds = settings.health_gate_timeout_seconds
         # a play at its drain point waits this long for the drain's end (it has its own timeout)
         self._drain_wait_seconds = settings.drain_timeout_seconds + DRAIN_POINT_MARGIN_SECONDS
@@ -137,16 +152,15 @@ class RunService:
         self._registry: RunRegistry[_Pending] = RunRegistry(
             settings.max_parallel_runs, self._run_batch, window=BATCH_WINDOW_SECONDS
         )
-        self._metrics = metrics
-        self._board = StatusBoard(clock)
-        if metrics is not None:
-            metrics.bind_run_gauges(self._registry.running_count, self._registry.queued_count)
-            metrics.bind_update_status(self._board.counts)
+        self._metrics = deps.metrics
+        self._board = StatusBoard(deps.clock)
+        if deps.metrics is not None:
+            deps.metrics.bind_run_gauges(self._registry.running_count, self._registry.queued_count)
+            deps.metrics.bind_update_status(self._board.counts)
         self._cache_lock = threading.Lock()
         self._attempts: dict[str, list[Attempt]] = {}  # ident -> attempts on disk (cache)
         self._ends = EndWaiters()
-        self._windows = windows
-        self._role_vars = dict(role_vars or {})
+        self._windows = deps.windows
         # ident -> the message of a not-started update last posted as an Event (a wait, a timed-out check)
         self._announced: dict[str, str] = {}
 
@@ -357,81 +371,90 @@ class RunService:
         batch_ident = f"batch-{uuid.uuid4().hex[:12]}"
         batch_dir = self._runs_dir / ".batches" / batch_ident
         batch_dir.mkdir(mode=0o700, parents=True)
-        hosts: list[runner.HostRun] = []
+        played: list[tuple[Job[_Pending], runner.HostRun]] = []
         for job in jobs:
-            request, target = job.payload.request, job.payload.target
-            # before the new attempt exists: the lock tokens of this Machine's plays that have ended
-            takeover_tokens = ended_lock_tokens(self._runs_dir / request.ident)
-            lock_token = secrets.token_hex(16)
-            stop_waiting_plays(self._runs_dir / request.ident)  # an orphaned play at its drain point gives up
-            number, attempt_dir = new_attempt_dir(self._runs_dir / request.ident)
-            job.attempt = number
-            ref = BatchRef(batch_dir, batch_ident, request.ident)  # the ident is the inventory host name
-            meta = {
-                "attempt": number,
-                "started": self._clock(),
-                "retry_token": job.payload.token,
-                "machine": request.machine,
-                "address": target.address,
-                # recorded before the play starts, so a later attempt can tell a lock left by this one
-                "lock_token": lock_token,
-            }
-            write_json(attempt_dir / "meta.json", {**meta, "pid": os.getpid(), **ref.to_meta()})
-            log.info(
-                "machine=%s run=%s state=started attempt=%d host=%s source=%s batch=%s",
-                request.machine,
-                request.ident,
-                number,
-                target.address,
-                target.source,
-                batch_ident,
-            )
-            self._cluster.state(request, "Started", f"started on host {target.address} ({target.source})")
-            failure = self._cluster.before_play(request)
-            if failure is not None:  # no Node to drain: this Machine stays out of the play
-                self._finish(job, attempt_dir, blocked_outcome(failure, self._clock()), "not started")
-                continue
-            hosts.append(
-                runner.HostRun(
-                    ident=request.ident,
-                    host_name=request.ident,
-                    fingerprint=request.fingerprint,
-                    capabilities=request.capabilities,
-                    inputs=request.inputs,
-                    target=target,
-                    attempt_dir=attempt_dir,
-                    roles=request.roles,
-                    lock_token=lock_token,
-                    takeover_tokens=takeover_tokens,
-                    drain_before=self._cluster.drain_point(request),
-                    drain_wait_seconds=self._drain_wait_seconds,
-                )
-            )
-        played = [job for job in jobs if job.payload.request.ident in {run.ident for run in hosts}]
-        jobs_by_ident = {job.payload.request.ident: job for job in played}
-        if not hosts:
-            return
+            run = self._begin(job, BatchRef(batch_dir, batch_ident, job.payload.request.ident))
+            if run is not None:
+                played.append((job, run))
+        if played:
+            self._play_batch(batch_dir, batch_ident, played)
+        self._prune()
+
+    def _begin(self, job: Job[_Pending], ref: BatchRef) -> runner.HostRun | None:
+        """Record a new attempt of ``job`` (its directory and ``meta.json``) and prepare its cluster side;
+        the host's part of the play, or None when the cluster side kept it out (its outcome is written)."""
+        request, target = job.payload.request, job.payload.target
+        ident_dir = self._runs_dir / request.ident
+        # before the new attempt exists: the lock tokens of this Machine's plays that have ended
+        takeover_tokens = ended_lock_tokens(ident_dir)
+        lock_token = secrets.token_hex(16)
+        stop_waiting_plays(ident_dir)  # an orphaned play at its drain point gives up
+        number, attempt_dir = new_attempt_dir(ident_dir)
+        job.attempt = number
+        meta = {
+            "attempt": number,
+            "started": self._clock(),
+            "retry_token": job.payload.token,
+            "machine": request.machine,
+            "address": target.address,
+            # recorded before the play starts, so a later attempt can tell a lock left by this one
+            "lock_token": lock_token,
+        }
+        write_json(attempt_dir / "meta.json", {**meta, "pid": os.getpid(), **ref.to_meta()})
+        log.info(
+            "machine=%s run=%s state=started attempt=%d host=%s source=%s batch=%s",
+            request.machine,
+            request.ident,
+            number,
+            target.address,
+            target.source,
+            ref.ident,
+        )
+        self._cluster.state(request, "Started", f"started on host {target.address} ({target.source})")
+        failure = self._cluster.before_play(request)
+        if failure is not None:  # no Node to drain: this Machine stays out of the play
+            self._finish(job, attempt_dir, blocked_outcome(failure, self._clock()), "not started")
+            return None
+        return runner.HostRun(
+            ident=request.ident,
+            host_name=request.ident,  # the ident is the inventory host name
+            fingerprint=request.fingerprint,
+            capabilities=request.capabilities,
+            inputs=request.inputs,
+            target=target,
+            attempt_dir=attempt_dir,
+            roles=request.roles,
+            lock_token=lock_token,
+            takeover_tokens=takeover_tokens,
+            drain_before=self._cluster.drain_point(request),
+            drain_wait_seconds=self._drain_wait_seconds,
+        )
+
+    def _play_batch(
+        self, batch_dir: Path, batch_ident: str, played: list[tuple[Job[_Pending], runner.HostRun]]
+    ) -> None:
+        """Run one ansible-playbook for the begun attempts, then classify and finish each of them."""
+        hosts = tuple(run for _, run in played)
         spec = runner.BatchSpec(
             ident=batch_ident,
             batch_dir=batch_dir,
-            hosts=tuple(hosts),
+            hosts=hosts,
             playbook=self._playbook,
             ansible_cfg=self._ansible_cfg,
             state_dir=self._runs_dir,
             wrapper=self._wrapper,
-            roles_paths=self._roles_paths,
-            host_checks=self._host_checks,
+            roles_paths=self._play.roles_paths,
+            host_checks=self._play.host_checks,
             host_checks_timeout_seconds=self._host_checks_timeout,
-            role_vars=self._role_vars,
+            role_vars=self._play.role_vars,
         )
-        drains = {run.ident: run for run in hosts}
+        by_ident = {run.ident: (job, run) for job, run in played}
         steps = StepTracker(
-            [job.payload.request for job in played],
+            [job.payload.request for job, _ in played],
             self._registry.set_phase,
             self._cluster,
-            on_drain_point=lambda ident: self._start_drain(drains[ident], jobs_by_ident[ident]),
+            on_drain_point=lambda ident: self._start_drain(by_ident[ident][1], by_ident[ident][0]),
         )
-
         started = time.monotonic()
         try:
             status = runner.start(spec, steps.on_task).wait()
@@ -447,11 +470,10 @@ class RunService:
                 run.ident: Outcome(OutcomeKind.INTERRUPTED, detail=str(exc), finished=ended) for run in hosts
             }
         seconds = time.monotonic() - started
-        for job, run in zip(played, hosts, strict=True):
+        for job, run in played:
             self._finish(job, run.attempt_dir, outcomes[run.ident], status)
             if self._metrics is not None:
                 self._metrics.run_finished(outcomes[run.ident].kind.value, seconds)
-        self._prune()
 
     def _start_drain(self, run: runner.HostRun, job: Job[_Pending]) -> None:
         """The play reached ``run``'s drain point: drain in a thread of its own (the event thread serves

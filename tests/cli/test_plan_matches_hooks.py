@@ -13,6 +13,7 @@ from typing import Any, cast
 import httpx
 import pytest
 import yaml
+from run_deps import run_service
 
 from inplace_extension.app import create_app
 from inplace_extension.cli import main
@@ -20,7 +21,6 @@ from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.port import ManagementCluster
 from inplace_extension.kubeaware.cluster_side import KubeClusterSide
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
-from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 
 from .conftest import FIXTURES, ROOT
@@ -171,7 +171,7 @@ async def test_a_machine_plan_finds_no_host_for_gets_the_same_failure_from_the_s
         "--old", str(EXAMPLES / "capi-old.yaml"), "--new", str(EXAMPLES / "capi-new.yaml"), *flags
     )
     host = preview["machines"][0]["host"]
-    service = RunService(settings)
+    service = run_service(settings)
     try:
         app = create_app(settings, service)
         transport = httpx.ASGITransport(app=app)

@@ -18,10 +18,10 @@ import promql_parser
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from run_deps import run_service
 
 from inplace_extension.app import create_app
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 
 from .support import ROOT, kustomize
@@ -107,7 +107,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     runs_dir: Path = tmp_path_factory.mktemp("runs")
     settings = Settings(plain_http=True, runs_dir=runs_dir)
     metrics = Metrics()
-    executor = RunService(settings, metrics)
+    executor = run_service(settings, metrics)
     try:
         app = create_app(settings, executor, metrics)
         transport = httpx.ASGITransport(app=app)

@@ -17,6 +17,7 @@ import pytest
 from hostlab.proc import wait_until
 from kubelab import objects
 from kubelab.lab import Lab
+from run_deps import run_service
 from runs.cluster_settings import cluster_side_settings
 from runs.fakes import FP, FakeRunner
 
@@ -45,7 +46,7 @@ def service(
         health_gate_timeout_seconds=3,
     )
     side = KubeClusterSide(connect_management(with_machines.kubeconfig, "management"), settings, NO_CUSTOM)
-    svc = RunService(settings, cluster=side)
+    svc = run_service(settings, cluster=side)
     yield svc, side
     assert fake.gate is not None
     fake.gate.set()

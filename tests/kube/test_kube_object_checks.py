@@ -16,6 +16,7 @@ import pytest
 from hostlab.proc import wait_until
 from kubelab import objects
 from kubelab.lab import Lab
+from run_deps import run_service
 from runs.cluster_settings import cluster_side_settings
 from runs.fakes import FP, FakeRunner
 
@@ -101,7 +102,7 @@ def capi_service(with_kind: Lab, fake: FakeRunner, tmp_path: Path) -> Iterator[t
         f"       expression: '{EXPRESSION}'}}\n"
     )
     side = KubeClusterSide(connect_management(with_kind.kubeconfig, "management"), settings, custom)
-    svc = RunService(
+    svc = run_service(
         settings, cluster=side, object_health=ObjectChecks(custom.object_checks, side.objects_of)
     )
     yield svc, ns

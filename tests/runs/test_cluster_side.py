@@ -11,6 +11,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from run_deps import run_service
 
 from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.model import Blocked, Hold, Progress, ProgressState, RunRequest
@@ -92,7 +93,7 @@ def side() -> FakeClusterSide:
 @pytest.fixture
 def svc(tmp_path: Path, fake: FakeRunner, side: FakeClusterSide) -> Iterator[RunService]:
     # no entry matches: the address must come from the Machine; the defaults give the SSH settings
-    service = RunService(cluster_side_settings(tmp_path), cluster=side)
+    service = run_service(cluster_side_settings(tmp_path), cluster=side)
     yield service
     service.close()
 
@@ -209,7 +210,7 @@ async def test_waiting_for_a_window_posts_one_event_and_the_health_gate_is_a_wai
     settings = cluster_side_settings(tmp_path)
     clock = [datetime(2026, 12, 1, 21, 0, tzinfo=UTC).timestamp()]
     nights = Schedule((MaintenanceWindow("nights", "0 22 * * *", 3600),))
-    service = RunService(settings, cluster=side, windows=nights, clock=lambda: clock[0])
+    service = run_service(settings, cluster=side, windows=nights, clock=lambda: clock[0])
     side.addrs = [("InternalIP", "10.79.9.20")]
     side.gate = [Progress(ProgressState.IN_PROGRESS, "health gate: waiting for Node m1 to be Ready")]
     try:

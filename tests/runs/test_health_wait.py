@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from run_deps import run_service
 
 from inplace_extension.metrics import Metrics
 from inplace_extension.runs import health_wait
@@ -45,7 +46,7 @@ async def test_past_its_timeout_the_check_fails_the_update_and_it_starts_once_th
     began = clock.now
 
     def service(metrics: Metrics | None = None) -> RunService:
-        return RunService(settings, metrics, cluster=side, clock=clock, object_health=health)
+        return run_service(settings, metrics, cluster=side, clock=clock, object_health=health)
 
     first = service()
     try:
@@ -100,7 +101,7 @@ async def test_another_check_a_pause_or_a_check_without_timeout_begins_the_wait_
 ) -> None:
     db = replace(CEPH_SLOW, check="db", detail="no StatefulSet with app=db in db")
     health, clock = Health(CEPH_SLOW), Clock(utc("2026-12-01T12:00:00"))
-    service = RunService(settings, clock=clock, object_health=health)
+    service = run_service(settings, clock=clock, object_health=health)
     try:
         assert await service.poll(req()) == WAITING
         clock.now += 100

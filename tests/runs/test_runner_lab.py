@@ -11,6 +11,7 @@ import pytest
 import yaml
 from hostlab.lab import Host, Lab
 from hostlab.pytest_plugin import WriteInventory
+from run_deps import run_service
 
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.service import RunService
@@ -56,7 +57,7 @@ async def test_host_key_is_verified_unless_opted_out(
     settings = Settings(
         inventory=path, allowed_cidrs=[str(lab.network)], runs_dir=tmp_path / "runs", retry_after_seconds=1
     )
-    service = RunService(settings)
+    service = run_service(settings)
     try:
         assert (await settle(service, request("good"))).state is ProgressState.DONE
         spoofed = await settle(service, request("spoofed"))

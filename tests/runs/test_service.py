@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 from hostlab.proc import wait_until
+from run_deps import run_service
 
 from inplace_extension.metrics import Metrics
 from inplace_extension.runs import holds
@@ -63,7 +64,7 @@ def settings(tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def svc(settings: Settings, fake: FakeRunner) -> Iterator[RunService]:
-    service = RunService(settings)
+    service = run_service(settings)
     yield service
     if fake.gate is not None:
         fake.gate.set()
@@ -110,7 +111,7 @@ async def test_first_poll_runs_then_done_and_no_second_run(svc: RunService, fake
 
 async def test_messages_name_queue_position_and_capability(settings: Settings, fake: FakeRunner) -> None:
     fake.gate = threading.Event()
-    service = RunService(settings.model_copy(update={"max_parallel_runs": 1}))
+    service = run_service(settings.model_copy(update={"max_parallel_runs": 1}))
     try:
         assert (await service.poll(req("m1"))).message == "queued: position 1 of 1"
         for name in ("m2", "m3"):
@@ -162,11 +163,11 @@ async def test_unreachable_is_retried_with_backoff(svc: RunService, fake: FakeRu
 
 async def test_restart_answers_from_disk(settings: Settings, fake: FakeRunner) -> None:
     fake.scripts["m2"] = [lambda spec: ("failed", 2, failed_events("users", "Create users"))]
-    first = RunService(settings)
+    first = run_service(settings)
     assert (await settle(first, req("m1"))).state is ProgressState.DONE
     assert (await settle(first, req("m2"))).state is ProgressState.FAILED
     first.close()
-    second = RunService(settings)
+    second = run_service(settings)
     assert (await second.poll(req("m1"))).state is ProgressState.DONE
     assert (await second.poll(req("m2"))).message == 'users: task "Create users" failed on host'
     assert fake.count("m1") == fake.count("m2") == 1
@@ -177,7 +178,7 @@ async def test_interrupted_run_is_restarted_never_reported_done(settings: Settin
     ident = req().ident
     killed = settings.runs_dir / ident / "attempt-0001"
     killed.mkdir(parents=True)  # a previous process died mid-run: no status, no outcome
-    service = RunService(settings)
+    service = run_service(settings)
     try:
         answer = await service.poll(req())
         assert answer.state is ProgressState.IN_PROGRESS
@@ -191,7 +192,7 @@ async def test_close_waits_for_running_attempts_and_admits_no_more(
     settings: Settings, fake: FakeRunner
 ) -> None:
     fake.gate = threading.Event()
-    service = RunService(settings.model_copy(update={"max_parallel_runs": 1}))
+    service = run_service(settings.model_copy(update={"max_parallel_runs": 1}))
     await service.poll(req("m1"))
     await service.poll(req("m2"))
     assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
@@ -250,14 +251,14 @@ def test_bad_configuration_stops_start_up(settings: Settings, tmp_path: Path) ->
     assert settings.inventory is not None
     settings.inventory.write_text("hosts: [{address: 1}]\n")
     with pytest.raises(InventoryError, match="line 1"):
-        RunService(settings)
+        run_service(settings)
     with pytest.raises(RunConfigError, match="playbook"):
-        RunService(settings.model_copy(update={"inventory": None, "playbooks_dir": tmp_path}))
+        run_service(settings.model_copy(update={"inventory": None, "playbooks_dir": tmp_path}))
 
 
 async def test_a_poll_during_a_run_is_held_until_it_ends(settings: Settings, fake: FakeRunner) -> None:
     fake.gate = threading.Event()
-    service = RunService(settings)
+    service = run_service(settings)
     try:
         assert (await service.poll(req())).state is ProgressState.IN_PROGRESS
         assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
@@ -310,7 +311,7 @@ async def test_run_metrics_count_outcomes_and_track_slots(settings: Settings, fa
     metrics = Metrics()
     fake.gate = threading.Event()
     fake.scripts["m2"] = [lambda spec: ("failed", 2, failed_events("users", "Create users"))]
-    service = RunService(settings.model_copy(update={"max_parallel_runs": 1}), metrics)
+    service = run_service(settings.model_copy(update={"max_parallel_runs": 1}), metrics)
     try:
         for name in ("m1", "m2"):
             await service.poll(req(name))
@@ -353,7 +354,7 @@ async def test_outside_its_window_an_update_waits_and_starts_when_it_opens(
     settings: Settings, fake: FakeRunner
 ) -> None:
     clock = Clock(utc("2026-12-01T21:58:20"))
-    service = RunService(settings, windows=NIGHTS, clock=clock)
+    service = run_service(settings, windows=NIGHTS, clock=clock)
     try:
         for _ in range(2):
             answer = await service.poll(req())
@@ -379,7 +380,7 @@ async def test_an_update_started_in_its_window_finishes_after_it_closed(
 ) -> None:
     fake.scripts["m1"] = [lambda spec: ("failed", 4, unreachable_events())]
     clock = Clock(utc("2026-12-01T22:59:00"))
-    service = RunService(settings, windows=NIGHTS, clock=clock)
+    service = run_service(settings, windows=NIGHTS, clock=clock)
     try:
         answer = await settle(service, req())
         assert answer.message == "host unreachable, retrying (attempt 2)"
@@ -392,7 +393,7 @@ async def test_an_update_started_in_its_window_finishes_after_it_closed(
 
 async def test_windows_apply_by_machine_labels(settings: Settings, fake: FakeRunner) -> None:
     prod = Schedule((MaintenanceWindow("prod", "0 22 * * *", 3600, labels=(("env", "prod"),)),))
-    service = RunService(settings, windows=prod, clock=Clock(utc("2026-12-01T12:00:00")))
+    service = run_service(settings, windows=prod, clock=Clock(utc("2026-12-01T12:00:00")))
     try:
         other = RunRequest(**{**req("m2").__dict__, "labels": {"env": "dev"}})
         assert (await settle(service, other)).state is ProgressState.DONE
@@ -442,7 +443,7 @@ async def test_the_retry_budget_blocks_and_the_retry_annotation_resets_it(
     metrics = Metrics()
     fake.scripts["m1"] = [lambda spec: ("failed", 4, unreachable_events())] * 2
     clock = Clock(time.time())
-    service = RunService(settings.model_copy(update={"max_failed_attempts": 2}), metrics, clock=clock)
+    service = run_service(settings.model_copy(update={"max_failed_attempts": 2}), metrics, clock=clock)
     try:
         assert (await settle(service, req())).message == "host unreachable, retrying (attempt 2)"
         clock.now += 60  # past the backoff
@@ -470,7 +471,7 @@ async def test_update_status_metrics_count_waiting_failed_and_the_oldest_update(
     fake.scripts["m2"] = [lambda spec: ("failed", 2, failed_events("users", "Create users"))]
     clock = Clock(utc("2026-12-01T21:00:00"))
     prod = Schedule((MaintenanceWindow("prod", "0 22 * * *", 3600, labels=(("env", "prod"),)),))
-    service = RunService(settings, metrics, windows=prod, clock=clock)
+    service = run_service(settings, metrics, windows=prod, clock=clock)
     try:
         held = RunRequest(**{**req("m3").__dict__, "labels": {"env": "prod"}})
         assert (await service.poll(held)).waiting == "window"
@@ -500,7 +501,7 @@ async def test_status_addresses_the_request_carries_place_the_host_with_the_capi
     live Machine's in the Kubernetes-aware mode (tests/runs/test_cluster_side.py), without a cluster side."""
     assert settings.inventory is not None
     settings.inventory.write_text(INVENTORY.replace("defaults: {", f'defaults: {{known_hosts: "{KEY}", '))
-    service = RunService(settings)
+    service = run_service(settings)
     try:
 
         def node(name: str, *addresses: tuple[str, str]) -> RunRequest:
@@ -558,7 +559,7 @@ async def test_an_update_starts_only_while_its_health_checks_hold(
     settings: Settings, fake: FakeRunner
 ) -> None:
     health = Health(CEPH_DOWN)
-    service = RunService(settings, object_health=health)
+    service = run_service(settings, object_health=health)
     try:
         for _ in range(2):
             assert await service.poll(req()) == Progress(
@@ -582,7 +583,7 @@ async def test_after_the_play_the_health_gate_waits_for_the_checks_then_fails_na
 ) -> None:
     health, clock = Health(), Clock(utc("2026-12-01T12:00:00"))
     fake.gate = threading.Event()
-    service = RunService(settings, clock=clock, object_health=health)
+    service = run_service(settings, clock=clock, object_health=health)
     try:
         await service.poll(req())
         assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)

@@ -1,0 +1,60 @@
+"""The tests' way to build a :class:`~inplace_extension.runs.service.RunService`: :class:`RunDeps` with
+the plain choice for each dependency a test does not name (no metrics, no cluster side, no checks of
+cluster objects, no windows, the real clock, no capabilities file). The service itself has no defaults:
+``engine.py`` names every dependency."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from inplace_extension.metrics import Metrics
+from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, ClusterSide, ObjectHealth
+from inplace_extension.runs.service import NO_PLAY_CONFIG, PlayConfig, RunDeps, RunService
+from inplace_extension.runs.windows import NO_WINDOWS, Schedule
+from inplace_extension.settings import Settings
+
+
+def run_deps(
+    settings: Settings,
+    metrics: Metrics | None = None,
+    *,
+    cluster: ClusterSide = NO_CLUSTER_SIDE,
+    object_health: ObjectHealth = NO_OBJECT_HEALTH,
+    windows: Schedule = NO_WINDOWS,
+    clock: Callable[[], float] = time.time,
+    play: PlayConfig = NO_PLAY_CONFIG,
+) -> RunDeps:
+    return RunDeps(
+        settings=settings,
+        metrics=metrics,
+        cluster=cluster,
+        object_health=object_health,
+        windows=windows,
+        clock=clock,
+        play=play,
+    )
+
+
+def run_service(
+    settings: Settings,
+    metrics: Metrics | None = None,
+    *,
+    cluster: ClusterSide = NO_CLUSTER_SIDE,
+    object_health: ObjectHealth = NO_OBJECT_HEALTH,
+    windows: Schedule = NO_WINDOWS,
+    clock: Callable[[], float] = time.time,
+    play: PlayConfig = NO_PLAY_CONFIG,
+) -> RunService:
+    """A local-executor service for ``settings`` and the dependencies a test names."""
+    return RunService(
+        run_deps(
+            settings,
+            metrics,
+            cluster=cluster,
+            object_health=object_health,
+            windows=windows,
+            clock=clock,
+            play=play,
+        )
+    )
