@@ -255,8 +255,7 @@ class Agent:
                 log.debug("node %s: still %s", name, progress.message)
             return True
         self._waiting.pop(name, None)
-        hold = desired.hold
-        if hold is not None and hold.cancel and progress.message == hold.message:
+        if progress.cancelled:
             # not final: the Node keeps this failed result while the annotation says cancel; once it is
             # removed, the Node's next look starts the update (and a successful result lets MCM go on)
             self._cancelled.add(name)

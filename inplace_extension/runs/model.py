@@ -114,6 +114,9 @@ class Progress:
     # FAILED only: not remembered, nothing ran: a later call starts the update once what failed it is
     # over (a kubernetes health check past its timeout before the start holds again)
     transient: bool = False
+    # FAILED only: an operator's cancel (the pause annotation's ``cancel`` value) failed it before its
+    # next attempt started; not remembered: once the annotation is gone, a later call starts it
+    cancelled: bool = False
 
 
 class Executor(Protocol):

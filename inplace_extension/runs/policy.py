@@ -42,6 +42,9 @@ class Standing:
     wait_seconds: int = 0  # WAIT: retryAfterSeconds
     next_attempt: int = 1
     blocked: bool = False  # FAILED: the retry budget is spent (not a task failure)
+    # START: the last attempt has no outcome (the process running it died mid-play): this one resumes a
+    # play that had started, so it finishes like a play in flight; any other START is a new attempt
+    resumes: bool = False
 
 
 def retry_token(value: str | None) -> str:
@@ -82,7 +85,7 @@ def decide(
     if outcome is None:
         # no summary and no final status: the process running it died; restart it (the host lock and
         # stamp make a second run safe even if the old ansible-playbook still lives)
-        return Standing(Verdict.START, next_attempt=next_attempt)
+        return Standing(Verdict.START, next_attempt=next_attempt, resumes=True)
     if outcome.kind is OutcomeKind.TASK_FAILED:
         if last.retry_token == token:
             message = outcome.message or failure_message(outcome.capability, outcome.task)

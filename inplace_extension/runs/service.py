@@ -45,6 +45,7 @@ from inplace_extension.runs.model import (
     NO_OBJECT_HEALTH,
     Blocked,
     ClusterSide,
+    Hold,
     ObjectHealth,
     Progress,
     ProgressState,
@@ -200,32 +201,52 @@ class RunService:
             ):
                 self._reported.add(reported)
             return Progress(ProgressState.FAILED, standing.message, blocked=standing.blocked)
+        # Every new attempt (the first, one after a retry backoff, one after the retry annotation) is a
+        # new start: it obeys the operator's cancel and pause, the maintenance window and the kubernetes
+        # health checks alike. Only a play that has started finishes: one in flight (answered above) or
+        # one whose process died mid-play (``resumes``), which must also undo what it did in the cluster.
+        if standing.verdict is Verdict.START and standing.resumes:
+            return await self._begin(request, token)
+        hold = await self._hold(request)
+        if hold is not None and hold.cancel:  # the next attempt has not started: it never will
+            return await self._cancelled(request, hold)
         if standing.verdict is Verdict.WAIT:
             return Progress(ProgressState.IN_PROGRESS, standing.message, standing.wait_seconds, retrying=True)
-        hold = request.hold  # the MCM agent's, read with the desired state; else the cluster side's
-        if hold is None and self._cluster is not NO_CLUSTER_SIDE:
-            hold = await anyio.to_thread.run_sync(self._cluster.hold, request)
-        if hold is not None and hold.cancel and not attempts:
-            await self._end_health_wait(request)
-            if (request.ident, hold.message) not in self._reported:
-                self._reported.add((request.ident, hold.message))
-                self._cluster.state(request, "Cancelled", hold.message, warning=True)
-            return Progress(ProgressState.FAILED, hold.message)
-        if hold is not None and not hold.cancel:  # no new run starts; one in flight answered above
+        if hold is not None:  # paused: no new attempt starts
             await self._end_health_wait(request)  # the wait for a check begins afresh after it
             return self._waiting(request, hold.message, PAUSE_RETRY_SECONDS, "pause")
-        closed = None if attempts else self._windows.closed(request.labels, now)
-        if closed is not None:  # only a first attempt waits: an update that has started finishes
+        closed = self._windows.closed(request.labels, now)
+        if closed is not None:
             await self._end_health_wait(request)
             return self._waiting(request, closed.message(), closed.retry_after(now), "window")
-        if not attempts and self._object_health is not NO_OBJECT_HEALTH:
-            # the cluster must be healthy before this machine's update starts (a started one finishes)
+        if self._object_health is not NO_OBJECT_HEALTH:
+            # the cluster must be healthy before this machine's next attempt starts (a started one finishes)
             unhealthy = await anyio.to_thread.run_sync(self._object_health.unhealthy, request)
             if unhealthy is not None:
                 return await self._unhealthy_before_start(request, token, unhealthy)
+        return await self._begin(request, token)
+
+    async def _begin(self, request: RunRequest, token: str) -> Progress:
+        """The attempt starts now: whatever it waited for is over."""
         self._announced.pop(request.ident, None)  # it starts: its waits are over
         await self._end_health_wait(request)
         return await self._start(request, token)
+
+    async def _hold(self, request: RunRequest) -> Hold | None:
+        """The operator's hold on this machine: the one the request carries (the MCM agent reads it with
+        the desired state), else the cluster side's (read in a worker thread), else none."""
+        if request.hold is not None or self._cluster is NO_CLUSTER_SIDE:
+            return request.hold
+        return await anyio.to_thread.run_sync(self._cluster.hold, request)
+
+    async def _cancelled(self, request: RunRequest, hold: Hold) -> Progress:
+        """Cancelled before its next attempt started: a Failure saying by whom, one ``Cancelled`` Event;
+        not remembered (typed ``cancelled``), so once the annotation is gone a later call starts it."""
+        await self._end_health_wait(request)
+        if (request.ident, hold.message) not in self._reported:
+            self._reported.add((request.ident, hold.message))
+            self._cluster.state(request, "Cancelled", hold.message, warning=True)
+        return Progress(ProgressState.FAILED, hold.message, cancelled=True)
 
     def _waiting(self, request: RunRequest, message: str, retry_after: int, why: WaitReason) -> Progress:
         """Not started, and not now: an Event the first time this Machine waits for this."""

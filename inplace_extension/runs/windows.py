@@ -1,12 +1,12 @@
-"""Maintenance windows: when a new update may start on a Machine (CAPI) or Node (MCM).
+"""Maintenance windows: when a new attempt of an update may start on a Machine (CAPI) or Node (MCM).
 
-A window opens at each time its cron expression names, in its time zone, and stays open for its
-duration. A window with ``labels`` applies only to the Machines (Nodes) carrying all of them; one
-without applies to all. A Machine that no window applies to may start any time; otherwise it may
-start while one of its windows is open. Only the start is gated: an update that has started
-finishes. Pure (the clock is passed in); the windows come from the capabilities file
-(``inplace_extension.capabilities_file``) and :mod:`inplace_extension.runs.service` asks before it
-starts a first attempt.
+A window opens at each time its cron expression names, in its time zone (wall-clock time), and stays
+open for its duration in elapsed time, across a daylight-saving change too. A window with ``labels``
+applies only to the Machines (Nodes) carrying all of them; one without applies to all. A Machine that
+no window applies to may start any time; otherwise it may start while one of its windows is open.
+Only the start of an attempt is gated: a play that has started finishes. Pure (the clock is passed
+in); the windows come from the capabilities file (``inplace_extension.capabilities_file``) and
+:mod:`inplace_extension.runs.service` asks before it starts any new attempt (the first, or a retry).
 """
 
 from __future__ import annotations
@@ -52,8 +52,14 @@ class MaintenanceWindow:
         start: datetime = croniter(self.cron, now.astimezone(ZoneInfo(self.time_zone))).get_next(datetime)
         return start
 
+    def end(self, start: datetime) -> datetime:
+        """When the window that opened at ``start`` closes: ``duration_seconds`` of elapsed time later, in
+        UTC. Adding them to the local time instead (wall-clock arithmetic) would make a window that spans
+        a daylight-saving change an hour shorter or longer than its duration."""
+        return start.astimezone(UTC) + timedelta(seconds=self.duration_seconds)
+
     def is_open(self, now: datetime) -> bool:
-        return now < self.last_start(now) + timedelta(seconds=self.duration_seconds)
+        return now < self.end(self.last_start(now))
 
 
 @dataclass(frozen=True)

@@ -249,20 +249,31 @@ async def test_a_pause_holds_new_runs_until_it_is_removed(
     assert fake.count("m1") == 1
 
 
-async def test_cancel_fails_a_machine_not_started_and_lets_a_started_one_finish(
+async def test_cancel_fails_every_machine_whose_next_attempt_has_not_started(
     svc: RunService, fake: FakeRunner, side: FakeClusterSide
 ) -> None:
+    """m1 started and is in its retry backoff, m2 never started: the cancel fails both (one Event each),
+    while m3, whose play is in flight, finishes; removing the annotation lets m1 and m2 start."""
     side.addrs = [("InternalIP", "10.79.9.20")]
     fake.scripts["m1"] = [lambda spec: ("failed", 4, unreachable_events())]
     started = await settle(svc, req("m1"))
     assert started.message == "host unreachable, retrying (attempt 2)"
+    fake.gate = threading.Event()
+    await svc.poll(req("m3"))
+    deadline = time.monotonic() + 10
+    while fake.count("m3") == 0:
+        assert time.monotonic() < deadline, "m3's play never started"
+        await anyio.sleep(0.01)
     side.held = Hold(CANCELLED, cancel=True)
-    for _ in range(2):
-        assert await svc.poll(req("m2")) == Progress(ProgressState.FAILED, CANCELLED)
-    assert fake.count("m2") == 0
-    assert side.calls.count(f"state Cancelled: {CANCELLED}") == 1
-    deadline = time.monotonic() + 10  # m1 started before the cancel: after its backoff it runs again
-    while (answer := await svc.poll(req("m1"))).state is not ProgressState.DONE:
-        assert answer.state is ProgressState.IN_PROGRESS and time.monotonic() < deadline, answer
-        await anyio.sleep(0.05)
-    assert fake.count("m1") == 2
+    for name in ("m1", "m2"):
+        for _ in range(2):
+            assert await svc.poll(req(name)) == Progress(ProgressState.FAILED, CANCELLED, cancelled=True)
+    assert (fake.count("m1"), fake.count("m2")) == (1, 0)
+    assert side.calls.count(f"state Cancelled: {CANCELLED}") == 2  # one per Machine, not per poll
+    assert (await svc.poll(req("m3"))).state is ProgressState.IN_PROGRESS  # its play goes on
+    fake.gate.set()
+    assert (await settle(svc, req("m3"))).state is ProgressState.DONE
+    side.held = None  # the annotation removed
+    for name in ("m1", "m2"):
+        assert (await settle(svc, req(name))).state is ProgressState.DONE
+    assert (fake.count("m1"), fake.count("m2"), fake.count("m3")) == (2, 1, 1)

@@ -375,7 +375,7 @@ async def test_outside_its_window_an_update_waits_and_starts_when_it_opens(
         service.close()
 
 
-async def test_an_update_started_in_its_window_finishes_after_it_closed(
+async def test_a_play_started_in_its_window_finishes_but_a_retry_waits_for_the_next_one(
     settings: Settings, fake: FakeRunner
 ) -> None:
     fake.scripts["m1"] = [lambda spec: ("failed", 4, unreachable_events())]
@@ -385,6 +385,13 @@ async def test_an_update_started_in_its_window_finishes_after_it_closed(
         answer = await settle(service, req())
         assert answer.message == "host unreachable, retrying (attempt 2)"
         clock.now = utc("2026-12-01T23:30:00")  # the window closed; the backoff is over
+        waiting = await service.poll(req())
+        assert (waiting.message, waiting.waiting) == (
+            'waiting for maintenance window "nights" (opens 2026-12-02T22:00Z)',
+            "window",
+        )
+        assert fake.count("m1") == 1
+        clock.now = utc("2026-12-02T22:00:00")
         assert (await settle(service, req())).state is ProgressState.DONE
         assert fake.count("m1") == 2
     finally:
@@ -425,6 +432,7 @@ async def test_a_hold_the_request_carries_pauses_and_cancels_without_a_cluster_s
     assert await svc.poll(stopped) == Progress(
         ProgressState.FAILED,
         "cancelled by MachineDeployment machines/pool (annotation inplace-extension.io/pause=cancel)",
+        cancelled=True,
     )
     assert (fake.count("m1"), fake.count("m2")) == (0, 0), "nothing started"
     # resumed (the annotation removed): the same updates start
@@ -489,6 +497,35 @@ async def test_update_status_metrics_count_waiting_failed_and_the_oldest_update(
         clock.now += 3600  # nobody asked about m2 and m3 for an hour: CAPI stopped asking
         assert _sample(metrics, "inplace_extension_updates_failed") == 0
         assert _sample(metrics, "inplace_extension_updates_waiting", {"reason": "window"}) == 0
+    finally:
+        fake.gate.set()
+        service.close()
+
+
+async def test_the_oldest_update_age_counts_from_the_first_attempts_start_not_the_wait_before_it(
+    settings: Settings, fake: FakeRunner
+) -> None:
+    """docs/operator-controls.md: the age of the oldest update started and not done, from its first
+    attempt; an update waiting for a health check before it starts has not started."""
+    metrics = Metrics()
+    fake.gate = threading.Event()
+    clock = Clock(utc("2026-12-01T12:00:00"))
+    health = Health(CEPH_DOWN)
+    service = RunService(settings, metrics, clock=clock, object_health=health)
+    try:
+        assert (await service.poll(req())).waiting == "health_check"
+        clock.now += 600  # ten minutes waiting for the check: not started
+        assert (await service.poll(req())).waiting == "health_check"
+        assert _sample(metrics, "inplace_extension_oldest_update_age_seconds") == 0
+        assert _sample(metrics, "inplace_extension_updates_waiting", {"reason": "health_check"}) == 1
+        health.failing = None
+        await service.poll(req())  # it starts now
+        assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
+        clock.now += 60
+        assert _sample(metrics, "inplace_extension_oldest_update_age_seconds") == 60
+        fake.gate.set()
+        assert (await settle(service, req())).state is ProgressState.DONE
+        assert _sample(metrics, "inplace_extension_oldest_update_age_seconds") == 0
     finally:
         fake.gate.set()
         service.close()

@@ -83,3 +83,35 @@ def test_any_open_window_of_the_machine_lets_it_start_else_the_earliest_is_named
     assert closed == Closed("late", at("2026-12-01T23:00:00"))
     closed = schedule.closed({}, at("2026-12-01T12:00:00"))
     assert closed == Closed("early", at("2026-12-01T21:00:00"))
+
+
+@pytest.mark.parametrize(
+    ("zone", "cron", "opens"),
+    [
+        # the night the clocks go forward an hour: 01:00 CET is 00:00Z, and 02:00 becomes 03:00 CEST
+        ("Europe/Berlin", "0 1 * * *", "2026-03-29T00:00:00"),
+        # the night they go back: 01:00 CEST is 23:00Z the day before, and 03:00 CEST becomes 02:00 CET
+        ("Europe/Berlin", "0 1 * * *", "2026-10-24T23:00:00"),
+        # 01:00 EST is 06:00Z, and 02:00 becomes 03:00 EDT
+        ("America/New_York", "0 1 * * *", "2026-03-08T06:00:00"),
+        # 00:00 EDT is 04:00Z, and 02:00 EDT becomes 01:00 EST
+        ("America/New_York", "0 0 * * *", "2026-11-01T04:00:00"),
+    ],
+    ids=["berlin-spring", "berlin-autumn", "new-york-spring", "new-york-autumn"],
+)
+def test_a_window_across_a_daylight_saving_change_lasts_its_duration_in_elapsed_time(
+    zone: str, cron: str, opens: str
+) -> None:
+    """A 4 h window spanning the change stays open exactly 4 h of real time: not 3 h (spring, as adding
+    4 h to the local start time would give) nor 5 h (autumn)."""
+    window = MaintenanceWindow("night", cron, 4 * 3600, zone)
+    schedule = Schedule((window,))
+    start = at(opens)
+    assert schedule.closed({}, start - 1) is not None
+    assert schedule.closed({}, start) is None
+    assert schedule.closed({}, start + 4 * 3600 - 1) is None, "closed early (wall-clock arithmetic)"
+    closed = schedule.closed({}, start + 4 * 3600)
+    assert closed is not None, "still open after 4 h of real time"
+    assert closed.opens - start in (23 * 3600, 24 * 3600, 25 * 3600)  # the next night's start
+    last = window.last_start(datetime.fromtimestamp(start + 3600, UTC))
+    assert (last.timestamp(), window.end(last).timestamp() - last.timestamp()) == (start, 4 * 3600)

@@ -1,0 +1,199 @@
+"""One rule for every attempt (docs/operator-controls.md): a new attempt (the first, one after a retry
+backoff, one after the retry annotation) waits for the maintenance window, the pause and the
+``kubernetes`` health checks exactly like a first one, and a cancel fails every update whose next attempt
+has not started; only a play that has started finishes. RunService with the fake runner, a clock the test
+moves (so a backoff ends when the test says) and the hold the request carries (as the MCM agent's)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hostlab.proc import wait_until
+
+from inplace_extension.runs import holds
+from inplace_extension.runs import runner as runner_mod
+from inplace_extension.runs.model import Hold, Progress, ProgressState, RunRequest
+from inplace_extension.runs.policy import RETRY_ANNOTATION
+from inplace_extension.runs.service import RunService
+from inplace_extension.runs.windows import MaintenanceWindow, Schedule
+from inplace_extension.settings import Settings
+
+from .fakes import FakeRunner, failed_events, unreachable_events
+from .test_service import CEPH_DOWN, INVENTORY, PLAYBOOKS, Clock, Health, req, settle, utc
+
+pytestmark = pytest.mark.anyio
+
+OWNER = "MachineDeployment default/md-0"
+PAUSED = Hold(f"paused by {OWNER} (annotation {holds.PAUSE_ANNOTATION})")
+CANCELLED = Hold(f"cancelled by {OWNER} (annotation {holds.PAUSE_ANNOTATION}=cancel)", cancel=True)
+# a window from 22:00 to 23:00 UTC every night; the tests start at 22:59, inside it
+NIGHTS = Schedule((MaintenanceWindow("nights", "0 22 * * *", 3600),))
+RETRYING = "host unreachable, retrying (attempt 2)"
+WINDOW = 'waiting for maintenance window "nights" (opens 2026-12-02T22:00Z)'
+CEPH_WAITING = (
+    'waiting for health check "ceph" (object.status.health == "HEALTH_OK" is false on '
+    "CephCluster rook-ceph/ceph)"
+)
+
+
+def held(request: RunRequest, hold: Hold | None) -> RunRequest:
+    return replace(request, hold=hold)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
+    fake = FakeRunner()
+    monkeypatch.setattr(runner_mod, "start", fake.start)
+    return fake
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(INVENTORY)
+    return Settings(
+        inventory=inventory,
+        allowed_cidrs=["10.79.9.0/24"],
+        runs_dir=tmp_path / "runs",
+        playbooks_dir=PLAYBOOKS,
+        retry_after_seconds=1,
+    )
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock(utc("2026-12-01T22:59:00"))
+
+
+@pytest.fixture
+def health() -> Health:
+    return Health()
+
+
+@pytest.fixture
+def svc(settings: Settings, fake: FakeRunner, clock: Clock, health: Health) -> Iterator[RunService]:
+    service = RunService(settings, windows=NIGHTS, clock=clock, object_health=health)
+    yield service
+    if fake.gate is not None:
+        fake.gate.set()
+    service.close()
+
+
+async def in_backoff(svc: RunService, fake: FakeRunner, clock: Clock) -> None:
+    """m1's first attempt finds its host unreachable (inside the window, every check holding), and the
+    clock moves past its backoff (1 s) and past the window's end: its next attempt is due now."""
+    fake.scripts["m1"] = [lambda run: ("failed", 4, unreachable_events())]
+    assert (await settle(svc, req())).message == RETRYING
+    assert fake.count("m1") == 1
+
+
+async def test_a_retry_after_the_backoff_meets_a_closed_window_and_waits_for_the_next(
+    svc: RunService, fake: FakeRunner, clock: Clock
+) -> None:
+    await in_backoff(svc, fake, clock)
+    clock.now = utc("2026-12-01T23:00:05")  # the backoff is over, and so is the window
+    for _ in range(2):
+        answer = await svc.poll(req())
+        assert (answer.state, answer.message, answer.waiting) == (ProgressState.IN_PROGRESS, WINDOW, "window")
+    assert fake.count("m1") == 1, "no second attempt outside the window"
+    clock.now = utc("2026-12-02T22:00:00")
+    assert (await settle(svc, req())).state is ProgressState.DONE
+    assert fake.count("m1") == 2
+
+
+async def test_a_retry_after_the_backoff_meets_a_failing_health_check(
+    svc: RunService, fake: FakeRunner, clock: Clock, health: Health
+) -> None:
+    await in_backoff(svc, fake, clock)
+    clock.now += 2  # the backoff is over, the window still open
+    health.failing = CEPH_DOWN  # the CephCluster the operator guards went unhealthy meanwhile
+    for _ in range(2):
+        answer = await svc.poll(req())
+        assert (answer.state, answer.waiting) == (ProgressState.IN_PROGRESS, "health_check")
+        assert answer.message == CEPH_WAITING
+    assert fake.count("m1") == 1, "no second attempt while the check does not hold"
+    health.failing = None
+    assert (await settle(svc, req())).state is ProgressState.DONE
+    assert fake.count("m1") == 2
+
+
+async def test_a_retry_after_the_backoff_meets_a_pause(
+    svc: RunService, fake: FakeRunner, clock: Clock
+) -> None:
+    await in_backoff(svc, fake, clock)
+    # during the backoff the answer says so; once it is over, the pause holds the next attempt
+    assert (await svc.poll(held(req(), PAUSED))).message == RETRYING
+    clock.now += 2
+    for _ in range(2):
+        answer = await svc.poll(held(req(), PAUSED))
+        assert (answer.message, answer.waiting) == (PAUSED.message, "pause")
+    assert fake.count("m1") == 1, "no second attempt under the pause"
+    assert (await settle(svc, req())).state is ProgressState.DONE  # the annotation removed
+    assert fake.count("m1") == 2
+
+
+async def test_a_cancel_during_the_backoff_fails_the_update_at_once(
+    svc: RunService, fake: FakeRunner, clock: Clock
+) -> None:
+    await in_backoff(svc, fake, clock)
+    for _ in range(2):  # still inside the backoff: the next attempt has not started, and never will
+        assert await svc.poll(held(req(), CANCELLED)) == Progress(
+            ProgressState.FAILED, CANCELLED.message, cancelled=True
+        )
+    clock.now += 2  # past the backoff: still cancelled
+    assert (await svc.poll(held(req(), CANCELLED))).cancelled
+    assert fake.count("m1") == 1
+    # not remembered: once the annotation is gone, the next attempt starts
+    assert (await settle(svc, req())).state is ProgressState.DONE
+    assert fake.count("m1") == 2
+
+
+async def test_a_retry_by_the_annotation_obeys_the_window_the_pause_and_the_checks(
+    svc: RunService, fake: FakeRunner, clock: Clock, health: Health
+) -> None:
+    fake.scripts["m1"] = [lambda run: ("failed", 2, failed_events("ntp", "Restart chrony"))]
+    assert (await settle(svc, req())).message == 'ntp: task "Restart chrony" failed on host'
+    retried = req(annotations={RETRY_ANNOTATION: "1"})
+    clock.now = utc("2026-12-01T23:30:00")
+    assert (await svc.poll(retried)).waiting == "window"
+    clock.now = utc("2026-12-02T22:10:00")
+    assert (await svc.poll(held(retried, PAUSED))).waiting == "pause"
+    assert (await svc.poll(held(retried, CANCELLED))).cancelled
+    health.failing = CEPH_DOWN
+    assert (await svc.poll(retried)).waiting == "health_check"
+    assert fake.count("m1") == 1, "the retry annotation alone starts nothing the operator holds"
+    health.failing = None
+    assert (await settle(svc, retried)).state is ProgressState.DONE
+    assert fake.count("m1") == 2
+
+
+async def test_a_play_in_flight_finishes_after_its_window_closed(
+    svc: RunService, fake: FakeRunner, clock: Clock
+) -> None:
+    fake.gate = threading.Event()
+    await svc.poll(req())
+    assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
+    clock.now = utc("2026-12-01T23:30:00")  # the window closes, a pause and a cancel come: it goes on
+    assert (await svc.poll(held(req(), CANCELLED))).state is ProgressState.IN_PROGRESS
+    fake.gate.set()
+    assert (await settle(svc, held(req(), CANCELLED))).state is ProgressState.DONE
+    assert fake.count("m1") == 1
+
+
+async def test_an_attempt_whose_process_died_mid_play_resumes_outside_the_window(
+    settings: Settings, fake: FakeRunner, clock: Clock
+) -> None:
+    """Its play had started (and may have cordoned the Node): it finishes like a play in flight."""
+    killed = settings.runs_dir / req().ident / "attempt-0001"
+    killed.mkdir(parents=True)  # a previous process died mid-play: no status, no outcome
+    clock.now = utc("2026-12-01T23:30:00")
+    service = RunService(settings, windows=NIGHTS, clock=clock)
+    try:
+        assert (await settle(service, req())).state is ProgressState.DONE
+        assert [run.attempt_dir.name for run in fake.started] == ["attempt-0002"]
+    finally:
+        service.close()
