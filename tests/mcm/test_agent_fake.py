@@ -320,7 +320,7 @@ async def test_a_resync_reads_only_the_nodes_mcm_is_acting_on() -> None:
 def like_the_service(request: RunRequest, calls: int) -> Progress:
     """The run service's answers to a held request (tests/runs/test_service.py checks the service)."""
     if request.hold is not None and request.hold.cancel:
-        return Progress(ProgressState.FAILED, request.hold.message)
+        return Progress(ProgressState.FAILED, request.hold.message, cancelled=True)
     if request.hold is not None:
         return Progress(ProgressState.IN_PROGRESS, request.hold.message, 30, waiting="pause")
     return Progress(ProgressState.DONE, "update applied")
