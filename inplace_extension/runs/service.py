@@ -206,7 +206,7 @@ class RunService:
         # health checks alike. Only a play that has started finishes: one in flight (answered above) or
         # one whose process died mid-play (``resumes``), which must also undo what it did in the cluster.
         if standing.verdict is Verdict.START and standing.resumes:
-            return await self._begin(request, token)
+            return await self._start_now(request, token)
         hold = await self._hold(request)
         if hold is not None and hold.cancel:  # the next attempt has not started: it never will
             return await self._cancelled(request, hold)
@@ -224,9 +224,9 @@ class RunService:
             unhealthy = await anyio.to_thread.run_sync(self._object_health.unhealthy, request)
             if unhealthy is not None:
                 return await self._unhealthy_before_start(request, token, unhealthy)
-        return await self._begin(request, token)
+        return await self._start_now(request, token)
 
-    async def _begin(self, request: RunRequest, token: str) -> Progress:
+    async def _start_now(self, request: RunRequest, token: str) -> Progress:
         """The attempt starts now: whatever it waited for is over."""
         self._announced.pop(request.ident, None)  # it starts: its waits are over
         await self._end_health_wait(request)

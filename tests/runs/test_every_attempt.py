@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from hostlab.proc import wait_until
+from run_deps import run_service
 
 from inplace_extension.runs import holds
 from inplace_extension.runs import runner as runner_mod
@@ -76,7 +77,7 @@ def health() -> Health:
 
 @pytest.fixture
 def svc(settings: Settings, fake: FakeRunner, clock: Clock, health: Health) -> Iterator[RunService]:
-    service = RunService(settings, windows=NIGHTS, clock=clock, object_health=health)
+    service = run_service(settings, windows=NIGHTS, clock=clock, object_health=health)
     yield service
     if fake.gate is not None:
         fake.gate.set()
@@ -191,7 +192,7 @@ async def test_an_attempt_whose_process_died_mid_play_resumes_outside_the_window
     killed = settings.runs_dir / req().ident / "attempt-0001"
     killed.mkdir(parents=True)  # a previous process died mid-play: no status, no outcome
     clock.now = utc("2026-12-01T23:30:00")
-    service = RunService(settings, windows=NIGHTS, clock=clock)
+    service = run_service(settings, windows=NIGHTS, clock=clock)
     try:
         assert (await settle(service, req())).state is ProgressState.DONE
         assert [run.attempt_dir.name for run in fake.started] == ["attempt-0002"]

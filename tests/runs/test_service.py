@@ -511,7 +511,7 @@ async def test_the_oldest_update_age_counts_from_the_first_attempts_start_not_th
     fake.gate = threading.Event()
     clock = Clock(utc("2026-12-01T12:00:00"))
     health = Health(CEPH_DOWN)
-    service = RunService(settings, metrics, clock=clock, object_health=health)
+    service = run_service(settings, metrics, clock=clock, object_health=health)
     try:
         assert (await service.poll(req())).waiting == "health_check"
         clock.now += 600  # ten minutes waiting for the check: not started
