@@ -12,7 +12,7 @@ import logging
 import time
 from pathlib import Path
 
-from inplace_extension.capabilities_file import FileConfig, load_file
+from inplace_extension.capabilities_file import CapabilitiesFileError, FileConfig, load_file
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.metrics import Metrics
 from inplace_extension.runs.model import (
@@ -41,6 +41,18 @@ def load_config(path: Path | None) -> FileConfig:
         "capabilities file %s: %s; maintenance windows: %s; health checks: %s", path, names, windows, checks
     )
     return config
+
+
+def refuse_url_checks(config: FileConfig, path: Path | None, mode: str) -> None:
+    """``url`` health checks are asked only by the health gate of ``serve``'s Kubernetes-aware mode
+    (after the Node checks): ``mode``, which has no such gate, refuses a file that has one, naming the
+    first and the mode, rather than ignoring it (``CapabilitiesFileError``, exit 2)."""
+    if config.custom.http_checks:
+        check = config.custom.http_checks[0]
+        raise CapabilitiesFileError(
+            f'capabilities file {path}: the url health check "{check.name}" is asked only by the health '
+            f"gate of serve's Kubernetes-aware mode (--kube or --kubeconfig): {mode} would never ask it"
+        )
 
 
 def host_checks(custom: CustomTable) -> tuple[HostCheck, ...]:

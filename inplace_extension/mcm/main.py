@@ -20,7 +20,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from inplace_extension.capabilities_file import FileConfig
-from inplace_extension.engine import build_engine, load_config
+from inplace_extension.engine import build_engine, load_config, refuse_url_checks
 from inplace_extension.kube.cluster import connect_control, connect_objects, connect_target
 from inplace_extension.kubeaware.object_checks import ObjectChecks
 from inplace_extension.logs import configure_logging
@@ -93,5 +93,7 @@ async def serve(
 def run_agent(settings: Settings, options: AgentOptions, clusters: Clusters, listen: tuple[str, int]) -> int:
     configure_logging(settings.log_format, settings.log_level)
     config_file = load_config(settings.capabilities_file)  # a bad file stops the start
+    # the agent has no health gate of Node checks after the play, where url checks would be asked
+    refuse_url_checks(config_file, settings.capabilities_file, "mcm-agent")
     asyncio.run(serve(settings, options, clusters, listen, config_file))
     return 0

@@ -5,6 +5,7 @@ tests/test_capabilities_file.py, pin that message: its line, field and words).""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,9 @@ from test_capabilities_file import CEPH_CHECK  # the loader's tests own the file
 
 from inplace_extension.capabilities_file import CapabilitiesFileError, load_capabilities
 
-from .conftest import FIXTURES, clean_env, run_cli
+from .conftest import FIXTURES, Server, clean_env, run_cli
+
+StartServer = Callable[..., Server]
 
 URL = "https://images.example/os-v2.qcow2"
 
@@ -94,3 +97,52 @@ def test_serve_refuses_kubernetes_checks_without_the_kubernetes_aware_mode(tmp_p
         f'inplace-extension: capabilities file {caps}: the kubernetes health check "ceph" reads the cluster: '
         "it needs the Kubernetes-aware mode (--kube or --kubeconfig)"
     )
+
+
+NODE_EXPORTER = "health_checks:\n  - {name: node_exporter, url: 'http://{address}:9100/metrics'}\n"
+
+
+def url_check_refusal(caps: Path, mode: str) -> str:
+    return (
+        f'inplace-extension: capabilities file {caps}: the url health check "node_exporter" is asked only '
+        "by the health gate of serve's Kubernetes-aware mode (--kube or --kubeconfig): "
+        f"{mode} would never ask it"
+    )
+
+
+def test_plain_serve_refuses_url_checks_naming_the_check_and_the_mode(tmp_path: Path) -> None:
+    caps = tmp_path / "capabilities.yaml"
+    caps.write_text(NODE_EXPORTER)
+    serve = ["serve", "--plain-http", "--listen", "127.0.0.1:0", "--capabilities-file", str(caps)]
+    result = run_cli(*serve, env=clean_env(tmp_path))
+    assert result.returncode == 2 and "serving" not in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == url_check_refusal(
+        caps, "serve without --kube or --kubeconfig"
+    )
+
+
+def test_mcm_agent_refuses_url_checks_naming_the_check_and_the_mode(tmp_path: Path) -> None:
+    caps = tmp_path / "capabilities.yaml"
+    caps.write_text(NODE_EXPORTER)
+    agent = ["mcm-agent", "--namespace", "machines", "--capabilities-file", str(caps)]
+    result = run_cli(*agent, env=clean_env(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == url_check_refusal(caps, "mcm-agent")
+
+
+def test_kubernetes_aware_serve_takes_url_checks(tmp_path: Path, start_server: StartServer) -> None:
+    """The mode whose health gate asks them starts with them (the kubeconfig names an API server that
+    is never called before a hook asks: starting reads the file only)."""
+    caps = tmp_path / "capabilities.yaml"
+    caps.write_text(NODE_EXPORTER)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: lab\n"
+        "clusters: [{name: lab, cluster: {server: 'https://127.0.0.1:9'}}]\n"
+        "users: [{name: lab, user: {token: t}}]\n"
+        "contexts: [{name: lab, context: {cluster: lab, user: lab}}]\n"
+    )
+    flags = ["--plain-http", "--listen", "127.0.0.1:0", "--kubeconfig", str(kubeconfig)]
+    server = start_server(*flags, "--capabilities-file", str(caps))
+    assert server.url.startswith("http://127.0.0.1:")
+    assert not any("url health check" in line for line in server.output)
