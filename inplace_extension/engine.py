@@ -15,6 +15,7 @@ from pathlib import Path
 from inplace_extension.capabilities_file import CapabilitiesFileError, FileConfig, load_file
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.metrics import Metrics
+from inplace_extension.runs.local import LocalBackend, PlayConfig
 from inplace_extension.runs.model import (
     NO_CLUSTER_SIDE,
     NO_OBJECT_HEALTH,
@@ -22,7 +23,7 @@ from inplace_extension.runs.model import (
     HostCheck,
     ObjectHealth,
 )
-from inplace_extension.runs.service import PlayConfig, RunDeps, RunService
+from inplace_extension.runs.service import RunDeps, RunService
 from inplace_extension.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,9 @@ def build_engine(
     its play (the Kubernetes-aware mode of ``serve``), nothing otherwise; ``object_health``: the file's
     ``kubernetes`` health checks over the cluster the caller reads them in (``serve``: each Machine's
     workload cluster; ``mcm-agent``: the target cluster)."""
+    backend = LocalBackend(
+        settings, cluster=cluster, play=play_config(config), metrics=metrics, clock=time.time
+    )
     return RunService(
         RunDeps(
             settings=settings,
@@ -80,7 +84,7 @@ def build_engine(
             object_health=object_health,
             windows=config.windows,
             clock=time.time,
-            play=play_config(config),
+            backend=backend,
         )
     )
 

@@ -1,7 +1,7 @@
-"""The tests' way to build a :class:`~inplace_extension.runs.service.RunService`: :class:`RunDeps` with
-the plain choice for each dependency a test does not name (no metrics, no cluster side, no checks of
-cluster objects, no windows, the real clock, no capabilities file). The service itself has no defaults:
-``engine.py`` names every dependency."""
+"""The tests' way to build a :class:`~inplace_extension.runs.service.RunService` with the ``local``
+backend: :class:`RunDeps` with the plain choice for each dependency a test does not name (no metrics,
+no cluster side, no checks of cluster objects, no windows, the real clock, no capabilities file). The
+service itself has no defaults: ``engine.py`` names every dependency."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import time
 from collections.abc import Callable
 
 from inplace_extension.metrics import Metrics
+from inplace_extension.runs.local import NO_PLAY_CONFIG, LocalBackend, PlayConfig
 from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, ClusterSide, ObjectHealth
-from inplace_extension.runs.service import NO_PLAY_CONFIG, PlayConfig, RunDeps, RunService
+from inplace_extension.runs.service import RunDeps, RunService
 from inplace_extension.runs.windows import NO_WINDOWS, Schedule
 from inplace_extension.settings import Settings
 
@@ -32,7 +33,7 @@ def run_deps(
         object_health=object_health,
         windows=windows,
         clock=clock,
-        play=play,
+        backend=LocalBackend(settings, cluster=cluster, play=play, metrics=metrics, clock=clock),
     )
 
 

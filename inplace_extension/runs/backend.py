@@ -1,0 +1,72 @@
+"""The two ports behind the one executor: where an update's attempts are recorded (:class:`AttemptRecord`)
+and how an attempt's play is launched and watched (:class:`Launcher`); a :class:`Backend` is both.
+
+The decisions (the retry policy, holds, windows, health checks, the health gate) are one piece of code,
+:class:`~inplace_extension.runs.service.RunService`, whatever the backend. Two backends exist:
+``local`` (:mod:`inplace_extension.runs.local`: the runs directory on disk, plays in worker threads of
+this process) and ``kubernetes`` (:mod:`inplace_extension.kubejobs`: the record on the object the update
+is for, one Kubernetes Job per attempt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from inplace_extension.runs.artifacts import Attempt
+from inplace_extension.runs.model import RunRequest
+from inplace_extension.runs.resolve import HostTarget
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A new attempt the service decided to start: the request, the host it goes to (resolved and
+    allow-listed), and the retry token (:func:`~inplace_extension.runs.policy.retry_token`) it starts with."""
+
+    request: RunRequest
+    target: HostTarget
+    token: str
+
+
+class AttemptRecord(Protocol):
+    """Where the attempts of an update and the health-wait clock are kept, so that any process (a
+    restarted one, another replica) answers a poll as the one that started the update would."""
+
+    def cached(self, ident: str) -> Sequence[Attempt]:
+        """The attempts the last :meth:`load` of ``ident`` found (empty when none); never blocks."""
+        ...
+
+    async def load(self, request: RunRequest) -> list[Attempt]:
+        """The attempts of ``request``'s ident, oldest first (an attempt in flight has no outcome)."""
+        ...
+
+    async def wait_began(self, request: RunRequest, check: str, token: str, now: float) -> float:
+        """When the update began waiting for the health check ``check`` with the retry token ``token``:
+        the recorded start, else ``now`` recorded as the start of a new wait."""
+        ...
+
+    async def end_wait(self, request: RunRequest) -> None:
+        """The update waits for no health check (any more): forget the wait's clock."""
+        ...
+
+
+class Launcher(Protocol):
+    """How an attempt is started and how far one in flight is."""
+
+    async def in_flight(self, request: RunRequest) -> str | None:
+        """The phase message of ``request``'s attempt in flight (``queued: ...``, ``running: ntp``), or
+        None when none is; may hold the call briefly so that an attempt ending meanwhile is answered now."""
+        ...
+
+    async def launch(self, launch: Launch) -> str:
+        """Start a new attempt; the message a poll answers now (queued or starting)."""
+        ...
+
+    def close(self, timeout: float) -> None:
+        """Admit no more attempts; give the ones this process runs ``timeout`` seconds to end."""
+        ...
+
+
+class Backend(AttemptRecord, Launcher, Protocol):
+    """An executor's record and launcher, which share what they know of the attempts."""
