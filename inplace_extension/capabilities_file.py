@@ -38,14 +38,24 @@ from inplace_extension.inplace.shipped import (
 )
 from inplace_extension.runs.role_settings import RoleSettings
 from inplace_extension.runs.windows import NO_WINDOWS, MaintenanceWindow, Schedule
+from inplace_extension.validation import described
 from inplace_extension.yamlfile import locate, parse_model, read_file
 
 # Capability and role names become Ansible variable prefixes (<name>_values) and role names, and the
 # runs layer accepts only this shape for capability names (inplace_extension/runs/service.py).
-NAME_PATTERN: Final = r"^[a-z][a-z0-9_]{0,62}$"
+NAME_PATTERN: Final = described(
+    r"^[a-z][a-z0-9_]{0,62}$",
+    "a name of lowercase letters, digits and _ that starts with a letter (at most 63), e.g. os_image",
+)
 # RFC 6901: "/" then tokens, "~" only as the escapes ~0 and ~1.
-POINTER_PATTERN: Final = r"^(/([^~/]|~[01])*)+$"
-KIND_PATTERN: Final = r"^[A-Z][A-Za-z0-9]{0,62}$"
+POINTER_PATTERN: Final = described(
+    r"^(/([^~/]|~[01])*)+$",
+    'a JSON pointer starting with "/" ("~" only as ~0 for "~" and ~1 for "/"), e.g. /image/url',
+)
+KIND_PATTERN: Final = described(
+    r"^[A-Z][A-Za-z0-9]{0,62}$",
+    "a kind: a capital letter, then letters and digits (at most 63), e.g. Metal3Machine",
+)
 
 
 class CapabilitiesFileError(ValueError):
@@ -102,8 +112,14 @@ class CapabilityEntry(_Strict):
         return value
 
 
-ABSOLUTE_PATTERN: Final = r"^/[^\x00-\x1f]*$"
-ANNOTATION_PATTERN: Final = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+ABSOLUTE_PATTERN: Final = described(
+    r"^/[^\x00-\x1f]*$", "an absolute path without control characters, e.g. /usr/local/sbin/os-update"
+)
+ANNOTATION_PATTERN: Final = described(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+    "a Kubernetes annotation or label key, an optional DNS prefix and / then letters, digits, -, _ and "
+    ". (starting and ending with a letter or digit), e.g. example.com/rotate-kubelet-credentials",
+)
 
 
 def _regexes(patterns: list[str]) -> list[str]:
@@ -194,9 +210,22 @@ class KubeletCredentialsEntry(_Strict):
 
 
 # DNS-1123 names (namespaces, most objects) and label values as Kubernetes accepts them
-OBJECT_NAME_PATTERN: Final = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+OBJECT_NAME_PATTERN: Final = described(
+    r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+    "a Kubernetes object name: lowercase letters, digits, - and . (starting and ending with a letter or "
+    "digit, at most 253), e.g. rook-ceph",
+)
+# DNS-1123 labels: namespaces, plural resource names, window names
+DNS_LABEL_PATTERN: Final = described(
+    r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+    "a DNS label: lowercase letters, digits and - (starting and ending with a letter or digit, at most "
+    "63), e.g. rook-ceph",
+)
 LABEL_VALUE_PATTERN: Final = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
-API_VERSION_PATTERN: Final = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?v[0-9]+((alpha|beta)[0-9]+)?$"
+API_VERSION_PATTERN: Final = described(
+    r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?v[0-9]+((alpha|beta)[0-9]+)?$",
+    "an apiVersion, group/version or a version alone for the core group, e.g. ceph.rook.io/v1, apps/v1, v1",
+)
 
 
 class KubernetesCheckEntry(_Strict):
@@ -209,7 +238,7 @@ class KubernetesCheckEntry(_Strict):
     kind: str = Field(pattern=KIND_PATTERN, description="the kind: CephCluster, StatefulSet")
     namespace: str | None = Field(
         None,
-        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        pattern=DNS_LABEL_PATTERN,
         description="the objects' namespace; leave it out for a cluster-scoped kind",
     )
     name: str | None = Field(
@@ -229,7 +258,7 @@ class KubernetesCheckEntry(_Strict):
     )
     resource: str | None = Field(
         None,
-        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        pattern=DNS_LABEL_PATTERN,
         description="the kind's plural resource name (as in RBAC rules), when it is not the lowercase "
         "kind + s (es after s, x, ch, sh; ies for a y after a consonant)",
     )
@@ -282,6 +311,12 @@ class KubernetesCheckEntry(_Strict):
         )
 
 
+HTTP_URL_PATTERN: Final = described(
+    r"^https?://\S+$", "an http:// or https:// URL without blanks, e.g. http://{address}:9100/healthz"
+)
+NO_NUL_PATTERN: Final = described(r"^[^\x00]*$", "text without NUL characters")
+
+
 class HealthCheckEntry(_Strict):
     """One user-defined check of the health gate: an HTTP GET (``url``), a command on the host, or a CEL
     expression over cluster objects (``kubernetes``)."""
@@ -289,11 +324,11 @@ class HealthCheckEntry(_Strict):
     name: str = Field(pattern=NAME_PATTERN, description="check name, shown in the health gate's messages")
     url: str | None = Field(
         None,
-        pattern=r"^https?://\S+$",
+        pattern=HTTP_URL_PATTERN,
         description="GET this URL after the update (Kubernetes-aware mode only); {address} is the "
         "Machine's host address. Give url or command, not both",
     )
-    command: list[Annotated[str, Field(pattern=r"^[^\x00]*$")]] | None = Field(
+    command: list[Annotated[str, Field(pattern=NO_NUL_PATTERN)]] | None = Field(
         None,
         min_length=1,
         description="argv run as root on the host by the play, after the last role and before the stamp, "
@@ -363,7 +398,7 @@ def duration_seconds(value: str, with_seconds: bool = False) -> int:
 class MaintenanceWindowEntry(_Strict):
     """One maintenance window: new updates start only while it is open (docs/operations.md)."""
 
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", description="shown in the messages")
+    name: str = Field(pattern=DNS_LABEL_PATTERN, description="shown in the messages")
     cron: str = Field(
         description='when the window opens: a 5-field cron expression ("0 22 * * 1-5": weeknights at 22:00)'
     )

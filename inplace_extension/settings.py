@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from inplace_extension.validation import described
+
 # CAPI's own SDK server caps request bodies at 20 MiB (docs/capi-hooks.md §9.1)
 MAX_BODY_BYTES = 20 * 1024 * 1024
 
@@ -42,10 +44,16 @@ class Settings(BaseSettings):
         None, description="also accept callers presenting this bearer token"
     )
     max_body_bytes: int = Field(MAX_BODY_BYTES, description="request body cap; larger bodies get HTTP 413")
-    log_format: str = Field("text", pattern="^(text|json)$", description="log line format")
+    log_format: str = Field(
+        "text", pattern=described("^(text|json)$", "text or json"), description="log line format"
+    )
     access_log: bool = Field(False, description="also log one line per HTTP request (uvicorn's access log)")
     log_level: str = Field(
-        "INFO", pattern="^(?i:debug|info|warning|error|critical)$", description="log level"
+        "INFO",
+        pattern=described(
+            "^(?i:debug|info|warning|error|critical)$", "one of debug, info, warning, error, critical"
+        ),
+        description="log level",
     )
     tls_dir: Path = Field(
         default_factory=lambda: _default_state_dir() / "tls",

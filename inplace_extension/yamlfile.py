@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from inplace_extension.validation import problems
+
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
@@ -41,18 +43,16 @@ def parse_model(
     try:
         return model.model_validate({} if data is None else data), node
     except ValidationError as exc:
-        raise error(f"{what}: " + "; ".join(yaml_problems(exc, node))) from None
+        raise error(f"{what}: " + "; ".join(yaml_problems(exc, node, model))) from None
 
 
-def yaml_problems(exc: ValidationError, node: yaml.Node | None) -> list[str]:
-    """pydantic's errors as ``line N: field.path: message`` (lines from the composed YAML ``node``).
+def yaml_problems(exc: ValidationError, node: yaml.Node | None, model: type[BaseModel]) -> list[str]:
+    """pydantic's errors as ``line N: field.path: message`` (lines from the composed YAML ``node``, the
+    words from inplace_extension/validation.py: no raw pattern, the valid keys for an unknown one).
 
     Inputs are left out: they would echo file content into logs.
     """
-    return [
-        locate(node, tuple(err["loc"]), err["msg"])
-        for err in exc.errors(include_url=False, include_input=False)
-    ]
+    return [locate(node, problem.loc, problem.message) for problem in problems(exc, model, "yaml")]
 
 
 def locate(node: yaml.Node | None, loc: tuple[Any, ...], message: str) -> str:

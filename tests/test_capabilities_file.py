@@ -62,17 +62,20 @@ def test_an_empty_file_declares_nothing() -> None:
 
 def test_unknown_fields_are_refused_with_their_line(roles: Path) -> None:
     text = "capabilities:\n" + capability(roles) + "    command: bootc switch\n"
-    assert "line 7: capabilities[0].command: Extra inputs are not permitted" in refused(text)
+    assert (
+        "line 7: capabilities[0].command: not a known key; the keys here: name, role, roles_path, claims, "
+        "disruption"
+    ) in refused(text)
 
 
 @pytest.mark.parametrize(
     ("claim", "field", "words"),
     [
-        ("{kind: Metal3Machine, pointer: image/url}", "pointer", "should match pattern"),
-        ("{kind: Metal3Machine, pointer: /a~2b}", "pointer", "should match pattern"),
+        ("{kind: Metal3Machine, pointer: image/url}", "pointer", "must be a JSON pointer starting with"),
+        ("{kind: Metal3Machine, pointer: /a~2b}", "pointer", "e.g. /image/url"),
         ("{kind: Metal3MachineTemplate, pointer: /image/url}", "kind", "name the machine-level kind"),
         ("{kind: MachineSet, pointer: /version}", "kind", "name the machine-level kind"),
-        ("{kind: metal3machine, pointer: /image/url}", "kind", "should match pattern"),
+        ("{kind: metal3machine, pointer: /image/url}", "kind", "must be a kind: a capital letter"),
     ],
 )
 def test_bad_claims_are_refused(roles: Path, claim: str, field: str, words: str) -> None:
@@ -83,12 +86,12 @@ def test_bad_claims_are_refused(roles: Path, claim: str, field: str, words: str)
 
 def test_names_are_identifier_like_because_they_prefix_an_ansible_variable(roles: Path) -> None:
     message = refused("capabilities:\n" + capability(roles, name="os-image"))
-    assert "line 2: capabilities[0].name: String should match pattern" in message
+    assert "line 2: capabilities[0].name: must be a name of lowercase letters, digits and _" in message
 
 
 def test_a_relative_roles_path_is_refused() -> None:
     text = "capabilities:\n" + capability(Path("roles"))
-    assert "line 4: capabilities[0].roles_path: Value error, must be an absolute path" in refused(text)
+    assert "line 4: capabilities[0].roles_path: must be an absolute path" in refused(text)
 
 
 def test_a_missing_role_is_refused_at_load(roles: Path) -> None:
@@ -167,13 +170,13 @@ def test_a_health_check_gives_a_url_or_a_command_argv() -> None:
         ("{name: x}", r"health_checks\[0\]", "exactly one of url"),
         ("{name: x, url: 'http://h/', command: [/bin/true]}", r"health_checks\[0\]", "exactly one of url"),
         ("{name: x, command: []}", r"health_checks\[0\]\.command", "at least 1 item"),
-        ("{name: x, command: 'test -e /x'}", r"health_checks\[0\]\.command", "valid list"),
-        ("{name: x, command: [test, 1]}", r"health_checks\[0\]\.command\[1\]", "valid string"),
-        ("{name: x, command: [test, null]}", r"health_checks\[0\]\.command\[1\]", "valid string"),
-        ("{name: x, command: [true]}", r"health_checks\[0\]\.command\[0\]", "valid string"),
+        ("{name: x, command: 'test -e /x'}", r"health_checks\[0\]\.command", "must be a list"),
+        ("{name: x, command: [test, 1]}", r"health_checks\[0\]\.command\[1\]", "must be a string"),
+        ("{name: x, command: [test, null]}", r"health_checks\[0\]\.command\[1\]", "must be a string"),
+        ("{name: x, command: [true]}", r"health_checks\[0\]\.command\[0\]", "must be a string"),
         ("{name: x, command: ['', -e]}", r"health_checks\[0\]", "the program"),
         ("{name: x, command: [/bin/true], status: 200}", r"health_checks\[0\]", "status is for url checks"),
-        ("{name: X, command: [/bin/true]}", r"health_checks\[0\]\.name", "pattern"),
+        ("{name: X, command: [/bin/true]}", r"health_checks\[0\]\.name", "must be a name of lowercase"),
     ],
 )
 def test_bad_health_checks_are_refused(entry: str, where: str, words: str) -> None:
@@ -208,23 +211,23 @@ def test_maintenance_windows_become_the_schedule() -> None:
 @pytest.mark.parametrize(
     ("entry", "problem"),
     [
-        ("cron: '0 25 * * *'", "line 3: maintenance_windows[0].cron: Value error, not a 5-field cron"),
-        ("cron: '0 22 * * * 0'", "line 3: maintenance_windows[0].cron: Value error, not a 5-field cron"),
+        ("cron: '0 25 * * *'", "line 3: maintenance_windows[0].cron: not a 5-field cron"),
+        ("cron: '0 22 * * * 0'", "line 3: maintenance_windows[0].cron: not a 5-field cron"),
         (
             "duration: 4 hours",
-            "line 3: maintenance_windows[0].duration: Value error, give hours and/or minutes",
+            "line 3: maintenance_windows[0].duration: give hours and/or minutes",
         ),
-        ("duration: 0m", "line 3: maintenance_windows[0].duration: Value error, must be longer than 0"),
-        ("duration: 169h", "line 3: maintenance_windows[0].duration: Value error, must be longer than 0"),
+        ("duration: 0m", "line 3: maintenance_windows[0].duration: must be longer than 0"),
+        ("duration: 169h", "line 3: maintenance_windows[0].duration: must be longer than 0"),
         (
             "time_zone: Mars/Olympus",
-            "line 3: maintenance_windows[0].time_zone: Value error, not a known IANA",
+            "line 3: maintenance_windows[0].time_zone: not a known IANA",
         ),
         (
             "labels: {'bad key!': x}",
-            "line 3: maintenance_windows[0].labels.bad key!.[key]: String should match",
+            "line 3: maintenance_windows[0].labels.bad key!.[key]: must be a Kubernetes annotation or label",
         ),
-        ("every: day", "line 3: maintenance_windows[0].every: Extra inputs are not permitted"),
+        ("every: day", "line 3: maintenance_windows[0].every: not a known key; the keys here: name, cron"),
     ],
 )
 def test_bad_windows_are_refused_with_line_and_field(entry: str, problem: str) -> None:
@@ -238,7 +241,7 @@ def test_bad_windows_are_refused_with_line_and_field(entry: str, problem: str) -
 
 def test_window_names_are_unique() -> None:
     text = "maintenance_windows:\n" + "  - {name: w, cron: '0 22 * * *', duration: 1h}\n" * 2
-    assert "line 2: maintenance_windows: Value error, window names must be unique" in refused(text)
+    assert "line 2: maintenance_windows: window names must be unique" in refused(text)
 
 
 def test_role_settings_become_the_roles_ansible_variables() -> None:
@@ -275,29 +278,33 @@ def test_role_settings_become_the_roles_ansible_variables() -> None:
         ),
         (
             'kubernetes_version: {binary_base_url: \'https://m/{{ lookup("pipe", "id") }}\'}',
-            "line 2: role_settings.kubernetes_version.binary_base_url: String should match pattern",
+            "line 2: role_settings.kubernetes_version.binary_base_url: must be an http:// or https:// URL "
+            "without a trailing slash",
         ),
         (
             "kubernetes_version: {binary_base_url: 'https://mirror/release/'}",
-            "line 2: role_settings.kubernetes_version.binary_base_url: String should match pattern",
+            "e.g. https://mirror.example.com/k8s",
         ),
         (
             "kubernetes_version: {kubeadm_upgrade_args: ['--patches={{ x }}']}",
-            "line 2: role_settings.kubernetes_version.kubeadm_upgrade_args[0]: String should match pattern",
+            "line 2: role_settings.kubernetes_version.kubeadm_upgrade_args[0]: must be a kubeadm flag",
         ),
         (
             "kubernetes_version: {kubeadm_upgrade_args: [-v]}",
-            "role_settings.kubernetes_version.kubeadm_upgrade_args[0]: String should match pattern",
+            "kubeadm_upgrade_args[0]: must be a kubeadm flag, --name or --name=value",
         ),
         (
             "kubernetes_version: {health_retries: 0}",
-            "role_settings.kubernetes_version.health_retries: Input should",
+            "role_settings.kubernetes_version.health_retries: input should be greater than or equal to 1",
         ),
         (
             "kubernetes_version: {kubeadm_arg_pattern: '.*'}",
-            "kubeadm_arg_pattern: Extra inputs are not permitted",
+            "kubeadm_arg_pattern: not a known key; the keys here: package_source",
         ),
-        ("ntp: {ntp_server_pattern: '.*'}", "line 2: role_settings.ntp: Extra inputs are not permitted"),
+        (
+            "ntp: {ntp_server_pattern: '.*'}",
+            "line 2: role_settings.ntp: not a known key; the keys here: kubernetes",
+        ),
     ],
 )
 def test_bad_role_settings_are_refused_with_line_and_field(settings: str, problem: str) -> None:
@@ -361,11 +368,16 @@ def test_a_kubernetes_health_check_names_its_objects_and_compiles_its_expression
             'expression: object.status.health = "HEALTH_OK"',
             8,
             r"\.expression",
-            "Value error, not a CEL expression: syntax error at column 22",
+            "not a CEL expression: syntax error at column 22",
         ),
         ("expression: obj.status.ready", 8, r"\.expression", "unknown name 'obj'"),
         ("expression: object.ready\n      selector: {app: x}", 4, "", "exactly one of name"),
-        ("expression: object.ready\n      api_version: ceph/v1/x", 8, r"\.api_version", "pattern"),
+        (
+            "expression: object.ready\n      api_version: ceph/v1/x",
+            8,
+            r"\.api_version",
+            "must be an apiVersion",
+        ),
     ],
 )
 def test_bad_kubernetes_checks_stop_the_start_with_line_and_field(
@@ -407,7 +419,7 @@ def test_a_kubernetes_check_may_give_a_timeout_for_the_wait_before_an_update_sta
         ("0s", "must be longer than 0"),
         ("169h", "at most 7 days"),
         ("1d", "give hours, minutes and/or seconds"),
-        ("120", "Input should be a valid string"),
+        ("120", "must be a string"),
     ],
 )
 def test_a_bad_timeout_stops_the_start_with_line_and_field(timeout: str, words: str) -> None:
@@ -418,7 +430,7 @@ def test_a_bad_timeout_stops_the_start_with_line_and_field(timeout: str, words: 
 
 def test_a_window_duration_stays_in_hours_and_minutes() -> None:
     text = "maintenance_windows:\n  - {name: w, cron: '0 22 * * *', duration: 90s}\n"
-    assert "line 2: maintenance_windows[0].duration: Value error, give hours and/or minutes" in refused(text)
+    assert "line 2: maintenance_windows[0].duration: give hours and/or minutes" in refused(text)
 
 
 def test_a_check_is_one_of_url_command_or_kubernetes() -> None:

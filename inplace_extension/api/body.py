@@ -14,6 +14,7 @@ import pydantic_core
 from pydantic import BaseModel, ValidationError
 
 from inplace_extension.errors import InvalidRequest
+from inplace_extension.validation import problems
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -75,29 +76,14 @@ def _check_tree(document: Any) -> None:
             raise InvalidRequest(field_path(loc), "number out of range")
 
 
-# pydantic's wording for the common cases, in JSON terms (its own names Python types and our class names)
-_PROBLEMS = {
-    "missing": "missing",
-    "model_type": "must be a JSON object",
-    "model_attributes_type": "must be a JSON object",
-    "dict_type": "must be a JSON object",
-    "list_type": "must be a JSON array",
-    "string_type": "must be a string",
-    "int_type": "must be an integer",
-    "int_parsing": "must be an integer",
-    "bool_type": "must be a boolean",
-    "bool_parsing": "must be a boolean",
-}
-
-
-def to_invalid_request(exc: ValidationError) -> InvalidRequest:
+def to_invalid_request(exc: ValidationError, model: type[BaseModel] | None = None) -> InvalidRequest:
     """The first validation error as ``InvalidRequest`` naming its field path (+ how many more there are)."""
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    first = errors[0]
-    problem = _PROBLEMS.get(first["type"], first["msg"])
-    if len(errors) > 1:
-        problem += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    return InvalidRequest(field_path(tuple(first["loc"])), problem)
+    found = problems(exc, model, "json")  # worded in inplace_extension/validation.py, in JSON terms
+    first = found[0]
+    problem = first.message
+    if len(found) > 1:
+        problem += f" (and {len(found) - 1} more problem{'s' if len(found) > 2 else ''})"
+    return InvalidRequest(field_path(first.loc), problem)
 
 
 def parse_request(model: type[ModelT], body: bytes) -> ModelT:
@@ -106,4 +92,4 @@ def parse_request(model: type[ModelT], body: bytes) -> ModelT:
     try:
         return model.model_validate(document)
     except ValidationError as exc:
-        raise to_invalid_request(exc) from None
+        raise to_invalid_request(exc, model) from None

@@ -13,9 +13,13 @@ from inplace_extension.api.common import (
     WireModel,
     check_type_meta,
 )
+from inplace_extension.validation import described
 
 # DNS-1123 label: what CAPI validates handler names against (docs/capi-hooks.md §2.3)
-DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS1123_LABEL = described(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+    "a DNS label: lowercase letters, digits and - (starting and ending with a letter or digit)",
+)
 
 
 class DiscoveryRequest(WireModel):

@@ -34,6 +34,7 @@ from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.inplace.entries import INIT_ARGS, JOIN_ARGS, TEMPLATE_PROBLEM, holds_template
 from inplace_extension.inplace.plan import DesiredObjects, Plan, PlanError, plan_capabilities
 from inplace_extension.inplace.pointers import get_in
+from inplace_extension.validation import problems
 
 MACHINE_NAME_LABEL: Final = "node.gardener.cloud/machine-name"
 TEMPLATE_HASH_LABEL: Final = "machine-template-hash"
@@ -82,7 +83,10 @@ def parse_spec(machine_class: Mapping[str, Any]) -> InPlaceUpdateSpec:
     try:
         return InPlaceUpdateSpec.model_validate(raw)
     except ValidationError as exc:
-        where = ", ".join(".".join(str(p) for p in err["loc"]) + ": " + err["msg"] for err in exc.errors())
+        where = ", ".join(
+            ".".join(str(part) for part in problem.loc) + ": " + problem.message
+            for problem in problems(exc, InPlaceUpdateSpec)
+        )
         raise DesiredStateError("InvalidDesiredState", f"MachineClass {name} {SPEC_PATH}: {where}") from None
 
 

@@ -14,12 +14,26 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from inplace_extension.validation import described
+
 # http(s) URL without whitespace, quotes or template characters; no trailing slash (the roles add paths)
-URL_PATTERN: Final = r"^https?://[^\s{}%\"'\\]+[^/\s{}%\"'\\]$"
-ABSOLUTE_PATTERN: Final = r"^/[^\s{}%\"'\\]*$"
+URL_PATTERN: Final = described(
+    r"^https?://[^\s{}%\"'\\]+[^/\s{}%\"'\\]$",
+    "an http:// or https:// URL without a trailing slash, blanks, quotes, backslashes or template "
+    "characters ({ } %), e.g. https://mirror.example.com/k8s",
+)
+ABSOLUTE_PATTERN: Final = described(
+    r"^/[^\s{}%\"'\\]*$",
+    "an absolute path without blanks, quotes, backslashes or template characters ({ } %), e.g. "
+    "/etc/apt/keyrings/kubernetes.gpg",
+)
 
 # a kubeadm flag as the role takes it ("--flag" or "--flag=value"), without template characters
-KUBEADM_ARG_PATTERN: Final = r"^--[a-z][a-z0-9-]*(=[^\x00-\x1f\x7f{}%]*)?$"
+KUBEADM_ARG_PATTERN: Final = described(
+    r"^--[a-z][a-z0-9-]*(=[^\x00-\x1f\x7f{}%]*)?$",
+    "a kubeadm flag, --name or --name=value (a lowercase name; no control or template characters "
+    "({ } %) in the value), e.g. --ignore-preflight-errors=SystemVerification",
+)
 
 Url = Annotated[str, Field(pattern=URL_PATTERN)]
 AbsolutePath = Annotated[str, Field(pattern=ABSOLUTE_PATTERN)]
