@@ -2,7 +2,7 @@
 the JSON Schemas. One module per command (each exports ``COMMAND``); ``flags.py`` turns the service
 settings into flags, ``command.py`` holds what the commands share.
 
-Settings come from ``INPLACE_*`` environment variables, overridden by flags (see flags.py).
+Every flag has an ``INPLACE_*`` variable, which the flag overrides (see flags.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pydantic import ValidationError
 
 from inplace_extension.cli import call, mcm_agent, plan, schemas, serve
-from inplace_extension.cli.flags import Parser
+from inplace_extension.cli.flags import Parser, SettingsError
 from inplace_extension.errors import ExtensionError
+from inplace_extension.settings import Settings
+from inplace_extension.validation import problems
 
 COMMANDS = (serve.COMMAND, call.COMMAND, plan.COMMAND, mcm_agent.COMMAND, schemas.COMMAND)
 
@@ -30,8 +32,8 @@ def installed_version() -> str:
 def build_parser() -> Parser:
     parser = Parser(
         prog="inplace-extension",
-        description="Cluster API Runtime Extension that updates machines in place. Settings come from "
-        "INPLACE_* environment variables, overridden by flags (--foo-bar = INPLACE_FOO_BAR).",
+        description="Cluster API Runtime Extension that updates machines in place. Every flag has an "
+        "INPLACE_* environment variable, which the flag overrides (each command's --help names them).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -46,10 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except ValidationError as exc:
-        for error in exc.errors(include_url=False, include_input=False):
-            where = ".".join(str(part) for part in error["loc"])
-            print(f"inplace-extension: setting {where}: {error['msg']}", file=sys.stderr)
+    except SettingsError as exc:
+        for line in exc.lines:  # each names the flag or the variable the value came from
+            print(f"inplace-extension: {line}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:  # settings read without their flags (e.g. by a library default)
+        for problem in problems(exc, Settings):
+            where = ".".join(str(part) for part in problem.loc)
+            print(f"inplace-extension: setting {where}: {problem.message}", file=sys.stderr)
         return 2
     except (ValueError, LookupError, OSError, ExtensionError) as exc:
         print(f"inplace-extension: {exc}", file=sys.stderr)

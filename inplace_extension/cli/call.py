@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from inplace_extension.cli.command import Command, load_document
-from inplace_extension.cli.flags import Parser
+from inplace_extension.cli.flags import Option, Parser, add_settings_flags, given_as, settings_from_args
 from inplace_extension.hooks.table import HOOKS, find_hook
 from inplace_extension.settings import Settings
 
@@ -41,54 +41,72 @@ def decode_patches(document: Any) -> Any:
     return document
 
 
+OPTIONS = (
+    Option(
+        "--url",
+        "INPLACE_CALL_URL",
+        "the service's base URL, with any path prefix",
+        default=DEFAULT_URL,
+        metavar="URL",
+    ),
+    Option(
+        "--cacert",
+        "INPLACE_CALL_CACERT",
+        "PEM CA to verify the server with (none: the system's CAs and, when it exists, the ca.crt of a "
+        "local serve --self-signed, in --tls-dir)",
+        metavar="FILE",
+    ),
+    Option(
+        "--insecure",
+        "INPLACE_CALL_INSECURE",
+        "do not verify the server certificate (dev only)",
+        default=False,
+        boolean=True,
+    ),
+    Option("--timeout", "INPLACE_CALL_TIMEOUT", "seconds", kind=float, default=10.0, metavar="SECONDS"),
+)
+
+
 def configure(parser: Parser) -> None:
     parser.add_argument("hook", help="hook: " + ", ".join(h.name or h.hook.lower() for h in HOOKS))
     parser.add_argument("file", help="request body, JSON or YAML ('-' = stdin)")
-    parser.add_argument(
-        "--url", default=DEFAULT_URL, help="service base URL incl. any path prefix (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--cacert",
-        metavar="FILE",
-        help="PEM CA to verify the server with (default: the system's CAs and, when it exists, the ca.crt "
-        "of a local serve --self-signed, in --tls-dir under $XDG_STATE_HOME)",
-    )
-    parser.add_boolean(
-        "--insecure", dest="insecure", default=False, help="do not verify the server certificate (dev only)"
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=10.0, metavar="SECONDS", help="seconds (default: %(default)s)"
-    )
+    for option in OPTIONS:
+        parser.add_option(option)
+    add_settings_flags(parser, ["tls_dir"])  # where the local dev CA is
 
 
-def dev_ca_file() -> Path:
+def dev_ca_file(settings: Settings) -> Path:
     """The CA certificate ``serve --self-signed`` writes (``--tls-dir``, default under $XDG_STATE_HOME)."""
-    return Settings().tls_dir.expanduser() / "ca.crt"
+    return settings.tls_dir.expanduser() / "ca.crt"
 
 
-def _trust(cafile: Path, flag: str, context: ssl.SSLContext) -> None:
+def _trust(cafile: Path, given: str, context: ssl.SSLContext) -> None:
+    """Trust ``cafile`` too; ``given`` names it as the user gave it (``--cacert /x``,
+    ``INPLACE_CALL_CACERT=/x``)."""
     try:
         context.load_verify_locations(cafile=str(cafile))
     except OSError as exc:
-        raise ValueError(f"{flag} {cafile}: cannot read it ({exc.strerror or exc})") from None
+        raise ValueError(f"{given}: cannot read it ({exc.strerror or exc})") from None
     except ssl.SSLError:
-        raise ValueError(f"{flag} {cafile}: holds no PEM CA certificate") from None
+        raise ValueError(f"{given}: holds no PEM CA certificate") from None
 
 
-def verification(insecure: bool, cacert: str | None) -> ssl.SSLContext | bool:
-    """What verifies the server: nothing (--insecure); the system's CAs plus --cacert, or plus the
-    local dev CA when it exists."""
+def verification(
+    insecure: bool, cacert: str | None, dev_ca: Path, given: str = "--cacert"
+) -> ssl.SSLContext | bool:
+    """What verifies the server: nothing (--insecure); the system's CAs plus --cacert (``given``: as the
+    user gave it), or plus the local dev CA when it exists."""
     if insecure:
         return False
     context = ssl.create_default_context()
     if cacert:
-        _trust(Path(cacert).expanduser(), "--cacert", context)
-    elif dev_ca_file().is_file():
-        _trust(dev_ca_file(), "the dev CA", context)
+        _trust(Path(cacert).expanduser(), given, context)
+    elif dev_ca.is_file():
+        _trust(dev_ca, f"the dev CA {dev_ca}", context)
     return context
 
 
-def hint(url: str, exc: httpx.HTTPError, cacert: str | None) -> str | None:
+def hint(url: str, exc: httpx.HTTPError, cacert: str | None, dev_ca: Path) -> str | None:
     """What the user can do about a failed call, when the error tells."""
     text = str(exc)
     if url.startswith("http://") and isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
@@ -98,7 +116,6 @@ def hint(url: str, exc: httpx.HTTPError, cacert: str | None) -> str | None:
     if "CERTIFICATE_VERIFY_FAILED" in text:
         if cacert:
             return f"the server's certificate is not signed by --cacert {cacert}"
-        dev_ca = dev_ca_file()
         found = "" if dev_ca.is_file() else ", not found"
         return (
             "the server's certificate is not trusted: pass --cacert FILE with the CA that signed it "
@@ -111,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     hook = find_hook(args.hook)
     document = load_document(args.file)
     url = args.url.rstrip("/") + hook.path
-    verify = verification(args.insecure, args.cacert)
+    dev_ca = dev_ca_file(settings_from_args(args))
+    verify = verification(args.insecure, args.cacert, dev_ca, given_as(args, "cacert"))
     # send the JSON as CAPI does: POST, no Content-Type, the informational ?timeout= query
     body = json.dumps(document).encode()
     try:
@@ -119,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
             reply = client.post(url, content=body, params={"timeout": f"{int(args.timeout)}s"})
     except httpx.HTTPError as exc:
         print(f"inplace-extension call: {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        advice = hint(url, exc, args.cacert)
+        advice = hint(url, exc, args.cacert, dev_ca)
         if advice is not None:
             print(f"inplace-extension call: {advice}", file=sys.stderr)
         return 2

@@ -1,24 +1,33 @@
-"""The service settings as command-line flags, and the parser every command uses.
+"""Every flag of every command and its ``INPLACE_*`` variable, and the parser every command uses.
 
-Flag ``--foo-bar`` is setting ``foo_bar`` and environment variable ``INPLACE_FOO_BAR`` (generated from
-:class:`inplace_extension.settings.Settings`, so the three never drift); a flag given on the command line
-wins over the environment. ``--help`` shows each flag's value type or choices, its default and its
-variable. A boolean takes ``--foo``, ``--no-foo``, ``--foo=true`` and ``--foo=false``.
+Two kinds of flag, one behaviour: the service settings (flag ``--foo-bar`` is setting ``foo_bar`` and
+variable ``INPLACE_FOO_BAR``, generated from :class:`inplace_extension.settings.Settings`) and a
+command's own options (:class:`Option`: each command module's ``OPTIONS`` table names the variable).
+A flag given on the command line wins over its variable; ``--help`` shows each flag's value type or
+choices, its default and its variable, and docs/configuration.md's table of variables is generated from
+these parsers (``python -m inplace_extension.cli.reference``). A boolean takes ``--foo``, ``--no-foo``,
+``--foo=true`` and ``--foo=false``. Where a value came from is kept (:class:`Origin`), so that an error
+names it as the user gave it: ``--drain sometimes`` or ``INPLACE_DRAIN=sometimes``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shlex
 import types
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from inplace_extension.settings import Settings
+from inplace_extension.validation import problems
 
 TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})
@@ -34,13 +43,92 @@ METAVARS = {
 }
 
 
+@dataclass(frozen=True)
+class Option:
+    """A command's own flag (not a service setting) and its variable: one row of a command's ``OPTIONS``.
+
+    ``kind`` turns the text of the flag or the variable into the value (a ValueError says why not);
+    a ``repeatable`` option is a list: the flag given again, the variable comma-separated.
+    """
+
+    flag: str
+    variable: str
+    help: str
+    kind: Callable[[str], Any] = str
+    default: Any = None
+    metavar: str | None = None
+    required: bool = False
+    boolean: bool = False
+    repeatable: bool = False
+    choices: tuple[str, ...] | None = None
+    short: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Variable:
+    """A flag of a parser and the variable that stands for it; ``option`` is None for a service setting
+    (pydantic-settings reads its variable)."""
+
+    dest: str
+    flag: str
+    variable: str
+    shown_default: str
+    option: Option | None = None
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value came from: the flag (with its text), the variable (with its text), or the default."""
+
+    flag: str
+    variable: str
+    source: Literal["flag", "variable", "default"]
+    text: str = ""
+
+    def shown(self, value: object = None) -> str:
+        """How the user gave it: ``--drain sometimes``, ``INPLACE_DRAIN=sometimes``, or
+        ``--listen 0.0.0.0:9443 (the default)``."""
+        if self.source == "flag":
+            return f"{self.flag} {shlex.quote(self.text)}" if self.text else self.flag
+        if self.source == "variable":
+            return f"{self.variable}={shlex.quote(self.text)}"
+        return f"{self.flag} {shlex.quote(str(value))} (the default)"
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser, where a boolean flag added with :meth:`add_boolean` also takes ``=true`` and
-    ``=false`` (``--affects-availability=false`` as the docs write it)."""
+    ``=false`` (``--affects-availability=false`` as the docs write it), and each flag has a variable."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.boolean_flags: set[str] = set()
+        self.variables: dict[str, Variable] = {}
+
+    def add_option(self, option: Option) -> None:
+        """A command's own flag, with its variable and default in ``--help``; argparse leaves it None when
+        it is not given, :meth:`parse_known_args` then takes the variable, else the default."""
+        default = "required" if option.required else f"default: {_shown(option.default)}"
+        shown = f"{option.help} ({default}; env {option.variable})"
+        self.variables[option.dest] = Variable(
+            option.dest, option.flag, option.variable, _shown(option.default), option
+        )
+        if option.boolean:
+            self.add_boolean(option.flag, dest=option.dest, default=None, help=shown)
+            return
+        flags = [option.short, option.flag] if option.short else [option.flag]
+        self.add_argument(
+            *flags,
+            dest=option.dest,
+            default=None,
+            metavar=option.metavar,
+            choices=option.choices,
+            action="append" if option.repeatable else "store",
+            help=shown,
+        )
 
     def add_boolean(self, flag: str, *, dest: str, default: bool | None, help: str) -> None:
         """``--flag`` / ``--no-flag`` (argparse's BooleanOptionalAction), plus ``--flag=true|false``."""
@@ -52,7 +140,46 @@ class Parser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         if args is not None:
             args = [self._boolean_word(arg) for arg in args]
-        return super().parse_known_args(args, namespace)
+        parsed, rest = super().parse_known_args(args, namespace)
+        if self.variables:
+            self._take_variables(parsed, os.environ)
+        return parsed, rest
+
+    def _take_variables(self, parsed: argparse.Namespace, environ: Mapping[str, str]) -> None:
+        """Fill each option not given as a flag from its variable, else its default; keep every origin."""
+        origins: dict[str, Origin] = dict(getattr(parsed, "origins", {}))
+        for var in self.variables.values():
+            value = getattr(parsed, var.dest, None)
+            if value is not None:
+                origin = Origin(var.flag, var.variable, "flag", _flag_text(var, value))
+            elif var.variable in environ:
+                origin = Origin(var.flag, var.variable, "variable", environ[var.variable])
+            else:
+                origin = Origin(var.flag, var.variable, "default")
+            origins[var.dest] = origin
+            option = var.option
+            if option is None:
+                continue  # a service setting: Settings reads its variable itself
+            if origin.source == "default":
+                if option.required:
+                    self.error(f"{option.flag} (or the variable {option.variable}) is required")
+                setattr(parsed, var.dest, option.default)
+            else:
+                setattr(parsed, var.dest, self._convert(option, origin, value))
+        parsed.origins = origins
+
+    def _convert(self, option: Option, origin: Origin, value: Any) -> Any:
+        """The option's value from the flag's or the variable's text; a bad one is refused by its origin."""
+        if origin.source == "flag" and option.boolean:
+            return value  # argparse's own --flag / --no-flag
+        texts = value if origin.source == "flag" and option.repeatable else [origin.text]
+        if option.repeatable and origin.source == "variable":
+            texts = [part.strip() for part in origin.text.split(",") if part.strip()]
+        try:
+            converted = [_convert_text(option, text) for text in texts]
+        except ValueError as exc:
+            self.error(f"{origin.shown()}: {exc}")
+        return converted if option.repeatable else converted[0]
 
     def _boolean_word(self, arg: str) -> str:
         flag, sep, value = arg.partition("=")
@@ -63,12 +190,70 @@ class Parser(argparse.ArgumentParser):
         return flag if value.lower() in TRUE_WORDS else "--no-" + flag.removeprefix("--")
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``[v6]:PORT`` -> (host, port)."""
+def parse_listen(listen: str, given: str | None = None) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[v6]:PORT`` -> (host, port); ``given`` names where a refused value came from
+    (:func:`given_as`)."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
+        raise ValueError(
+            f"{given or '--listen ' + shlex.quote(listen)}: must be HOST:PORT (e.g. 127.0.0.1:9443)"
+        )
     return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 -- an empty host means all, as uvicorn
+
+
+def _convert_text(option: Option, text: str) -> Any:
+    if option.boolean:
+        if text.lower() not in TRUE_WORDS | FALSE_WORDS:
+            raise ValueError("expected true or false")
+        return text.lower() in TRUE_WORDS
+    if option.choices is not None and text not in option.choices:
+        raise ValueError(f"must be one of {', '.join(option.choices)}")
+    try:
+        return option.kind(text)
+    except ValueError:
+        raise ValueError("must be a number" if option.kind is float else "not a valid value") from None
+
+
+def _flag_text(var: Variable, value: Any) -> str:
+    """The text a flag was given with (a boolean flag: none; a repeated one: its values joined)."""
+    if isinstance(value, bool):
+        return ""
+    if isinstance(value, list):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == "" or value == []:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, list):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def given_as(args: argparse.Namespace, dest: str, value: object = None) -> str:
+    """How the value of ``dest`` was given, for a message: ``--tls-cert /x``, ``INPLACE_TLS_CERT=/x`` or
+    ``--listen 0.0.0.0:9443 (the default)`` (``value`` is the value in use, shown for a default)."""
+    origins: dict[str, Origin] = getattr(args, "origins", {})
+    origin = origins.get(dest)
+    if origin is not None:
+        return origin.shown(value)
+    variable = env_name(dest)
+    if variable in os.environ:  # a setting this command has no flag for, read by Settings all the same
+        return f"{variable}={shlex.quote(os.environ[variable])}"
+    return f"{dest} {value}"
+
+
+class SettingsError(ValueError):
+    """Settings that do not validate: one line per problem, each naming the flag or the variable."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("; ".join(lines))
+        self.lines = lines
 
 
 def env_name(name: str) -> str:
@@ -111,14 +296,10 @@ def _metavar(name: str, field: FieldInfo) -> str:
 
 
 def _shown_default(field: FieldInfo) -> str:
-    value = field.get_default(call_default_factory=True)
-    if value is None or value == "" or value == []:
-        return "none"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list):
-        return ",".join(str(item) for item in value)
-    return str(value)
+    """The default as --help shows it; a description that says its own default ("(default: the Pod's
+    own)") is taken at its word."""
+    said = re.search(r"\(default: ([^)]*)\)", field.description or "")
+    return said.group(1) if said else _shown(field.get_default(call_default_factory=True))
 
 
 def add_settings_flags(parser: Parser, names: Iterable[str] | None = None) -> None:
@@ -131,6 +312,7 @@ def add_settings_flags(parser: Parser, names: Iterable[str] | None = None) -> No
         description = field.description or ""
         default = "" if "(default:" in description else f"default: {_shown_default(field)}; "
         shown = f"{description} ({default}env {env_name(name)})"
+        parser.variables[name] = Variable(name, flag, env_name(name), _shown_default(field))
         if field.annotation is bool:
             parser.add_boolean(flag, dest=name, default=None, help=shown)
         else:
@@ -138,8 +320,16 @@ def add_settings_flags(parser: Parser, names: Iterable[str] | None = None) -> No
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Environment first, then every flag that was given on the command line."""
+    """Environment first, then every flag that was given on the command line; a bad value raises
+    :class:`SettingsError` naming the flag or the variable it came from."""
     overrides = {
         name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None) is not None
     }
-    return Settings(**overrides)
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for problem in problems(exc, Settings):
+            name = str(problem.loc[0]) if problem.loc else ""
+            lines.append(f"{given_as(args, name, getattr(args, name, None))}: {problem.message}")
+        raise SettingsError(lines) from None

@@ -4,15 +4,19 @@ it shares with ``serve`` plus the agent's own flags); the process itself is ``in
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from inplace_extension.cli.command import Command, kubeconfig_from_env
-from inplace_extension.cli.flags import Parser, add_settings_flags, parse_listen, settings_from_args
+from inplace_extension.cli.flags import (
+    Option,
+    Parser,
+    add_settings_flags,
+    given_as,
+    parse_listen,
+    settings_from_args,
+)
 from inplace_extension.mcm.agent import AgentOptions
 from inplace_extension.mcm.main import Clusters, run_agent
 
@@ -34,70 +38,98 @@ AGENT_SETTINGS = (
 )
 
 
+AGENT_ID_ENV = "INPLACE_AGENT_ID"
+
+# the agent's own flags and their variables (--namespace is INPLACE_MCM_NAMESPACE, as deploy/mcm sets it)
+OPTIONS = (
+    Option(
+        "--namespace",
+        "INPLACE_MCM_NAMESPACE",
+        "MCM's namespace in the control cluster",
+        metavar="NAMESPACE",
+        required=True,
+    ),
+    Option(
+        "--target-kubeconfig",
+        "INPLACE_TARGET_KUBECONFIG",
+        "kubeconfig of the cluster with the Nodes (none: $KUBECONFIG's first file, else the in-cluster "
+        "account)",
+        kind=Path,
+        metavar="FILE",
+    ),
+    Option(
+        "--control-kubeconfig",
+        "INPLACE_CONTROL_KUBECONFIG",
+        "kubeconfig of MCM's cluster (none: the target cluster's)",
+        kind=Path,
+        metavar="FILE",
+    ),
+    Option(
+        "--delete-pods",
+        "INPLACE_DELETE_PODS",
+        "after a successful update, delete the Pods left on the Node",
+        default=False,
+        boolean=True,
+    ),
+    Option(
+        "--keep-critical-taint",
+        "INPLACE_KEEP_CRITICAL_TAINT",
+        "do not remove node.gardener.cloud/critical-components-not-ready (inside Gardener, GRM does)",
+        default=False,
+        boolean=True,
+    ),
+    Option(
+        "--resync-seconds",
+        "INPLACE_RESYNC_SECONDS",
+        "look again this often at the Nodes MCM is updating",
+        kind=float,
+        default=30.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--poll-seconds",
+        "INPLACE_POLL_SECONDS",
+        "poll a running update this often",
+        kind=float,
+        default=2.0,
+        metavar="SECONDS",
+    ),
+    Option(
+        "--agent-id",
+        AGENT_ID_ENV,
+        "this replica's name in its Node claims: give it one that survives a restart (the Pod's name, as "
+        "deploy/mcm sets it) and a restarted replica resumes its own Nodes at once, while another live "
+        "replica's claim still blocks (none: random)",
+        metavar="NAME",
+    ),
+    Option(
+        "--claim-seconds",
+        "INPLACE_CLAIM_SECONDS",
+        "a replica's claim on a Node lasts this long",
+        kind=float,
+        default=120.0,
+        metavar="SECONDS",
+    ),
+)
+
+
 def configure(parser: Parser) -> None:
     add_settings_flags(parser, AGENT_SETTINGS)
-    parser.add_argument(
-        "--target-kubeconfig",
-        type=Path,
-        metavar="FILE",
-        help="kubeconfig of the cluster with the Nodes (default: $KUBECONFIG, else the in-cluster account)",
-    )
-    parser.add_argument(
-        "--control-kubeconfig",
-        type=Path,
-        metavar="FILE",
-        help="kubeconfig of MCM's cluster (default: the target cluster's)",
-    )
-    parser.add_argument("--namespace", required=True, help="MCM's namespace in the control cluster")
-    parser.add_boolean(
-        "--delete-pods",
-        dest="delete_pods",
-        default=False,
-        help="after a successful update, delete the Pods left on the Node",
-    )
-    parser.add_boolean(
-        "--keep-critical-taint",
-        dest="keep_critical_taint",
-        default=False,
-        help="do not remove node.gardener.cloud/critical-components-not-ready (inside Gardener, GRM does)",
-    )
-    seconds: dict[str, Any] = {"type": float, "metavar": "SECONDS"}
-    parser.add_argument(
-        "--resync-seconds",
-        default=30.0,
-        help="look again this often at the Nodes MCM is updating (default: 30)",
-        **seconds,
-    )
-    parser.add_argument(
-        "--poll-seconds", default=2.0, help="poll a running update this often (default: 2)", **seconds
-    )
-    parser.add_argument(
-        "--agent-id",
-        default=None,
-        help="this replica's name in its Node claims: give it one that survives a restart (the Pod's name, "
-        "which deploy/mcm passes as INPLACE_AGENT_ID) and a restarted replica resumes its own Nodes at "
-        "once, while another live replica's claim still blocks (default: $INPLACE_AGENT_ID, else random)",
-    )
-    parser.add_argument(
-        "--claim-seconds",
-        default=120.0,
-        help="a replica's claim on a Node lasts this long (default: 120)",
-        **seconds,
-    )
+    for option in OPTIONS:
+        parser.add_option(option)
 
 
-AGENT_ID_ENV = "INPLACE_AGENT_ID"
 AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")  # a Pod name fits; no blank (claim syntax)
 
 
-def agent_id(flag: str | None, environ: Mapping[str, str]) -> str:
-    """The replica's identity in its claims: ``--agent-id``, else ``$INPLACE_AGENT_ID``, else random (a
-    restart is then a new replica that waits for its predecessor's claims to expire)."""
-    value = flag if flag is not None else environ.get(AGENT_ID_ENV, "")
+def agent_id(value: str | None, given: str = "--agent-id") -> str:
+    """The replica's identity in its claims: ``--agent-id`` or ``$INPLACE_AGENT_ID``, else random (a
+    restart is then a new replica that waits for its predecessor's claims to expire); ``given`` names
+    where a refused value came from."""
     if not value:
         return uuid.uuid4().hex[:12]
     if not AGENT_ID_RE.match(value):
-        raise ValueError(f"--agent-id / {AGENT_ID_ENV}: letters, digits, '.', '_' and '-' only (at most 253)")
+        raise ValueError(f"{given}: letters, digits, '.', '_' and '-' only (at most 253)")
     return value
 
 
@@ -110,10 +142,12 @@ def run(args: argparse.Namespace) -> int:
         poll_seconds=args.poll_seconds,
         resync_seconds=args.resync_seconds,
         claim_seconds=args.claim_seconds,
-        agent_id=agent_id(args.agent_id, os.environ),
+        agent_id=agent_id(args.agent_id, given_as(args, "agent_id")),
     )
     clusters = Clusters(args.target_kubeconfig or kubeconfig_from_env(), args.control_kubeconfig)
-    return run_agent(settings, options, clusters, parse_listen(settings.listen))
+    return run_agent(
+        settings, options, clusters, parse_listen(settings.listen, given_as(args, "listen", settings.listen))
+    )
 
 
 COMMAND = Command(

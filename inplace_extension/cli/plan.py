@@ -10,7 +10,7 @@ import argparse
 import time
 
 from inplace_extension.cli.command import Command
-from inplace_extension.cli.flags import Parser, add_settings_flags, settings_from_args
+from inplace_extension.cli.flags import Option, Parser, add_settings_flags, settings_from_args
 from inplace_extension.engine import load_config
 from inplace_extension.preview.inputs import (
     Machine,
@@ -44,32 +44,41 @@ SETTINGS = (
 )
 
 
+OPTIONS = (
+    Option(
+        "--old",
+        "INPLACE_PLAN_OLD",
+        "the objects as they are: MachineDeployment/MachineSet, KubeadmConfigTemplate, infrastructure "
+        "machine template, or MachineClass (MCM); JSON or YAML, a List (kubectl get -o yaml) too",
+        metavar="FILE",
+    ),
+    Option("--new", "INPLACE_PLAN_NEW", "the same objects as they will be", metavar="FILE"),
+    Option(
+        "--machine",
+        "INPLACE_PLAN_MACHINE",
+        "a Machine (MCM: a Node) to preview the host, run and window of (repeatable, the variable "
+        "comma-separated; Machine or Node objects in the files count too)",
+        default=[],
+        metavar="NAME",
+        repeatable=True,
+    ),
+    Option(
+        "--output",
+        "INPLACE_PLAN_OUTPUT",
+        "table, or the PlanPreview document as json or yaml",
+        default="table",
+        choices=("table", "json", "yaml"),
+        short="-o",
+    ),
+)
+
+
 def configure(parser: Parser) -> None:
     parser.add_argument(
         "file", nargs="?", help="a saved hook request, JSON or YAML ('-' = stdin); or give --old and --new"
     )
-    parser.add_argument(
-        "--old",
-        metavar="FILE",
-        help="the objects as they are: MachineDeployment/MachineSet, KubeadmConfigTemplate, infrastructure "
-        "machine template, or MachineClass (MCM); JSON or YAML, a List (kubectl get -o yaml) too",
-    )
-    parser.add_argument("--new", metavar="FILE", help="the same objects as they will be")
-    parser.add_argument(
-        "--machine",
-        metavar="NAME",
-        action="append",
-        default=[],
-        help="a Machine (MCM: a Node) to preview the host, run and window of (repeatable; Machine or Node "
-        "objects in the files count too)",
-    )
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("table", "json", "yaml"),
-        default="table",
-        help="table (default), or the PlanPreview document as json or yaml",
-    )
+    for option in OPTIONS:
+        parser.add_option(option)
     add_settings_flags(parser, SETTINGS)
     parser.epilog = (
         "The service settings are read as serve reads them (flags, else INPLACE_* variables) and only judged "

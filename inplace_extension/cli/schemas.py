@@ -9,20 +9,27 @@ from pathlib import Path
 
 from inplace_extension import schemas
 from inplace_extension.cli.command import Command
-from inplace_extension.cli.flags import Parser
+from inplace_extension.cli.flags import Option, Parser
+
+OPTIONS = (
+    Option("--write", "INPLACE_SCHEMAS_DIR", "target directory", default="schemas", metavar="DIR"),
+    Option(
+        "--check",
+        "INPLACE_SCHEMAS_CHECK",
+        "compare DIR instead of writing; exit 1 on drift",
+        default=False,
+        boolean=True,
+    ),
+)
 
 
 def configure(parser: Parser) -> None:
-    parser.add_argument(
-        "--write", dest="dir", default="schemas", metavar="DIR", help="target directory [schemas]"
-    )
-    parser.add_boolean(
-        "--check", dest="check", default=False, help="compare DIR instead of writing; exit 1 on drift"
-    )
+    for option in OPTIONS:
+        parser.add_option(option)
 
 
 def run(args: argparse.Namespace) -> int:
-    directory = Path(args.dir)
+    directory = Path(args.write)
     if args.check:
         drift = schemas.check(directory)
         for line in drift:
