@@ -20,7 +20,9 @@ from inplace_extension.validation import described
 MAX_BODY_BYTES = 20 * 1024 * 1024
 
 
-def _default_state_dir() -> Path:
+def default_state_dir() -> Path:
+    """Where the service keeps its state by default (run artifacts, the dev TLS): $XDG_STATE_HOME's
+    ``inplace-extension``, ``~/.local/state/inplace-extension`` when it is unset."""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "inplace-extension"
 
@@ -56,7 +58,7 @@ class Settings(BaseSettings):
         description="log level",
     )
     tls_dir: Path = Field(
-        default_factory=lambda: _default_state_dir() / "tls",
+        default_factory=lambda: default_state_dir() / "tls",
         description="where --self-signed keeps its generated CA (ca.crt), certificate and key",
     )
     tls_hosts: Annotated[list[str], NoDecode] = Field(
@@ -69,7 +71,7 @@ class Settings(BaseSettings):
     allowed_cidrs: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="host addresses that may be contacted"
     )
-    runs_dir: Path = Field(default_factory=lambda: _default_state_dir() / "runs", description="run artifacts")
+    runs_dir: Path = Field(default_factory=lambda: default_state_dir() / "runs", description="run artifacts")
     max_parallel_runs: int = Field(8, ge=1, le=256, description="runs at once; the rest wait in a FIFO queue")
     retry_after_seconds: int = Field(10, ge=1, le=3600, description="retryAfterSeconds while a run goes on")
     max_failed_attempts: int = Field(

@@ -1,4 +1,6 @@
-"""Development TLS for ``serve --self-signed``: a local CA and a serving certificate signed by it.
+"""``serve``'s TLS files: the serving certificate and key checked before the service starts
+(:func:`check_serving_files`), and development TLS for ``serve --self-signed``: a local CA and a serving
+certificate signed by it.
 
 The CA file is what a client (``call --cacert``) or an ExtensionConfig ``caBundle`` trusts; the files
 are reused across restarts while they are valid and cover the requested host names.
@@ -9,17 +11,54 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import ssl
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALIDITY = datetime.timedelta(days=90)
 RENEW_BEFORE = datetime.timedelta(days=7)
+
+
+class TlsFileError(ValueError):
+    """A serving certificate or key that cannot be served: the message names the file as it was given."""
+
+
+def _read(path: Path, given: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TlsFileError(f"{given}: cannot read it ({exc.strerror or exc})") from None
+
+
+def check_serving_files(cert: Path, key: Path, cert_given: str, key_given: str) -> None:
+    """Load the serving certificate (chain) and its key as the server will, so that a bad file stops the
+    start before anything is served; ``cert_given``/``key_given`` name each file as the user gave it
+    (``--tls-cert /x``, ``INPLACE_TLS_KEY=/y``). Key material never appears in a message."""
+    cert_pem, key_pem = _read(cert, cert_given), _read(key, key_given)
+    try:
+        x509.load_pem_x509_certificates(cert_pem)
+    except ValueError:
+        raise TlsFileError(f"{cert_given}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)") from None
+    try:
+        serialization.load_pem_private_key(key_pem, password=None)
+    except TypeError:
+        raise TlsFileError(f"{key_given}: the key is encrypted; serve needs it unencrypted") from None
+    except (ValueError, UnsupportedAlgorithm):
+        raise TlsFileError(f"{key_given}: holds no PEM private key (-----BEGIN PRIVATE KEY-----)") from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise TlsFileError(
+            f"{key_given} is not the key of {cert_given} ({exc.reason or 'the pair does not load'})"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,19 @@ _TYPES: dict[str, tuple[str, str]] = {  # error type -> (YAML words, JSON words)
 }
 
 
+# the range errors: error type -> (words, the ctx key of the bound)
+_BOUNDS: dict[str, tuple[str, str]] = {
+    "greater_than_equal": ("must be at least", "ge"),
+    "greater_than": ("must be more than", "gt"),
+    "less_than_equal": ("must be at most", "le"),
+    "less_than": ("must be less than", "lt"),
+    "too_short": ("must have at least this many items:", "min_length"),
+    "too_long": ("must have at most this many items:", "max_length"),
+    "string_too_short": ("must have at least this many characters:", "min_length"),
+    "string_too_long": ("must have at most this many characters:", "max_length"),
+}
+
+
 def problems(
     exc: ValidationError, model: type[BaseModel] | None = None, document: Document = "yaml"
 ) -> list[Problem]:
@@ -92,6 +105,9 @@ def message(error: ErrorDetails, model: type[BaseModel] | None = None, document:
         return f"must be {meaning}" if meaning else "does not have the expected form"
     if kind == "literal_error":
         return f"must be one of {context.get('expected', '')}"
+    if kind in _BOUNDS:
+        words, bound = _BOUNDS[kind]
+        return f"{words} {context.get(bound)}"
     if kind in _TYPES:
         yaml_words, json_words = _TYPES[kind]
         return yaml_words if document == "yaml" else json_words

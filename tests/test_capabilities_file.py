@@ -169,7 +169,7 @@ def test_a_health_check_gives_a_url_or_a_command_argv() -> None:
     [
         ("{name: x}", r"health_checks\[0\]", "exactly one of url"),
         ("{name: x, url: 'http://h/', command: [/bin/true]}", r"health_checks\[0\]", "exactly one of url"),
-        ("{name: x, command: []}", r"health_checks\[0\]\.command", "at least 1 item"),
+        ("{name: x, command: []}", r"health_checks\[0\]\.command", "must have at least this many items: 1"),
         ("{name: x, command: 'test -e /x'}", r"health_checks\[0\]\.command", "must be a list"),
         ("{name: x, command: [test, 1]}", r"health_checks\[0\]\.command\[1\]", "must be a string"),
         ("{name: x, command: [test, null]}", r"health_checks\[0\]\.command\[1\]", "must be a string"),
@@ -295,7 +295,7 @@ def test_role_settings_become_the_roles_ansible_variables() -> None:
         ),
         (
             "kubernetes_version: {health_retries: 0}",
-            "role_settings.kubernetes_version.health_retries: input should be greater than or equal to 1",
+            "role_settings.kubernetes_version.health_retries: must be at least 1",
         ),
         (
             "kubernetes_version: {kubeadm_arg_pattern: '.*'}",

@@ -7,6 +7,7 @@ Every flag has an ``INPLACE_*`` variable, which the flag overrides (see flags.py
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -44,10 +45,28 @@ def build_parser() -> Parser:
     return parser
 
 
+# what a Unix tool's reader sees when the tool's output is cut short (killed by SIGPIPE): 128 + 13
+BROKEN_PIPE_STATUS = 141
+
+
+def quiet_broken_pipe() -> int:
+    """The reader of our output went away (``plan ... | head``): end as Unix tools do, without a message.
+
+    Python ignores SIGPIPE, so the write raised instead; standard output is pointed at /dev/null so that
+    the interpreter's last flush at exit does not fail on the same pipe again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return BROKEN_PIPE_STATUS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except BrokenPipeError:
+        return quiet_broken_pipe()
     except SettingsError as exc:
         for line in exc.lines:  # each names the flag or the variable the value came from
             print(f"inplace-extension: {line}", file=sys.stderr)

@@ -18,7 +18,7 @@ from inplace_extension.app import create_app, normalize_prefix
 from inplace_extension.auth import server_tls
 from inplace_extension.capabilities_file import CapabilitiesFileError
 from inplace_extension.cli.command import Command, kubeconfig_from_env
-from inplace_extension.cli.flags import add_settings_flags, parse_listen, settings_from_args
+from inplace_extension.cli.flags import add_settings_flags, given_as, parse_listen, settings_from_args
 from inplace_extension.engine import build_engine, load_config, refuse_url_checks
 from inplace_extension.kubeaware.cluster_side import connect_cluster_side
 from inplace_extension.kubeaware.object_checks import ObjectChecks
@@ -26,13 +26,14 @@ from inplace_extension.logs import configure_logging
 from inplace_extension.metrics import Metrics
 from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, ObjectHealth
 from inplace_extension.settings import Settings
-from inplace_extension.tls import default_hosts, ensure_dev_certificate
+from inplace_extension.tls import check_serving_files, default_hosts, ensure_dev_certificate
 
 logger = logging.getLogger(__name__)
 
 
-def tls_options(settings: Settings, host: str) -> dict[str, Any]:
-    """uvicorn's TLS keyword arguments (empty for --plain-http); mTLS per inplace_extension/auth.py."""
+def tls_options(settings: Settings, host: str, args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn's TLS keyword arguments (empty for --plain-http); mTLS per inplace_extension/auth.py. The
+    certificate and key are loaded here once, so that a bad file stops the start naming it."""
     if settings.plain_http:
         if settings.tls_cert or settings.self_signed:
             raise ValueError("--plain-http cannot be combined with --tls-cert or --self-signed")
@@ -41,8 +42,19 @@ def tls_options(settings: Settings, host: str) -> dict[str, Any]:
         if not (settings.tls_cert and settings.tls_key):
             raise ValueError("--tls-cert and --tls-key go together")
         certfile, keyfile = settings.tls_cert, settings.tls_key
+        check_serving_files(
+            certfile, keyfile, given_as(args, "tls_cert", certfile), given_as(args, "tls_key", keyfile)
+        )
     elif settings.self_signed:
-        paths, created = ensure_dev_certificate(settings.tls_dir, [*default_hosts(host), *settings.tls_hosts])
+        try:
+            paths, created = ensure_dev_certificate(
+                settings.tls_dir, [*default_hosts(host), *settings.tls_hosts]
+            )
+        except OSError as exc:
+            raise ValueError(
+                f"{given_as(args, 'tls_dir', settings.tls_dir)}: cannot keep the development certificate "
+                f"there ({exc.strerror or exc})"
+            ) from None
         print(
             f"inplace-extension: {'generated' if created else 'reusing'} dev certificate {paths.cert}; "
             f"trust {paths.ca_cert} (call --cacert {paths.ca_cert})",
@@ -57,14 +69,21 @@ def tls_options(settings: Settings, host: str) -> dict[str, Any]:
     return server_tls(certfile, keyfile, settings.client_ca).uvicorn_options()
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, given: str = "--listen") -> socket.socket:
+    """The listening socket; one that cannot be had (a port in use, an address not of this machine) is
+    refused naming the address and ``given`` (how --listen was given)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto must say TCP: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto is IPPROTO_TCP,
     # and with Nagle on, a response written in two parts waits ~40 ms for the client's delayed ACK
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(1024)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise ValueError(f"{given}: cannot listen on {shown}: {exc.strerror or exc}") from None
     sock.set_inheritable(True)
     return sock
 
@@ -75,8 +94,20 @@ def run(args: argparse.Namespace) -> int:
         # --kube without --kubeconfig: $KUBECONFIG as kubectl reads it, else the in-cluster account
         settings = settings.model_copy(update={"kubeconfig": path})
     configure_logging(settings.log_format, settings.log_level)
-    host, port = parse_listen(settings.listen)
-    tls = tls_options(settings, host)
+    listen_given = given_as(args, "listen", settings.listen)
+    host, port = parse_listen(settings.listen, listen_given)
+    # everything that can refuse the start is checked before "serving" is printed: TLS files, the
+    # address, the capabilities file, the cluster connection
+    tls = tls_options(settings, host, args)
+    sock = bind(host, port, listen_given)
+    try:
+        return _serve(settings, host, sock, tls)
+    finally:
+        sock.close()
+
+
+def _serve(settings: Settings, host: str, sock: socket.socket, tls: dict[str, Any]) -> int:
+    """Build the engine and the app on the bound socket, say "serving", serve until a signal."""
     config_file = load_config(settings.capabilities_file)  # a bad file stops the start here
     custom = config_file.custom
     metrics = Metrics()  # one registry shared by the hooks (app) and the runs (executor)
@@ -97,7 +128,6 @@ def run(args: argparse.Namespace) -> int:
     if (problem := executor.hosts_problem()) is not None:
         logger.warning("%s", problem)
     app = create_app(settings, executor, metrics, custom, executor.hosts_problem)
-    sock = bind(host, port)
     scheme = "https" if tls else "http"
     shown = f"[{host}]" if ":" in host else host
     url = f"{scheme}://{shown}:{sock.getsockname()[1]}{normalize_prefix(settings.path_prefix)}"
@@ -120,7 +150,6 @@ def run(args: argparse.Namespace) -> int:
         executor.close()  # admit no more runs, give running plays time to end (they are never killed)
         if cluster is not None:
             cluster.close()  # post the Events still queued
-        sock.close()
     return 0
 
 

@@ -85,7 +85,7 @@ def test_serve_reports_bad_settings_by_name(tmp_path: Path) -> None:
     env = clean_env(tmp_path) | {"INPLACE_MAX_PARALLEL_RUNS": "0"}
     result = run_cli("serve", "--plain-http", env=env)
     assert result.returncode == 2
-    assert "setting max_parallel_runs" in result.stderr
+    assert "inplace-extension: INPLACE_MAX_PARALLEL_RUNS=0: must be at least 1" in result.stderr
 
 
 def test_real_server_refuses_25_mib_early_and_keeps_serving(start_server: StartServer) -> None:
