@@ -2,8 +2,10 @@
 """Write the inventory for the Vagrant test machines (vagrant/Vagrantfile), like ``hostlab inventory``.
 
 Run from ``vagrant/`` after ``vagrant up``. Each running node's host key is read through ``vagrant ssh``
-(Vagrant's own channel to the VM) and pinned in the inventory, so the service and Ansible verify it.
-Addresses follow the Vagrantfile: node N has ``$VAGRANT_SUBNET.(10+N)``. Standard library only.
+(Vagrant's own channel to the machine) and pinned in the inventory, so the service and Ansible verify it.
+Addresses follow the Vagrantfile: a VM (libvirt, virtualbox) node N has ``$VAGRANT_SUBNET.(10+N)``, port
+22; a container (the docker provider) is reached where Vagrant reaches it, its SSH port published on
+loopback (``vagrant ssh-config``). Standard library only.
 
     ./write_inventory.py -o inventory.yaml                          # service format (--inventory)
     ./write_inventory.py --machine-names md-0-a,md-0-b -o inv.yaml  # nodes mapped to Machine names
@@ -37,6 +39,41 @@ class Node:
     name: str
     address: str
     host_key: str  # "<type> <base64>"
+    port: int = 22
+
+
+def providers(status_output: str) -> dict[str, str]:
+    """Each node's provider (libvirt, virtualbox, docker) in ``vagrant status --machine-readable`` output."""
+    found = {}
+    for line in status_output.splitlines():
+        fields = line.split(",", 3)
+        if len(fields) == 4 and fields[2] == "provider-name" and NODE_RE.match(fields[1]):
+            found[fields[1]] = fields[3]
+    return found
+
+
+def ssh_endpoint(ssh_config: str) -> tuple[str, int]:
+    """``HostName`` and ``Port`` of ``vagrant ssh-config`` output: where Vagrant itself reaches the node."""
+    values = dict(
+        line.strip().split(None, 1)
+        for line in ssh_config.splitlines()
+        if len(line.strip().split(None, 1)) == 2
+    )
+    try:
+        return values["HostName"], int(values["Port"])
+    except (KeyError, ValueError):
+        raise InventoryError(
+            f"vagrant ssh-config gave no HostName and Port: {ssh_config.strip()!r}"
+        ) from None
+
+
+def container_endpoint(name: str) -> tuple[str, int]:
+    result = subprocess.run(
+        ["vagrant", "ssh-config", name], cwd=HERE, capture_output=True, text=True, timeout=120, check=False
+    )
+    if result.returncode != 0:
+        raise InventoryError(f"{name}: vagrant ssh-config failed: {result.stderr.strip()}")
+    return ssh_endpoint(result.stdout)
 
 
 def running_nodes(status_output: str) -> list[str]:
@@ -80,6 +117,11 @@ def read_host_key(name: str) -> str:
     return key
 
 
+def known_host(node: Node) -> str:
+    """The node as known_hosts names it: ``address``, or ``[address]:port`` off port 22."""
+    return node.address if node.port == 22 else f"[{node.address}]:{node.port}"
+
+
 def render(nodes: list[Node], private_key: Path, fmt: str, machine_names: list[str]) -> str:
     """The inventory text: ``service`` (inplace-extension --inventory) or ``ini`` (plain Ansible)."""
     if machine_names:
@@ -99,17 +141,18 @@ def render(nodes: list[Node], private_key: Path, fmt: str, machine_names: list[s
             lines += [
                 f"  - match: {{name: {json.dumps(name)}}}",
                 f"    address: {node.address}",
-                "    port: 22",
+                f"    port: {node.port}",
                 "    user: ansible",
                 f"    private_key_file: {json.dumps(str(private_key))}",
                 "    become: true",
-                f"    known_hosts: {json.dumps(f'{node.address} {node.host_key}')}",
+                f"    known_hosts: {json.dumps(f'{known_host(node)} {node.host_key}')}",
                 "    python_interpreter: /usr/bin/python3",
             ]
         return "\n".join(lines) + "\n"
     if fmt == "ini":
         known_hosts = private_key.parent / "known_hosts"
-        lines = ["[lab]", *(f"{name} ansible_host={node.address}" for name, node in pairs), "", "[lab:vars]"]
+        hosts = [f"{name} ansible_host={node.address} ansible_port={node.port}" for name, node in pairs]
+        lines = ["[lab]", *hosts, "", "[lab:vars]"]
         lines += [
             "ansible_user=ansible",
             f"ansible_ssh_private_key_file={private_key}",
@@ -137,9 +180,16 @@ def main(argv: list[str] | None = None) -> int:
         names = running_nodes(status.stdout)
         if not names:
             raise InventoryError("no node is running: 'vagrant up' first")
-        nodes = [Node(name, node_address(name, subnet), read_host_key(name)) for name in names]
+        provider_of = providers(status.stdout)
+        nodes = []
+        for name in names:
+            if provider_of.get(name) == "docker":
+                address, port = container_endpoint(name)
+            else:
+                address, port = node_address(name, subnet), 22
+            nodes.append(Node(name, address, read_host_key(name), port))
         if args.format == "ini":  # plain Ansible reads the pinned keys from a known_hosts file
-            (KEY.parent / "known_hosts").write_text("".join(f"{n.address} {n.host_key}\n" for n in nodes))
+            (KEY.parent / "known_hosts").write_text("".join(f"{known_host(n)} {n.host_key}\n" for n in nodes))
         machine_names = [n.strip() for n in args.machine_names.split(",") if n.strip()]
         text = render(nodes, KEY, args.format, machine_names)
     except (InventoryError, OSError, subprocess.TimeoutExpired) as exc:

@@ -128,3 +128,19 @@ def test_inventory_is_accepted_by_the_service_loader(tmp_path: Path) -> None:
         module.render(nodes, tmp_path / "k", "service", ["a", "b", "c"])
     with pytest.raises(module.InventoryError, match="not valid Kubernetes object names: 'Bad_Name'"):
         module.render(nodes, tmp_path / "k", "service", ["Bad_Name"])
+
+
+def test_a_container_node_is_reached_where_vagrant_reaches_it() -> None:
+    """The docker provider's machines: the address and port of ``vagrant ssh-config`` (loopback, the
+    published SSH port), pinned in known_hosts as ``[address]:port``."""
+    module = _write_inventory()
+    status = "1795326965,node1,provider-name,docker\n1795326965,node2,provider-name,libvirt\n"
+    assert module.providers(status) == {"node1": "docker", "node2": "libvirt"}
+    config = "Host node1\n  HostName 127.0.0.1\n  User ansible\n  Port 2200\n  IdentitiesOnly yes\n"
+    assert module.ssh_endpoint(config) == ("127.0.0.1", 2200)
+    with pytest.raises(module.InventoryError, match="no HostName and Port"):
+        module.ssh_endpoint("Host node1\n")
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIN6POzKeRDi80GpFsXm+OXnFSMF0ZCsMklrYqqAdbYv0"
+    text = module.render([module.Node("node1", "127.0.0.1", key, 2200)], Path("/k"), "service", ["vm-1"])
+    [host] = parse_inventory(text, "vagrant").hosts
+    assert (host.address, host.port, host.known_hosts) == ("127.0.0.1", 2200, f"[127.0.0.1]:2200 {key}")
