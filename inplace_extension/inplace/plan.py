@@ -4,7 +4,9 @@ states its desired state directly (:func:`plan_capabilities` with its own paths 
 
 UpdateMachine sends no ``current`` (docs/capi-hooks.md §6.4), so every capability whose fields are present in
 the desired objects becomes a step with its full desired inputs; the roles converge declaratively and
-the host's stamp makes an already-applied fingerprint a no-op. Only claimed fields are
+the host's stamp makes an already-applied fingerprint a no-op. Each step has a fingerprint of its own
+(:func:`step_fingerprints`): the stamp keeps them too, so a step whose inputs the host's last complete
+run applied is skipped without touching the host (docs/playbooks.md). Only claimed fields are
 read: ``joinConfiguration.discovery`` (bootstrap tokens) never reaches a step. User-defined capabilities
 (inplace_extension/inplace/custom.py) follow the built-ins in file order, each with ``<name>_values``.
 """
@@ -30,6 +32,7 @@ __all__ = [
     "fingerprint",
     "plan_capabilities",
     "plan_update",
+    "step_fingerprints",
 ]
 
 
@@ -55,6 +58,11 @@ class Plan:
     def inputs(self) -> dict[str, Mapping[str, Any]]:
         """{capability: inputs}: the document the fingerprint is computed over (and the playbook reads)."""
         return {step.capability: step.inputs for step in self.steps}
+
+    @property
+    def step_fingerprints(self) -> dict[str, str]:
+        """{capability: fingerprint of that step's inputs}, in run order (:func:`step_fingerprints`)."""
+        return step_fingerprints(self.inputs)
 
 
 def plan_update(desired: Mapping[str, Any], custom: CustomTable = NO_CUSTOM) -> Plan:
@@ -121,6 +129,16 @@ def fingerprint(inputs: Mapping[str, Mapping[str, Any]]) -> str:
     """sha256 hex of canonical JSON (sorted keys, compact separators, UTF-8) of {capability: inputs}."""
     canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def step_fingerprints(inputs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """{capability: fingerprint of ``{capability: inputs}``} per step, in the order of ``inputs``.
+
+    The whole plan's fingerprint says whether a host already has the update; a step's says whether the
+    host's last complete run applied that step with the same inputs, in which case the play skips it.
+    The capability's name is hashed with its inputs, so two capabilities with equal inputs differ.
+    """
+    return {capability: fingerprint({capability: values}) for capability, values in inputs.items()}
 
 
 def _specs_by_kind(desired: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

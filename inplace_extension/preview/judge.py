@@ -402,6 +402,7 @@ def _reader(pointer: str, machine_class: Mapping[str, Any], custom: CustomTable)
 def _steps(plan: Plan, changed: frozenset[str] | None, drain: Drain, custom: CustomTable) -> tuple[Step, ...]:
     names = plan.capabilities
     drained_from = names.index(drain.before) if drain.before in names else len(names)
+    fingerprints = plan.step_fingerprints
     return tuple(
         Step(
             step.capability,
@@ -410,6 +411,7 @@ def _steps(plan: Plan, changed: frozenset[str] | None, drain: Drain, custom: Cus
             None if changed is None else step.capability in changed,
             index >= drained_from,
             tuple(step.inputs),
+            fingerprints[step.capability],
         )
         for index, step in enumerate(plan.steps)
     )

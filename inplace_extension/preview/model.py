@@ -49,6 +49,8 @@ class Step:
     changed: bool | None
     drained: bool  # the Node is drained while it runs
     inputs: tuple[str, ...]  # role variable names (never their values)
+    # of this step's inputs: a host whose stamp holds it for this step skips the step (plan cannot know)
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ class Preview:
                 "changed": s.changed,
                 "drained": s.drained,
                 "inputs": list(s.inputs),
+                "fingerprint": s.fingerprint,
             }
             for s in self.steps
         ]

@@ -20,6 +20,9 @@ OUTCOMES = {
     "invalid": "the service would answer Failure",
 }
 
+# plan runs without the host: whether a step is skipped depends on the host's stamp (docs/playbooks.md)
+SKIP_NOTE = "a step the host's stamp shows applied with the same inputs is skipped without touching the host"
+
 
 def render(preview: Preview, output: str) -> str:
     """``output``: table, json or yaml."""
@@ -62,12 +65,13 @@ def _table(preview: Preview) -> list[str]:
                     str(number),
                     step.capability + ("" if step.role == step.capability else f" (role {step.role})"),
                     step.disruption,
-                    {True: "yes", False: "no (converges)", None: "unknown"}[step.changed],
+                    {True: "yes", False: "no (skipped if stamped)", None: "unknown"}[step.changed],
                     "drained" if step.drained else "schedulable",
                     ", ".join(step.inputs),
                 )
             )
         lines += _aligned(("STEP", "CAPABILITY", "DISRUPTION", "CHANGES", "NODE", "INPUTS"), rows)
+        lines.append(SKIP_NOTE)
     elif preview.outcome == "in-place":
         lines += ["", "steps: none (nothing to apply)"]
     if preview.drain is not None:

@@ -53,6 +53,8 @@ class Outcome:
     detail: str = ""  # for logs only (never shown to CAPI): status/rc and the like
     finished: float = 0.0  # wall-clock seconds (time.time()) when the attempt ended
     message: str | None = None  # a failure before the play (drain): the stable message CAPI is shown
+    # the steps the play skipped because the host's stamp showed them applied with the same inputs
+    skipped: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -64,6 +66,8 @@ class Outcome:
         }
         if self.message is not None:
             data["message"] = self.message
+        if self.skipped:
+            data["skipped"] = list(self.skipped)
         return data
 
     @classmethod
@@ -75,6 +79,7 @@ class Outcome:
             detail=str(data.get("detail", "")),
             finished=float(data.get("finished", 0.0)),
             message=data.get("message"),
+            skipped=tuple(str(step) for step in data.get("skipped") or ()),
         )
 
 

@@ -1,7 +1,7 @@
 """What attempts ended as: one host's attempt classified from its batch's ansible-runner artifacts (the
 runner's status and rc, this host's job events, the failed task's label, whether the host's stamp
-confirms the fingerprint: the ``inplace_host_state`` module's answer), and an ident's attempts loaded
-with their outcomes. Plain file reading only.
+confirms the fingerprint: the ``inplace_host_state`` module's answer, and the steps it skipped as
+unchanged), and an ident's attempts loaded with their outcomes. Plain file reading only.
 """
 
 from __future__ import annotations
@@ -94,6 +94,19 @@ def stamp_confirmed(events: Sequence[dict[str, Any]], fingerprint: str) -> bool:
     return False
 
 
+def skipped_steps(events: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The steps the play skipped because the host's stamp showed them applied with the same inputs:
+    ``unchanged`` in the answer of the ``inplace_host_state`` module's lock task (all of them when the
+    host already had the whole update)."""
+    for event in events:
+        data = event.get("event_data") or {}
+        if event.get("event") == "runner_on_ok" and _ran_module(data, HOST_STATE_MODULE):
+            unchanged = (data.get("res") or {}).get("unchanged")
+            if isinstance(unchanged, list):
+                return tuple(str(step) for step in unchanged)
+    return ()
+
+
 def classify(batch: BatchRef, fingerprint: str, finished: float | None = None) -> Outcome:
     """What one host's attempt ended as, from its batch's ansible-runner artifacts (finished or dead)."""
     status = runner_status(batch.dir, batch.ident)
@@ -107,7 +120,7 @@ def classify(batch: BatchRef, fingerprint: str, finished: float | None = None) -
     events = _events(batch)
     # the stamp is the update's last step: whatever fails after it (the lock release) changed nothing
     if stamp_confirmed(events, fingerprint):
-        return Outcome(OutcomeKind.SUCCESSFUL, detail=detail, finished=when)
+        return Outcome(OutcomeKind.SUCCESSFUL, detail=detail, finished=when, skipped=skipped_steps(events))
     if status == "successful":
         return Outcome(
             OutcomeKind.INTERRUPTED, detail=detail + " (no stamp with this fingerprint)", finished=when

@@ -22,6 +22,7 @@ from typing import Any
 import ansible_runner
 
 import inplace_extension
+from inplace_extension.inplace.plan import step_fingerprints
 from inplace_extension.runs import ssh
 from inplace_extension.runs.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, drain_file, write_json
 from inplace_extension.runs.model import HostCheck
@@ -185,6 +186,11 @@ def run_parameters(run: HostRun, inputs_file: Path) -> dict[str, Any]:
         **extra,
         "update_machine_ident": run.ident,
         "update_machine_fingerprint": run.fingerprint,
+        # one fingerprint per step: the host's stamp keeps them, and a step the host's last complete
+        # run applied with the same inputs is skipped without touching the host (inplace_host_state)
+        "update_machine_step_fingerprints": step_fingerprints(
+            {cap: run.inputs.get(cap, {}) for cap in run.capabilities}
+        ),
         "update_machine_capabilities": list(run.capabilities),
         "update_machine_inputs_file": str(inputs_file),
         # user-defined steps in run order: the play includes each role by this name (from the

@@ -10,8 +10,18 @@ role's own manifest:
                    check-and-take, stale takeover and release never race each other. The kernel
                    drops the flock when a process dies, so a killed module never wedges it.
 * ``lock.log``     one JSON line per lock event (acquired, waiting, took-over, released).
-* ``stamp.json``   {fingerprint, ident, applied_at} of the last fully applied update.
+* ``stamp.json``   {fingerprint, ident, applied_at, steps} of the last fully applied update;
+                   ``steps`` maps each of its steps (capability) to the fingerprint of that step's inputs.
 * ``stamp.log``    one JSON line per stamp write.
+
+Per-step fingerprints: ``state=locked`` is given this run's ``steps`` ({capability: fingerprint}) and
+answers ``unchanged``, the steps whose fingerprint the stamp holds: the host's last complete run applied
+them with these inputs, so the play skips them without touching the host. A stamp without ``steps``
+(written before they existed) makes no step unchanged: every step runs. A run that goes on to change
+the host first takes out of the stamp what it is about to change, in the same execution: the stamp's
+whole fingerprint (the host will no longer be exactly that update) and the entries of every step it
+runs, so that a run that fails half-way never leaves a stamp claiming what it may have altered (a
+later run with the earlier inputs runs those steps again instead of skipping them).
 
 Why a module and not a chain of tasks: every module execution costs about half a second over SSH
 (measured on lab hosts). ``state=locked`` takes the lock AND reads the stamp in one execution; when
@@ -48,14 +58,18 @@ short_description: Host lock and applied-fingerprint stamp for inplace-extension
 description:
   - C(state=locked) waits for the exclusive host lock (taking over a stale one, or at once one held
     by this ident with a token in I(takeover_tokens)), then reads the stamp; if the stamp already
-    holds I(fingerprint) it releases the lock and returns C(up_to_date=true).
-  - C(state=stamped) writes the stamp (only while this run holds the lock); with I(release) it then
-    releases the lock in the same execution.
+    holds I(fingerprint) it releases the lock and returns C(up_to_date=true). Otherwise it returns the
+    I(steps) whose fingerprint the stamp holds (C(unchanged)) and takes the others and the whole
+    fingerprint out of the stamp before the play changes anything.
+  - C(state=stamped) writes the stamp with I(fingerprint) and I(steps) (only while this run holds the
+    lock); with I(release) it then releases the lock in the same execution.
   - C(state=unlocked) releases the lock if this run holds it, and does nothing otherwise.
 options:
   state: {description: What to do., type: str, required: true, choices: [locked, unlocked, stamped]}
   ident: {description: Run ident for the lock owner, the logs and the stamp., type: str, required: true}
   fingerprint: {description: Fingerprint of the inputs of this run (locked and stamped)., type: str}
+  steps: {description: "Fingerprint of each step's inputs, {capability: fingerprint} (locked and stamped).",
+          type: dict, default: {}}
   token: {description: The token returned by state=locked (unlocked and stamped); for locked, the token to
            hold the lock with (a random one when empty)., type: str}
   takeover_tokens: {description: Lock tokens of this ident's earlier attempts whose plays are known to have
@@ -75,6 +89,8 @@ locked: {description: Whether this run holds the lock after the call., type: boo
 up_to_date: {description: The stamp already holds the requested fingerprint., type: bool}
 token: {description: Nonce of this lock holding; pass it to unlocked and stamped., type: str}
 applied_fingerprint: {description: Fingerprint in the stamp before this run (null if none)., type: str}
+unchanged: {description: "The steps whose fingerprint the stamp holds, in the order of I(steps): skipped
+            by the play (all of them when C(up_to_date))", type: list}
 took_over_from: {description: Ident of the stale holder this run displaced (null if none)., type: str}
 released: {description: state=unlocked (or stamped with release) removed this run's lock., type: bool}
 """
@@ -164,13 +180,15 @@ def _remove_leftover_staging(state_dir: Path) -> None:
 def acquire(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
     state_dir, ident, fingerprint = Path(p["state_dir"]), p["ident"], p["fingerprint"]
     if module.check_mode:  # look, do not touch: report what a real run would find
-        applied = (_read_json(state_dir / "stamp.json") or {}).get("fingerprint")
+        stamp = _read_json(state_dir / "stamp.json") or {}
+        applied = stamp.get("fingerprint")
         return {
             "changed": False,
             "locked": False,
             "up_to_date": applied == fingerprint,
             "token": "",
             "applied_fingerprint": applied,
+            "unchanged": list(p["steps"]) if applied == fingerprint else _unchanged(stamp, p["steps"]),
             "took_over_from": None,
         }
     token = p["token"] or secrets.token_hex(16)
@@ -183,7 +201,7 @@ def acquire(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
             holder, displaced = _try_take(state_dir, ident, token, p["stale_seconds"], own_dead)
             took_over_from = displaced or took_over_from
             if holder is None:
-                return _taken(state_dir, ident, token, fingerprint, took_over_from)
+                return _taken(state_dir, ident, token, fingerprint, p["steps"], took_over_from)
             if not announced:  # one line per waiting run, so the log shows who queued behind whom
                 _append_log(
                     state_dir, "lock.log", {"event": "waiting", "ident": ident, "holder": holder["ident"]}
@@ -237,24 +255,59 @@ def _try_take(
 
 
 def _taken(
-    state_dir: Path, ident: str, token: str, fingerprint: str, took_over_from: str | None
+    state_dir: Path,
+    ident: str,
+    token: str,
+    fingerprint: str,
+    steps: dict[str, str],
+    took_over_from: str | None,
 ) -> dict[str, Any]:
     """Under the guard, lock just taken: read the stamp again (the run we waited for may have written
-    it) and give the lock straight back when the host already has this fingerprint."""
-    applied = (_read_json(state_dir / "stamp.json") or {}).get("fingerprint")
+    it) and give the lock straight back when the host already has this fingerprint. Otherwise say which
+    steps the stamp shows applied with these inputs, and take everything else out of the stamp."""
+    stamp = _read_json(state_dir / "stamp.json")
+    applied = (stamp or {}).get("fingerprint")
     result = {
         "changed": False,
         "locked": True,
         "up_to_date": False,
         "token": token,
         "applied_fingerprint": applied,
+        "unchanged": [],
         "took_over_from": took_over_from,
     }
     if applied == fingerprint:
         shutil.rmtree(state_dir / "lock")
         _append_log(state_dir, "lock.log", {"event": "released", "ident": ident, "reason": "up-to-date"})
-        result.update(locked=False, up_to_date=True, token="")
+        result.update(locked=False, up_to_date=True, token="", unchanged=list(steps))
+        return result
+    unchanged = _unchanged(stamp or {}, steps)
+    result["unchanged"] = unchanged
+    if stamp is not None:
+        _withdraw(state_dir, stamp, ident, [step for step in steps if step not in unchanged])
     return result
+
+
+def _unchanged(stamp: dict[str, Any], steps: dict[str, str]) -> list[str]:
+    """The steps of ``steps`` whose fingerprint the stamp holds (none for a stamp without ``steps``)."""
+    applied = stamp.get("steps")
+    if not isinstance(applied, dict):
+        return []
+    return [step for step, fp in steps.items() if isinstance(fp, str) and applied.get(step) == fp]
+
+
+def _withdraw(state_dir: Path, stamp: dict[str, Any], ident: str, changing: list[str]) -> None:
+    """Before this run changes the host: the stamp no longer claims the whole update it names, nor the
+    steps this run is about to apply (they may be half done if it fails). Not a stamp write: stamp.log
+    keeps one line per complete update."""
+    applied = stamp.get("steps")
+    steps = {k: v for k, v in applied.items() if k not in changing} if isinstance(applied, dict) else {}
+    if stamp.get("fingerprint") is None and steps == applied:
+        return  # withdrawn already by an earlier run that did not finish
+    _write_json_atomic(
+        state_dir / "stamp.json",
+        {**stamp, "fingerprint": None, "steps": steps, "changing": ident},
+    )
 
 
 def release(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
@@ -294,7 +347,7 @@ def write_stamp(module: AnsibleModule, p: dict[str, Any]) -> dict[str, Any]:
             )
         _write_json_atomic(
             state_dir / "stamp.json",
-            {"fingerprint": p["fingerprint"], "ident": p["ident"], "applied_at": _now()},
+            {"fingerprint": p["fingerprint"], "ident": p["ident"], "applied_at": _now(), "steps": p["steps"]},
         )
         _append_log(state_dir, "stamp.log", {"fingerprint": p["fingerprint"], "ident": p["ident"]})
         if p["release"]:
@@ -309,6 +362,7 @@ def main() -> None:
             "state": {"type": "str", "required": True, "choices": ["locked", "unlocked", "stamped"]},
             "ident": {"type": "str", "required": True},
             "fingerprint": {"type": "str"},
+            "steps": {"type": "dict", "default": {}},
             # Not a secret: a per-run nonce so a run never releases a lock it lost to a takeover.
             "token": {"type": "str", "default": ""},
             "takeover_tokens": {"type": "list", "elements": "str", "default": []},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,9 @@ def test_an_unchanged_version_is_no_reason_to_drain(
     ]
     # kubelet_args converges (unchanged) but is still a restart-kubelet step: the service drains before it
     assert preview["drain"]["before"] == "kubelet_args"
+    # each step's fingerprint, the one a host's stamp keeps for it (a host that has it skips the step)
+    prints = [s["fingerprint"] for s in preview["steps"]]
+    assert all(re.fullmatch("[0-9a-f]{64}", p) for p in prints) and len(set(prints)) == 3
     assert "kubernetes_version does not count" in preview["drain"]["why"]
 
 

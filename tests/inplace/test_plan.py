@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from inplace_extension.inplace.plan import Plan, PlanError, fingerprint, plan_update
+from inplace_extension.inplace.plan import Plan, PlanError, fingerprint, plan_update, step_fingerprints
 
 from .support import load
 
@@ -170,6 +170,26 @@ def test_plan_fingerprint_changes_with_control_plane_label() -> None:
     before = plan_update(desired).fingerprint
     desired["machine"]["metadata"]["labels"]["cluster.x-k8s.io/control-plane"] = ""
     assert plan_update(desired).fingerprint != before
+
+
+def test_step_fingerprints_change_only_for_the_step_whose_inputs_change() -> None:
+    """The host's stamp keeps one fingerprint per step: a new file content is a new kubeadm_files
+    fingerprint and leaves every other step's (the unchanged Kubernetes version's) as it was."""
+    desired = _desired(WORKER_ALL)
+    before = plan_update(desired)
+    assert list(before.step_fingerprints) == list(before.capabilities)
+    assert before.step_fingerprints == {c: fingerprint({c: v}) for c, v in before.inputs.items()}
+    _bootstrap(desired)["files"][0]["content"] = "managed by cluster-api, edited\n"
+    after = plan_update(desired).step_fingerprints
+    changed = [c for c in before.capabilities if after[c] != before.step_fingerprints[c]]
+    assert changed == ["kubeadm_files"]
+
+
+def test_step_fingerprints_name_the_capability() -> None:
+    """Two capabilities with equal inputs have different step fingerprints (the name is hashed too)."""
+    same = {"flag": True}
+    prints = step_fingerprints({"a": same, "b": same})
+    assert prints["a"] != prints["b"]
 
 
 def test_plan_does_not_modify_the_request() -> None:

@@ -24,6 +24,8 @@ from typing import Any, Self
 import ansible_runner
 from hostlab.lab import Host, Lab
 
+from inplace_extension.inplace.plan import step_fingerprints
+
 from .standins import KUBERNETES_BINARIES, standin_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,6 +34,7 @@ ANSIBLE_CFG = REPO / "playbooks" / "ansible.cfg"
 STATE_DIR = "/var/lib/inplace-extension"
 ALL_CAPABILITIES = ("users", "ntp", "kubeadm_files", "kubelet_args", "kubernetes_version")
 STAMP_TASK = "Write the stamp of the applied fingerprint"  # the playbook task that stamps the host
+LOCK_TASK = "Take the host lock and read the applied fingerprint"  # the task that reads the stamp
 
 
 @dataclass
@@ -81,6 +84,15 @@ class RunResult:
             for e in self.events
             if e["event"] in ("runner_on_failed", "runner_item_on_failed", "runner_on_unreachable")
         ]
+
+    @property
+    def unchanged(self) -> list[str]:
+        """The steps the lock task found applied with the same inputs in the host's stamp (skipped)."""
+        for event in self.events:
+            data = event.get("event_data", {})
+            if event["event"] == "runner_on_ok" and data.get("task") == LOCK_TASK:
+                return list(data.get("res", {}).get("unchanged", []))
+        raise AssertionError("the lock task did not run")
 
     @property
     def failed_roles(self) -> list[str | None]:
@@ -145,6 +157,8 @@ class RunSpec:
     capabilities: Sequence[str] | None = None  # default: the keys of inputs, in the fixed order
     fingerprint: str = field(default_factory=new_fingerprint)
     extravars: Mapping[str, Any] = field(default_factory=dict)
+    # pass the per-step fingerprints as inplace_extension.runs does (False: a caller from before them)
+    step_fingerprints: bool = False
 
     @property
     def ident(self) -> str:
@@ -165,6 +179,7 @@ def start_update(
         else [c for c in ALL_CAPABILITIES if c in spec.inputs]
     )
     sink = events if events is not None else []
+    steps = {"update_machine_step_fingerprints": step_fingerprints({c: spec.inputs[c] for c in caps})}
 
     def on_event(event: dict[str, Any]) -> bool:
         sink.append(event)  # never raise here: it would kill runner's thread
@@ -180,6 +195,7 @@ def start_update(
             "update_machine_fingerprint": spec.fingerprint,
             "update_machine_capabilities": caps,
             "update_machine_inputs_file": str(inputs_file),
+            **(steps if spec.step_fingerprints else {}),
             **spec.extravars,
         },
         envvars=envvars(spec.lab, spec.workdir),

@@ -191,6 +191,92 @@ def test_a_lock_left_by_a_dead_attempt_of_the_same_machine_is_taken_over_at_once
     assert late["failed"] is True  # the dead play, were it alive after all, could not stamp
 
 
+def _apply(sd: Path, tmp: Path, ident: str, fingerprint: str, steps: dict[str, str]) -> dict[str, Any]:
+    """One whole run as the playbook makes it: lock (with the step fingerprints), stamp with release."""
+    got = run(HOST_STATE, tmp, lock_args(sd, "locked", ident, fingerprint=fingerprint, steps=steps))
+    if got["locked"]:
+        args = lock_args(sd, "stamped", ident, fingerprint=fingerprint, steps=steps, token=got["token"])
+        run(HOST_STATE, tmp, {**args, "release": True})
+    return got
+
+
+def test_steps_the_stamp_holds_with_the_same_fingerprint_are_unchanged(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    first = _apply(
+        sd, tmp_path, "a", "fp1", {"kubeadm_files": "f1", "kubelet_args": "k1", "kubernetes_version": "v1"}
+    )
+    assert first["unchanged"] == []  # no stamp yet: every step runs
+    stamp = json.loads((sd / "stamp.json").read_text())
+    assert stamp["steps"] == {"kubeadm_files": "f1", "kubelet_args": "k1", "kubernetes_version": "v1"}
+
+    # new files, same flags and version: only kubeadm_files runs; the rest is skipped, in run order
+    steps = {"kubeadm_files": "f2", "kubelet_args": "k1", "kubernetes_version": "v1"}
+    got = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "b", fingerprint="fp2", steps=steps))
+    assert (got["locked"], got["up_to_date"], got["unchanged"]) == (
+        True,
+        False,
+        ["kubelet_args", "kubernetes_version"],
+    )
+    # before anything changes, the stamp no longer claims the old update nor the step about to run
+    withdrawn = json.loads((sd / "stamp.json").read_text())
+    assert withdrawn["fingerprint"] is None
+    assert withdrawn["steps"] == {"kubelet_args": "k1", "kubernetes_version": "v1"}
+    assert withdrawn["changing"] == "b"
+    args = lock_args(sd, "stamped", "b", fingerprint="fp2", steps=steps, token=got["token"], release=True)
+    run(HOST_STATE, tmp_path, args)
+    assert json.loads((sd / "stamp.json").read_text())["steps"] == steps
+    # the same update again: up to date, every step counts as unchanged, the stamp is not touched
+    again = _apply(sd, tmp_path, "b", "fp2", steps)
+    assert (again["up_to_date"], again["unchanged"]) == (True, list(steps))
+    assert [json.loads(line)["ident"] for line in (sd / "stamp.log").read_text().splitlines()] == ["a", "b"]
+
+
+def test_a_run_that_fails_half_way_leaves_no_claim_on_the_steps_it_ran(tmp_path: Path) -> None:
+    """B changes kubelet_args and dies before its stamp; C goes back to A's inputs: it must run
+    kubelet_args again (the host may hold B's flags), and A's whole fingerprint is no longer a no-op."""
+    sd = tmp_path / "state"
+    steps_a = {"kubeadm_files": "f1", "kubelet_args": "k1"}
+    _apply(sd, tmp_path, "a", "fpA", steps_a)
+    b = run(
+        HOST_STATE,
+        tmp_path,
+        lock_args(sd, "locked", "b", fingerprint="fpB", steps={"kubeadm_files": "f1", "kubelet_args": "k2"}),
+    )
+    assert b["unchanged"] == ["kubeadm_files"]
+    run(HOST_STATE, tmp_path, lock_args(sd, "unlocked", "b", token=b["token"]))  # failed: always: release
+    c = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "c", fingerprint="fpA", steps=steps_a))
+    assert (c["locked"], c["up_to_date"], c["unchanged"]) == (True, False, ["kubeadm_files"])
+
+
+def test_a_stamp_without_steps_makes_every_step_run(tmp_path: Path) -> None:
+    """A host stamped before per-step fingerprints existed: {fingerprint, ident, applied_at} only."""
+    sd = tmp_path / "state"
+    sd.mkdir()
+    (sd / "stamp.json").write_text(json.dumps({"fingerprint": "old", "ident": "x", "applied_at": 1.0}))
+    same = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "x", fingerprint="old", steps={"ntp": "n1"}))
+    assert (same["up_to_date"], same["locked"]) == (True, False)  # its whole fingerprint still counts
+    got = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "y", fingerprint="new", steps={"ntp": "n1"}))
+    assert (got["locked"], got["up_to_date"], got["unchanged"]) == (True, False, [])
+    # and a run without step fingerprints (a caller from before them) skips nothing either
+    run(HOST_STATE, tmp_path, lock_args(sd, "unlocked", "y", token=got["token"]))
+    (sd / "stamp.json").write_text(
+        json.dumps({"fingerprint": "f", "ident": "x", "applied_at": 1.0, "steps": {"ntp": "n1"}})
+    )
+    plain = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "z", fingerprint="new"))
+    assert (plain["locked"], plain["unchanged"]) == (True, [])
+
+
+def test_check_mode_reports_the_unchanged_steps_and_touches_nothing(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    _apply(sd, tmp_path, "a", "fp1", {"ntp": "n1", "users": "u1"})
+    before = (sd / "stamp.json").read_text()
+    args = lock_args(sd, "locked", "b", fingerprint="fp2", steps={"ntp": "n1", "users": "u2"})
+    got = run(HOST_STATE, tmp_path, {**args, "_ansible_check_mode": True})
+    assert (got["locked"], got["unchanged"]) == (False, ["ntp"])
+    assert (sd / "stamp.json").read_text() == before
+    assert not (sd / "lock").exists()
+
+
 def test_bad_timings_are_refused(tmp_path: Path) -> None:
     got = run(HOST_STATE, tmp_path, lock_args(tmp_path, "locked", "a", fingerprint="f", stale_seconds=0))
     assert got["failed"] is True

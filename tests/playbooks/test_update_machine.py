@@ -1,4 +1,4 @@
-"""update_machine.yml on lab hosts: full update, convergence, stamp short-circuit, host lock.
+"""update_machine.yml on lab hosts: full update, convergence, stamp short-circuit, per-step skips, host lock.
 
 The lab hosts have no Kubernetes and no systemd: ``kubelet``, ``kubeadm``, ``kubectl`` and ``systemctl``
 there are STAND-INS installed by ``standins.install_standins`` (see that module). Everything else the
@@ -19,6 +19,7 @@ from .support import (
     STAMP_TASK,
     STATE_DIR,
     RunSpec,
+    calls,
     finish,
     host_exists,
     host_json_lines,
@@ -62,6 +63,85 @@ def test_full_update_converges_and_the_stamp_short_circuits(lab: Lab, host: Host
     ]
     assert lock_events[-1].get("reason") == "up-to-date"
     assert not host_exists(lab, host, f"{STATE_DIR}/lock")
+
+
+def test_an_unchanged_step_is_skipped_without_touching_the_host(lab: Lab, host: Host, tmp_path: Path) -> None:
+    """The measured case: new files, the same kubelet flags and Kubernetes version. Only kubeadm_files
+    runs; the kubelet is neither asked its version nor restarted (the stand-ins log every call)."""
+    caps = ("kubeadm_files", "kubelet_args", "kubernetes_version")
+    first = run_update(RunSpec(lab, host, tmp_path, inputs(*caps), step_fingerprints=True))
+    assert first.status == "successful", first.failure_messages
+    assert (first.roles_run, first.unchanged) == (list(caps), [])
+    assert any(" --version" in line for line in calls(lab, host))  # the version rule read it once
+    calls_before = len(calls(lab, host))
+
+    changed = inputs(*caps)
+    changed["kubeadm_files"]["kubeadm_files_files"][0]["content"] = "whole file\nnew line two\n"
+    second = run_update(RunSpec(lab, host, tmp_path, changed, step_fingerprints=True))
+    assert second.status == "successful", second.failure_messages
+    assert second.unchanged == ["kubelet_args", "kubernetes_version"]
+    assert second.roles_run == ["kubeadm_files"]
+    assert calls(lab, host)[calls_before:] == []  # no kubelet --version, no systemctl restart
+    assert lab.read_file(host, "/etc/inplace-test/nested/whole.conf") == "whole file\nnew line two\n"
+    stamp = json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))
+    assert stamp["fingerprint"] == second.fingerprint
+    assert list(stamp["steps"]) == list(caps)  # every step of the update, the skipped ones included
+    assert [(e["event"], e["ident"]) for e in host_json_lines(lab, host, f"{STATE_DIR}/lock.log")][2:] == [
+        ("acquired", second.ident),
+        ("released", second.ident),
+    ]
+
+    # A new Kubernetes version is a new step fingerprint: the version rule reads the kubelet again.
+    newer = inputs(*caps)
+    newer["kubeadm_files"] = changed["kubeadm_files"]
+    newer["kubernetes_version"]["kubernetes_version_target"] = "v1.29.0"  # a downgrade: refused
+    third = run_update(RunSpec(lab, host, tmp_path, newer, step_fingerprints=True))
+    assert third.status == "failed"
+    assert third.unchanged == ["kubeadm_files", "kubelet_args"]
+    assert third.failed_roles == ["kubernetes_version"]
+    assert any(" --version" in line for line in calls(lab, host)[calls_before:])
+
+
+def test_a_stamp_of_the_previous_format_runs_every_step(lab: Lab, host: Host, tmp_path: Path) -> None:
+    """A host stamped before per-step fingerprints ({fingerprint, ident, applied_at}): nothing is skipped."""
+    old = {"fingerprint": "0" * 64, "ident": "old.machine.000000000000", "applied_at": 1.0}
+    host_root(lab, host, ["mkdir", "-p", STATE_DIR])
+    host_root(lab, host, ["tee", f"{STATE_DIR}/stamp.json"], stdin=json.dumps(old))
+    caps = ("kubelet_args", "kubernetes_version")
+    result = run_update(RunSpec(lab, host, tmp_path, inputs(*caps), step_fingerprints=True))
+    assert result.status == "successful", result.failure_messages
+    assert (result.roles_run, result.unchanged) == (list(caps), [])
+    assert any(" --version" in line for line in calls(lab, host))
+    assert list(json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["steps"]) == list(caps)
+
+
+def test_the_drain_point_is_passed_when_every_step_after_it_is_unchanged(
+    lab: Lab, host: Host, tmp_path: Path
+) -> None:
+    """Nothing disruptive runs, so the play does not stop for a drain (had it stopped, it would fail
+    after 1 s: nobody writes the drain file here)."""
+    caps = ("kubeadm_files", "kubelet_args")
+    first = run_update(RunSpec(lab, host, tmp_path, inputs(*caps), step_fingerprints=True))
+    assert first.status == "successful", first.failure_messages
+    changed = inputs(*caps)
+    changed["kubeadm_files"]["kubeadm_files_files"][1]["content"] = "other\n"
+    drain = {
+        "update_machine_drain_before": "kubelet_args",
+        "update_machine_drain_file": str(tmp_path / "drain.json"),
+        "update_machine_drain_wait_seconds": 1,
+    }
+    second = run_update(RunSpec(lab, host, tmp_path, changed, extravars=drain, step_fingerprints=True))
+    assert second.status == "successful", second.failure_messages
+    assert second.roles_run == ["kubeadm_files"]
+    waited = [e for e in second.events if e["event_data"].get("task", "").startswith("Drain point, wait")]
+    assert waited == []
+
+    # when the step after the drain point changes, the play still stops there (and fails: no drain)
+    changed["kubelet_args"]["kubelet_args_extra_args"][1]["value"] = "61"
+    third = run_update(RunSpec(lab, host, tmp_path, changed, extravars=drain, step_fingerprints=True))
+    assert third.status == "failed"
+    assert third.unchanged == ["kubeadm_files"]
+    assert "kubelet_args" not in third.roles_run
 
 
 def test_a_failing_role_releases_the_lock_and_writes_no_stamp(lab: Lab, host: Host, tmp_path: Path) -> None:

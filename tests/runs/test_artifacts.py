@@ -179,6 +179,21 @@ def test_stamp_proof_from_the_host_state_module(tmp_path: Path) -> None:
     assert classify(ref(tmp_path / "o"), FP).kind is OutcomeKind.INTERRUPTED
 
 
+def test_the_steps_skipped_as_unchanged_are_in_the_outcome_record(tmp_path: Path) -> None:
+    unchanged = ["kubelet_args", "kubernetes_version"]
+    events = [
+        host_state("runner_on_ok", {"up_to_date": False, "unchanged": unchanged, "changed": False}),
+        host_state("runner_on_ok", {"changed": True, "fingerprint": FP}, task="Write the stamp"),
+    ]
+    write_artifacts(tmp_path, BATCH, "successful", 0, events)
+    outcome = classify(ref(tmp_path), FP)
+    assert (outcome.kind, outcome.skipped) == (OutcomeKind.SUCCESSFUL, tuple(unchanged))
+    # outcome.json keeps them, and reads them back
+    assert outcome.to_json()["skipped"] == unchanged
+    assert Outcome.from_json(outcome.to_json()) == outcome
+    assert "skipped" not in Outcome(OutcomeKind.SUCCESSFUL).to_json()  # nothing skipped: no key
+
+
 def test_lock_timeout_is_host_busy_not_a_failure(tmp_path: Path) -> None:
     events = [
         {"event": "playbook_on_play_start", "event_data": {}},

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from inplace_extension.inplace.plan import step_fingerprints
 from inplace_extension.runs import runner, ssh
 from inplace_extension.runs.resolve import HostTarget
 
@@ -104,6 +105,10 @@ def test_user_defined_steps_become_role_parameters_and_their_roles_path_is_searc
     )
     params = runner.run_parameters(run, run.attempt_dir / "inputs.json")
     assert params["update_machine_capabilities"] == ["ntp", "os_image"]
+    # one fingerprint per step, as the plan computes them: the host's stamp keeps them
+    assert params["update_machine_step_fingerprints"] == step_fingerprints(
+        {"ntp": run.inputs["ntp"], "os_image": run.inputs["os_image"]}
+    )
     assert params["update_machine_custom"] == [{"capability": "os_image", "role": "bootc_image"}]
     assert "x" not in json.dumps(params)  # values travel in the inputs file only
     spec = runner.BatchSpec(
