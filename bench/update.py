@@ -3,7 +3,8 @@
 Brings up its own hostlab lab (10 hosts, Kubernetes stand-ins), starts ``inplace-extension serve
 --plain-http`` on loopback and measures in one run: a files + kubelet_args update on one host, polled
 like CAPI, against the same play run directly (alternating rounds, new content each time); all five
-built-in capabilities on untouched hosts, and the same inputs again under a new fingerprint; ten hosts
+built-in capabilities on untouched hosts, and the same inputs again under a new fingerprint (every step
+skipped on the stamp's per-step fingerprints); ten hosts
 at once (controller CPU per host update); the no-op (from memory, and after a restart that lost the
 runs dir); peak RSS of the service and peak PSS of each play. Module executions per role are counted
 from the job events (bench/plays.py). Each line with a target says "met" or "MISSED"; the last line is
@@ -44,6 +45,7 @@ from playbooks.standins import install_standins, lab_run_on_host  # noqa: E402
 
 from bench import nodes, plays  # noqa: E402
 from bench.procs import MemorySampler, children_cpu_seconds, hosts_in, peak_rss_mb  # noqa: E402
+from inplace_extension.inplace.plan import step_fingerprints  # noqa: E402
 from inplace_extension.runs.ssh import close_control_masters  # noqa: E402
 
 VERSION = "v1.30.2"
@@ -130,8 +132,8 @@ class Bench:
         return self.raw_play(name, inputs, fingerprint)
 
     def again(self, name: str) -> float:
-        """The service's last inputs for ``name`` unchanged, under a new fingerprint: every role runs and
-        finds its target already there (what a changed-and-reverted spec or a lost runs dir costs)."""
+        """The service's last inputs for ``name`` unchanged, under a new fingerprint: the host's stamp shows
+        every step applied with these inputs, so every role is skipped (the lock and the stamp remain)."""
         last, _ = self._last_attempt(name)
         inputs = json.loads((last / "inputs.json").read_text())
         return self.raw_play(name, inputs, hashlib.sha256(os.urandom(16)).hexdigest())
@@ -152,6 +154,8 @@ class Bench:
         extravars = {
             "update_machine_ident": f"raw.{name}.{fingerprint[:12]}",
             "update_machine_fingerprint": fingerprint,
+            # as the service passes them (inplace_extension.runs.runner.run_parameters)
+            "update_machine_step_fingerprints": step_fingerprints(inputs),
             "update_machine_capabilities": list(inputs),
             "update_machine_inputs_file": str(inputs_file),
         }

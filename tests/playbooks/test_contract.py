@@ -88,7 +88,11 @@ def test_playbook_runs_the_roles_in_table_order() -> None:
             assert sorted(task["vars"]) == sorted(role_options(role))
             for name, value in task["vars"].items():
                 assert f"update_machine_inputs.{role}.{name}" in str(value)
-            assert task["when"] == f"'{role}' in update_machine_capabilities"
+            # listed, and not skipped as applied with these inputs (the stamp's per-step fingerprints)
+            assert task["when"] == [
+                f"'{role}' in update_machine_capabilities",
+                f"'{role}' not in update_machine_unchanged",
+            ]
     # the lock is released whatever happens inside the block
     assert [t["inplace_host_state"]["state"] for t in block["always"]] == ["unlocked"]
 
@@ -114,9 +118,13 @@ def test_user_defined_roles_run_after_the_built_ins_with_inputs_from_the_inputs_
     )
     # a user-defined step can be the first disruptive one: the drain point comes before its inputs and role
     assert drain_point["ansible.builtin.include_tasks"] == "drain_point.yml"
-    assert (
-        drain_point["when"] == "update_machine_drain_before | default('') == update_machine_step.capability"
+    assert drain_point["when"] == (
+        "update_machine_drain_before | default('') == update_machine_step.capability"
+        " and update_machine_drain_due"
     )
+    # a step the stamp shows applied with these inputs is skipped, its drain point is not
+    for task in (set_fact, include):
+        assert task["when"] == "update_machine_step.capability not in update_machine_unchanged"
     [(key, value)] = set_fact["ansible.builtin.set_fact"].items()
     assert key == "{{ update_machine_step.capability }}_values"
     # the value is read out of the inputs document (lookup + from_json), never written into the task text
