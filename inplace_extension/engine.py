@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from inplace_extension.capabilities_file import CapabilitiesFileError, FileConfig, load_file
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
+from inplace_extension.kube.cluster import connect_jobs
+from inplace_extension.kube.port import RecordRef
+from inplace_extension.kubejobs.backend import JobBackend
+from inplace_extension.kubejobs.manifest import JobConfig
+from inplace_extension.kubejobs.spec import JOB_SETTINGS
 from inplace_extension.metrics import Metrics
+from inplace_extension.runs.backend import Backend
 from inplace_extension.runs.local import LocalBackend, PlayConfig
 from inplace_extension.runs.model import (
     NO_CLUSTER_SIDE,
@@ -22,6 +29,7 @@ from inplace_extension.runs.model import (
     ClusterSide,
     HostCheck,
     ObjectHealth,
+    RunRequest,
 )
 from inplace_extension.runs.service import RunDeps, RunService
 from inplace_extension.settings import Settings
@@ -61,21 +69,42 @@ def host_checks(custom: CustomTable) -> tuple[HostCheck, ...]:
     return tuple(HostCheck(c.name, c.command, c.timeout_seconds) for c in custom.command_checks)
 
 
+@dataclass(frozen=True)
+class Records:
+    """Where the ``kubernetes`` executor keeps each update's record: on the CAPI ``Machine`` (``serve``)
+    or on the ``Node`` (``mcm-agent``), in the cluster of ``kubeconfig`` (None: the in-cluster account)."""
+
+    kind: str
+    kubeconfig: Path | None
+
+
+class ExecutorError(ValueError):
+    """The executor cannot run as configured (said at start-up, naming the flag)."""
+
+
 def build_engine(
     settings: Settings,
     config: FileConfig,
     metrics: Metrics,
     cluster: ClusterSide = NO_CLUSTER_SIDE,
     object_health: ObjectHealth = NO_OBJECT_HEALTH,
+    *,
+    records: Records | None = None,
+    jobs_kubeconfig: Path | None = None,
 ) -> RunService:
     """The run service for ``settings`` and what the capabilities file configures (its roles, the health
     gate's command checks, the maintenance windows); ``cluster`` is what a run does in the cluster around
     its play (the Kubernetes-aware mode of ``serve``), nothing otherwise; ``object_health``: the file's
     ``kubernetes`` health checks over the cluster the caller reads them in (``serve``: each Machine's
-    workload cluster; ``mcm-agent``: the target cluster)."""
-    backend = LocalBackend(
-        settings, cluster=cluster, play=play_config(config), metrics=metrics, clock=time.time
-    )
+    workload cluster; ``mcm-agent``: the target cluster). ``--executor kubernetes`` needs ``records``
+    (the edge's cluster access; None: it has none, and the start is refused) and runs its Jobs in the
+    cluster of ``jobs_kubeconfig``."""
+    play = play_config(config)
+    backend: Backend
+    if settings.executor == "kubernetes":
+        backend = kubernetes_backend(settings, play, records, jobs_kubeconfig)
+    else:
+        backend = LocalBackend(settings, cluster=cluster, play=play, metrics=metrics, clock=time.time)
     return RunService(
         RunDeps(
             settings=settings,
@@ -86,6 +115,54 @@ def build_engine(
             clock=time.time,
             backend=backend,
         )
+    )
+
+
+def kubernetes_backend(
+    settings: Settings, play: PlayConfig, records: Records | None, jobs_kubeconfig: Path | None
+) -> JobBackend:
+    """The ``kubernetes`` executor's backend: refused with a clear message without cluster access or image."""
+    if records is None:
+        raise ExecutorError(
+            "--executor kubernetes needs cluster access: --kube (the in-cluster account or $KUBECONFIG) or "
+            "--kubeconfig"
+        )
+    if not settings.job_image:
+        raise ExecutorError(
+            "--executor kubernetes needs --job-image (INPLACE_JOB_IMAGE): the service's image"
+        )
+    job_settings = {name: getattr(settings, name) for name in JOB_SETTINGS}
+    job_settings["kube"] = settings.kube_aware  # the Job reaches the cluster with its in-cluster account
+    job_settings["playbooks_dir"] = None if settings.playbooks_dir is None else str(settings.playbooks_dir)
+    kind = records.kind
+    store = connect_jobs(records.kubeconfig)
+    jobs = store if records.kubeconfig == jobs_kubeconfig else connect_jobs(jobs_kubeconfig)
+
+    def where(request: RunRequest) -> RecordRef:
+        if kind == "Node":  # the MCM agent's: one run per Node, named after it
+            return RecordRef("Node", request.name)
+        return RecordRef("Machine", request.name, request.namespace)
+
+    capabilities = settings.capabilities_file
+    return JobBackend(
+        jobs=jobs,
+        records=store,
+        where=where,
+        config=JobConfig(
+            namespace=settings.job_namespace,
+            image=settings.job_image,
+            service_account=settings.job_service_account,
+            ssh_secret=settings.job_ssh_secret,
+            ssh_dir=settings.job_ssh_dir,
+            deadline_seconds=settings.job_deadline_seconds,
+            ttl_seconds=settings.job_ttl_seconds,
+        ),
+        play=play,
+        job_settings=job_settings,
+        capabilities_file=None
+        if capabilities is None
+        else capabilities.expanduser().read_text(encoding="utf-8"),
+        clock=time.time,
     )
 
 

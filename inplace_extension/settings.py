@@ -89,6 +89,43 @@ class Settings(BaseSettings):
         "v1.14 ignores unknown response fields)",
     )
 
+    executor: Literal["local", "kubernetes"] = Field(
+        "local",
+        description="where each update attempt runs: local (a play in this process, the record in "
+        "--runs-dir) or kubernetes (one Job per attempt, the record on the Machine or Node; needs cluster "
+        "access)",
+    )
+    job_image: str | None = Field(
+        None, description="kubernetes executor: the image of each attempt's Job (the service's own image)"
+    )
+    job_namespace: str = Field(
+        "inplace-extension-system", description="kubernetes executor: the namespace of the Jobs"
+    )
+    job_service_account: str = Field(
+        "inplace-extension-attempt", description="kubernetes executor: the Jobs' ServiceAccount"
+    )
+    job_ssh_secret: str = Field(
+        "inplace-extension-ssh",
+        description="kubernetes executor: the Secret with the SSH keys, mounted in each Job",
+    )
+    job_ssh_dir: str = Field(
+        "/etc/inplace-extension/ssh",
+        description="kubernetes executor: where each Job mounts --job-ssh-secret (where the service mounts "
+        "it: the directory of the inventory's private_key_file)",
+    )
+    job_deadline_seconds: int = Field(
+        3600,
+        ge=60,
+        le=86400,
+        description="kubernetes executor: a Job's activeDeadlineSeconds (the play timeout)",
+    )
+    job_ttl_seconds: int = Field(
+        3600,
+        ge=60,
+        le=7 * 86400,
+        description="kubernetes executor: a finished Job is deleted after this long",
+    )
+
     # Kubernetes-aware mode (docs/kube-aware.md): on with --kube or --kubeconfig
     kube: bool = Field(
         False,

@@ -2,6 +2,7 @@
 Kubernetes-aware steps and the MCM agent talk to, as dicts, with every call counted (``calls``) and any
 call made to fail (``failing``). It keeps the rules the real API server enforces that our code relies on:
 resourceVersion preconditions (Conflict), "only if absent" Events, JSON-patch style "test then remove".
+Jobs too (``FakeJobs``: the ``kubernetes`` executor's Jobs, their Secrets and its record annotations).
 The lab tests (tests/kube, tests/mcm) are the proof against the real API server; these are for speed.
 """
 
@@ -18,12 +19,15 @@ from inplace_extension.kube.drain import CORDONED_BY
 from inplace_extension.kube.errors import Conflict, Forbidden, KubeError, Unreachable
 from inplace_extension.kube.machines import SKIP_REMEDIATION, SKIP_REMEDIATION_BY
 from inplace_extension.kube.port import (
+    Annotation,
     DrainError,
     DrainPolicy,
+    JobState,
     KubeEvent,
     MachineFacts,
     NodeHealth,
     ObjectQuery,
+    RecordRef,
 )
 from inplace_extension.kube.update_condition import IDLE_MESSAGE
 
@@ -408,3 +412,119 @@ def failing_with(error: KubeError) -> Callable[..., Any]:
         raise error
 
     return fail
+
+
+@dataclass
+class FakeJob:
+    """One Job and its one Pod, as far as the ``kubernetes`` executor reads them."""
+
+    manifest: dict[str, Any]
+    uid: str
+    finished: bool = False
+    termination_message: str | None = None
+    phase: str | None = None  # the Pod's own phase annotation
+
+    @property
+    def pod(self) -> str:
+        return f"{self.manifest['metadata']['name']}-pod"
+
+
+class FakeJobs:
+    """:class:`~inplace_extension.kube.port.JobCluster` and :class:`~inplace_extension.kube.port.
+    RecordStore` in memory: Machines and Nodes with annotations and a resourceVersion (a write with an
+    old one is a Conflict), Jobs created once (a second create of a name answers False, as AlreadyExists
+    does), their Secrets owned by them and deleted with them (the garbage collector's part)."""
+
+    def __init__(self) -> None:
+        self.calls = Calls()
+        self.objects: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+        self.jobs: dict[tuple[str, str], FakeJob] = {}
+        self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.version = 0
+        self.conflict_next_write = 0  # this many writes fail with Conflict (another replica won)
+
+    def _bump(self) -> str:
+        self.version += 1
+        return str(self.version)
+
+    def add(self, ref: RecordRef, node: str | None = None) -> None:
+        self.objects[(ref.kind, ref.namespace, ref.name)] = {
+            "annotations": {},
+            "rv": self._bump(),
+            "node": ref.name if ref.kind == "Node" else node,
+        }
+
+    def annotation(self, ref: RecordRef, key: str) -> str | None:
+        value: str | None = self.objects[(ref.kind, ref.namespace, ref.name)]["annotations"].get(key)
+        return value
+
+    def read(self, ref: RecordRef, key: str) -> Annotation | None:
+        self.calls("read")
+        obj = self.objects.get((ref.kind, ref.namespace, ref.name))
+        if obj is None:
+            return None
+        return Annotation(obj["annotations"].get(key), obj["rv"], obj["node"])
+
+    def write(self, ref: RecordRef, key: str, value: str | None, resource_version: str) -> None:
+        self.calls("write")
+        obj = self.objects.get((ref.kind, ref.namespace, ref.name))
+        if obj is None:
+            raise KubeError(f"annotate {ref}: the API server answered 404", 404)
+        if self.conflict_next_write > 0:
+            self.conflict_next_write -= 1
+            obj["rv"] = self._bump()  # someone else wrote meanwhile
+            raise Conflict(f"annotate {ref}: the API server answered 409", 409)
+        if obj["rv"] != resource_version:
+            raise Conflict(f"annotate {ref}: the API server answered 409", 409)
+        if value is None:
+            obj["annotations"].pop(key, None)
+        else:
+            obj["annotations"][key] = value
+        obj["rv"] = self._bump()
+
+    def create_job(self, job: Mapping[str, Any], secret: Mapping[str, Any]) -> bool:
+        self.calls("create_job")
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        created = (namespace, name) not in self.jobs
+        if created:
+            self.jobs[(namespace, name)] = FakeJob(copy.deepcopy(dict(job)), uid=f"uid-{name}")
+        owned = copy.deepcopy(dict(secret))
+        owned["metadata"]["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": self.jobs[(namespace, name)].uid}
+        ]
+        self.secrets.setdefault((namespace, owned["metadata"]["name"]), owned)
+        return created
+
+    def job_state(self, namespace: str, name: str) -> JobState | None:
+        self.calls("job_state")
+        job = self.jobs.get((namespace, name))
+        if job is None:
+            return None
+        return JobState(job.finished, job.termination_message, job.phase)
+
+    def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
+        self.calls("annotate_pod")
+        for job in self.jobs.values():
+            if job.pod == name and job.manifest["metadata"]["namespace"] == namespace:
+                job.phase = value
+                return
+        raise KubeError(f"annotate Pod {namespace}/{name}: the API server answered 404", 404)
+
+    # what the job controller, the kubelet and the garbage collector do
+
+    def only_job(self) -> FakeJob:
+        assert len(self.jobs) == 1, sorted(self.jobs)
+        return next(iter(self.jobs.values()))
+
+    def finish(self, name: str, termination_message: str | None) -> None:
+        """The Job's Pod ended (with this termination message; None: killed before writing one)."""
+        job = next(j for (_, n), j in self.jobs.items() if n == name)
+        job.finished, job.termination_message = True, termination_message
+
+    def delete_job(self, name: str) -> None:
+        """The Job is deleted (its TTL, or an operator), and with it the Secrets it owns."""
+        key = next(k for k in self.jobs if k[1] == name)
+        uid = self.jobs.pop(key).uid
+        for skey, secret in list(self.secrets.items()):
+            if any(ref.get("uid") == uid for ref in secret["metadata"].get("ownerReferences", [])):
+                del self.secrets[skey]

@@ -19,7 +19,7 @@ from inplace_extension.auth import server_tls
 from inplace_extension.capabilities_file import CapabilitiesFileError
 from inplace_extension.cli.command import Command, kubeconfig_from_env
 from inplace_extension.cli.flags import add_settings_flags, given_as, parse_listen, settings_from_args
-from inplace_extension.engine import build_engine, load_config, refuse_url_checks
+from inplace_extension.engine import Records, build_engine, load_config, refuse_url_checks
 from inplace_extension.kubeaware.cluster_side import connect_cluster_side
 from inplace_extension.kubeaware.object_checks import ObjectChecks
 from inplace_extension.logs import configure_logging
@@ -124,7 +124,16 @@ def _serve(settings: Settings, host: str, sock: socket.socket, tls: dict[str, An
         object_health = ObjectChecks(custom.object_checks, cluster.objects_of)
     if cluster is None:
         refuse_url_checks(config_file, settings.capabilities_file, "serve without --kube or --kubeconfig")
-    executor = build_engine(settings, config_file, metrics, cluster or NO_CLUSTER_SIDE, object_health)
+    executor = build_engine(
+        settings,
+        config_file,
+        metrics,
+        cluster or NO_CLUSTER_SIDE,
+        object_health,
+        # the kubernetes executor's record is on each Machine, its Jobs in the management cluster
+        records=Records("Machine", settings.kubeconfig) if settings.kube_aware else None,
+        jobs_kubeconfig=settings.kubeconfig,
+    )
     if (problem := executor.hosts_problem()) is not None:
         logger.warning("%s", problem)
     app = create_app(settings, executor, metrics, custom, executor.hosts_problem)

@@ -14,15 +14,26 @@ from lightkube import AsyncClient, Client
 from inplace_extension.kube import (
     drain,
     events,
+    jobs,
     machines,
     mcm_objects,
     nodes,
     objects,
     owners,
+    records,
     update_condition,
 )
 from inplace_extension.kube.client import connect, connect_async
-from inplace_extension.kube.port import DrainPolicy, KubeEvent, MachineFacts, NodeHealth, ObjectQuery
+from inplace_extension.kube.port import (
+    Annotation,
+    DrainPolicy,
+    JobState,
+    KubeEvent,
+    MachineFacts,
+    NodeHealth,
+    ObjectQuery,
+    RecordRef,
+)
 from inplace_extension.kube.workload import WorkloadClients
 
 
@@ -160,6 +171,38 @@ class KubeControl:
 
     async def close(self) -> None:
         await self._client.close()
+
+
+class KubeJobs:
+    """:class:`~inplace_extension.kube.port.JobCluster` and :class:`~inplace_extension.kube.port.
+    RecordStore` over one blocking client (the ``kubernetes`` executor's, and its Job's own)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create_job(self, job: Mapping[str, Any], secret: Mapping[str, Any]) -> bool:
+        return jobs.create_job(self._client, job, secret)
+
+    def job_state(self, namespace: str, name: str) -> JobState | None:
+        return jobs.job_state(self._client, namespace, name)
+
+    def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
+        jobs.annotate_pod(self._client, namespace, name, key, value)
+
+    def read(self, ref: RecordRef, key: str) -> Annotation | None:
+        return records.read(self._client, ref, key)
+
+    def write(self, ref: RecordRef, key: str, value: str | None, resource_version: str) -> None:
+        records.write(self._client, ref, key, value, resource_version)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def connect_jobs(kubeconfig: Path | None) -> KubeJobs:
+    """The ``kubernetes`` executor's client (``--kubeconfig`` or the in-cluster account); a bad config
+    raises KubeConfigError."""
+    return KubeJobs(connect(kubeconfig))
 
 
 def connect_management(kubeconfig: Path | None, workload_source: str) -> KubeManagement:

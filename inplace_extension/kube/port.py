@@ -12,7 +12,11 @@ are tested without an API server). Nothing here imports the client library.
   ``kubernetes`` health checks read the target cluster through it);
 - :class:`TargetCluster` (async; the MCM agent): the Nodes MCM updates, their Events and Pods;
 - :class:`ControlCluster` (async; the MCM agent): MCM's objects (Machines, MachineSets,
-  MachineDeployments, MachineClasses) as plain dicts.
+  MachineDeployments, MachineClasses) as plain dicts;
+- :class:`RecordStore` (blocking; the ``kubernetes`` executor): one annotation on the object an update
+  is for (a CAPI Machine, a Node), read with its resourceVersion and written only if unchanged;
+- :class:`JobCluster` (blocking; the ``kubernetes`` executor and the Job it starts): one Job per
+  attempt with the Secret it owns, the Job's state, its Pod's own phase annotation.
 
 Every method raises only :mod:`inplace_extension.kube.errors` (and :class:`DrainError` from a drain).
 """
@@ -244,3 +248,62 @@ class ControlCluster(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RecordRef:
+    """The object an update's record is kept on: a CAPI ``Machine`` (namespaced) or a ``Node``."""
+
+    kind: str  # "Machine" or "Node"
+    name: str
+    namespace: str | None = None  # None: cluster-scoped (a Node)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}" if self.namespace else f"{self.kind} {self.name}"
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """One annotation as read (``value`` None: absent), the object's resourceVersion then, and its Node
+    (a Machine's ``status.nodeRef.name``, a Node's own name; None: none yet)."""
+
+    value: str | None
+    resource_version: str
+    node: str | None = None
+
+
+class RecordStore(Protocol):
+    def read(self, ref: RecordRef, key: str) -> Annotation | None:
+        """The annotation ``key`` of ``ref`` and its resourceVersion; None when the object does not exist."""
+        ...
+
+    def write(self, ref: RecordRef, key: str, value: str | None, resource_version: str) -> None:
+        """Set (None: remove) the annotation if the object is still at ``resource_version`` (else
+        Conflict; NotFound when it is gone)."""
+        ...
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What a Job says about its one attempt: ``finished`` (its Complete or Failed condition), the
+    termination message of its container when its Pod ended (None: none written), and the phase its
+    Pod last published on itself (None: none yet)."""
+
+    finished: bool
+    termination_message: str | None
+    phase: str | None
+
+
+class JobCluster(Protocol):
+    def create_job(self, job: Mapping[str, Any], secret: Mapping[str, Any]) -> bool:
+        """Create the Job, then the Secret (owned by the Job: deleted with it); True when this call
+        created the Job, False when it existed already (another replica created it: one attempt)."""
+        ...
+
+    def job_state(self, namespace: str, name: str) -> JobState | None:
+        """The Job's state; None when there is no such Job (never created, or deleted after its TTL)."""
+        ...
+
+    def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
+        """Set one annotation on a Pod (the Job's Pod publishes its phase on itself)."""
+        ...

@@ -20,7 +20,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from inplace_extension.capabilities_file import FileConfig
-from inplace_extension.engine import build_engine, load_config, refuse_url_checks
+from inplace_extension.engine import Records, build_engine, load_config, refuse_url_checks
 from inplace_extension.kube.cluster import connect_control, connect_objects, connect_target
 from inplace_extension.kubeaware.object_checks import ObjectChecks
 from inplace_extension.logs import configure_logging
@@ -64,7 +64,15 @@ async def serve(
     object_health: ObjectHealth = NO_OBJECT_HEALTH
     if objects is not None:
         object_health = ObjectChecks(custom.object_checks, lambda _request: objects)
-    executor = build_engine(settings, config_file, metrics, object_health=object_health)
+    executor = build_engine(
+        settings,
+        config_file,
+        metrics,
+        object_health=object_health,
+        # the kubernetes executor's record is on each Node, its Jobs beside the agent (MCM's cluster)
+        records=Records("Node", clusters.target),
+        jobs_kubeconfig=clusters.control or clusters.target,
+    )
     target = connect_target(clusters.target)
     control = connect_control(clusters.control or clusters.target)
     agent = Agent(options, target, control, executor, AgentMetrics(metrics), custom)

@@ -85,10 +85,11 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One attempt directory as found on disk."""
+    """One attempt of an update, as its record says (``local``: its directory on disk; ``kubernetes``: the
+    record on the Machine or Node, with its Job)."""
 
     number: int
-    path: Path
+    path: Path | None  # the attempt directory (local); None when the record is not on this disk
     retry_token: str  # hash of the retry annotation when it started ("" = none)
     outcome: Outcome | None  # None: never summarised (still running, or the service died during it)
     address: str | None = None  # the host address SSH used (health checks of the Kubernetes-aware mode)

@@ -1,0 +1,75 @@
+"""``inplace-extension attempt``: run one update attempt inside a Job of the ``kubernetes`` executor.
+
+Internal: the service creates the Job, with the attempt spec in a Secret the Job owns (``--spec``). The
+command plays that one attempt as the ``local`` executor would (kubejobs/attempt.py) and writes its
+outcome as the container's termination message; its exit status is 0 whenever an outcome was written
+(a failed update is an outcome), so the Job's own status says only whether the attempt ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from inplace_extension.capabilities_file import parse_file
+from inplace_extension.cli.command import Command
+from inplace_extension.cli.flags import Parser
+from inplace_extension.inplace.custom import NO_CUSTOM
+from inplace_extension.kube.cluster import connect_jobs
+from inplace_extension.kubeaware.cluster_side import connect_cluster_side
+from inplace_extension.kubejobs.attempt import PhasePublisher, run_attempt
+from inplace_extension.kubejobs.manifest import TERMINATION_LOG
+from inplace_extension.kubejobs.spec import AttemptSpec
+from inplace_extension.logs import configure_logging
+from inplace_extension.runs.model import NO_CLUSTER_SIDE, ClusterSide
+from inplace_extension.settings import Settings
+
+DEADLINE_MARGIN_SECONDS = 30.0
+
+
+def configure(parser: Parser) -> None:
+    parser.add_argument("--spec", type=Path, required=True, help="the attempt spec (the Job's Secret)")
+    parser.add_argument(
+        "--termination-log",
+        type=Path,
+        default=Path(TERMINATION_LOG),
+        help=f"where the outcome is written (default: {TERMINATION_LOG}, the termination message)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = AttemptSpec.decode(args.spec.read_text(encoding="utf-8"))
+    # the service's settings for the play and the cluster side; the runs dir (scratch) from INPLACE_RUNS_DIR
+    settings = Settings(**spec.settings)
+    configure_logging(settings.log_format, settings.log_level)
+    custom = NO_CUSTOM if spec.capabilities_file is None else parse_file(spec.capabilities_file).custom
+    # the Job's own Pod (the downward API): where the phase is published; in-cluster credentials
+    namespace, pod = os.environ.get("POD_NAMESPACE"), os.environ.get("POD_NAME")
+    jobs = connect_jobs(None) if namespace and pod else None
+    cluster: ClusterSide = NO_CLUSTER_SIDE
+    side = connect_cluster_side(settings, custom) if settings.kube_aware else None
+    if side is not None:
+        cluster = side
+    publish = PhasePublisher(jobs, namespace, pod) if jobs and namespace and pod else (lambda phase: None)
+    try:
+        run_attempt(
+            spec,
+            settings=settings,
+            cluster=cluster,
+            publish=publish,
+            termination_log=args.termination_log,
+            # before the Job's activeDeadlineSeconds ends the Pod: the outcome is written by then
+            timeout=max(30.0, settings.job_deadline_seconds - DEADLINE_MARGIN_SECONDS),
+        )
+    finally:
+        if side is not None:
+            side.close()
+        if jobs is not None:
+            jobs.close()
+    return 0
+
+
+COMMAND = Command(
+    "attempt", "run one update attempt (inside a Job of the kubernetes executor)", configure, run
+)

@@ -1,0 +1,251 @@
+"""The ``kubernetes`` backend: :class:`~inplace_extension.runs.backend.Backend` over the ``kube`` ports.
+
+The record is an annotation on the object the update is for (record.py), written only if that object
+is unchanged since it was read (Conflict: read again, decide again); the attempt in flight is its Job.
+A poll reads the record; when its last attempt has no outcome it reads that attempt's Job:
+
+- running: in flight, with the phase the Job's Pod published on itself (``running: ntp``);
+- finished with an outcome in its termination message: that outcome, copied into the record by the
+  first replica to see it (once: :meth:`Record.ended` is idempotent);
+- finished without one (its Pod deleted, evicted or past its deadline), or gone altogether some time
+  after it began: interrupted, recorded once like any outcome, and retried by the policy.
+
+Launching records the attempt first (its number, retry token, host lock token), then creates its Job
+and Secret: two replicas launching at once agree on one attempt (the record's precondition) and one Job
+(its name; AlreadyExists is in progress). A replica that dies between the two leaves an attempt without
+a Job, which the next poll finds interrupted after :data:`JOB_APPEARS_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio.to_thread
+
+from inplace_extension.kube.errors import Conflict, KubeError
+from inplace_extension.kube.port import JobCluster, JobState, RecordRef, RecordStore
+from inplace_extension.kubejobs.manifest import JobConfig, job_manifest, job_name, labels, secret_manifest
+from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record, Recorded, WaitClock
+from inplace_extension.kubejobs.spec import AttemptSpec, interrupted, outcome_of
+from inplace_extension.runs import progress
+from inplace_extension.runs.artifacts import Attempt
+from inplace_extension.runs.backend import Launch
+from inplace_extension.runs.local import PlayConfig
+from inplace_extension.runs.model import RunRequest
+
+log = logging.getLogger(__name__)
+
+# a recorded attempt whose Job does not exist this long after it began was never created (its replica
+# died in between) or was deleted: interrupted. Shorter, a replica could see another's fresh attempt
+# before that replica created its Job.
+JOB_APPEARS_SECONDS: Final = 60.0
+WRITE_TRIES: Final = 5  # reads and conditional writes before an object that keeps changing is an error
+CACHED_IDENTS: Final = 4096
+
+
+@dataclass(frozen=True)
+class _Look:
+    """The record as read (and settled: a finished Job's outcome copied in), and the state of the Job of
+    its attempt in flight (None: none in flight)."""
+
+    record: Record
+    running: JobState | None
+
+
+class JobBackend:
+    """Attempts as Jobs, the record on the Machine or Node; any number of replicas, no shared disk."""
+
+    def __init__(
+        self,
+        *,
+        jobs: JobCluster,
+        records: RecordStore,
+        where: Callable[[RunRequest], RecordRef],
+        config: JobConfig,
+        play: PlayConfig,
+        job_settings: Mapping[str, Any],
+        capabilities_file: str | None,
+        clock: Callable[[], float],
+    ) -> None:
+        """``where``: the object each request's record is on; ``job_settings``: the settings the Job runs
+        with (spec.JOB_SETTINGS); ``capabilities_file``: the service's, as text (None: none)."""
+        self._jobs = jobs
+        self._records = records
+        self._where = where
+        self._config = config
+        self._play = play
+        self._job_settings = dict(job_settings)
+        self._capabilities_file = capabilities_file
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, tuple[Attempt, ...]] = OrderedDict()  # for the status board only
+
+    # the record
+
+    def cached(self, ident: str) -> Sequence[Attempt]:
+        with self._lock:
+            return self._cache.get(ident, ())
+
+    async def load(self, request: RunRequest) -> list[Attempt]:
+        look = await anyio.to_thread.run_sync(self._look, request)
+        return look.record.to_attempts()
+
+    async def wait_began(self, request: RunRequest, check: str, token: str, now: float) -> float:
+        def began() -> float:
+            record = self._update(request, lambda r: _with_wait(r, check, token, now))
+            wait = record.wait
+            return wait.since if wait is not None and (wait.check, wait.token) == (check, token) else now
+
+        return await anyio.to_thread.run_sync(began)
+
+    async def end_wait(self, request: RunRequest) -> None:
+        def end() -> None:
+            self._update(request, lambda r: Record(r.ident, r.attempts) if r.wait is not None else None)
+
+        await anyio.to_thread.run_sync(end)
+
+    # the launcher
+
+    async def in_flight(self, request: RunRequest) -> str | None:
+        look = await anyio.to_thread.run_sync(self._look, request)
+        if look.running is None:
+            return None
+        return progress.running(look.running.phase or progress.STARTING)
+
+    async def launch(self, launch: Launch) -> str:
+        return await anyio.to_thread.run_sync(self._launch, launch)
+
+    def close(self, timeout: float) -> None:
+        """Nothing runs in this process: the Jobs go on, and any replica answers for them."""
+
+    # in worker threads
+
+    def _read(self, request: RunRequest) -> tuple[Record, str, str | None]:
+        """The record, the object's resourceVersion and its Node; KubeError when there is no object."""
+        ref = self._where(request)
+        found = self._records.read(ref, RECORD_ANNOTATION)
+        if found is None:
+            raise KubeError(f"{ref} not found: no record can be kept on it")
+        return Record.decode(found.value, request.ident), found.resource_version, found.node
+
+    def _update(self, request: RunRequest, change: Callable[[Record], Record | None]) -> Record:
+        """Apply ``change`` to the record and write it if the object is unchanged since read (Conflict:
+        read again and apply again); ``change`` answers None when there is nothing to write."""
+        ref = self._where(request)
+        for _ in range(WRITE_TRIES):
+            record, version, _node = self._read(request)
+            changed = change(record)
+            if changed is None:
+                return record
+            try:
+                self._records.write(ref, RECORD_ANNOTATION, changed.encode(), version)
+            except Conflict:
+                continue
+            return changed
+        raise Conflict(f"annotate {ref}: it kept changing", 409)
+
+    def _look(self, request: RunRequest) -> _Look:
+        record, _version, _node = self._read(request)
+        attempt = record.unfinished
+        running: JobState | None = None
+        if attempt is not None:
+            state = self._jobs.job_state(self._config.namespace, attempt.job)
+            now = self._clock()
+            if state is not None and not state.finished:
+                running = state
+            elif state is not None:
+                outcome = outcome_of(state.termination_message) or interrupted(
+                    f"Job {attempt.job} ended without an outcome (its Pod was deleted, evicted or timed out)",
+                    now,
+                )
+                record = self._end(request, attempt, outcome)
+            elif now - attempt.started >= JOB_APPEARS_SECONDS:
+                outcome = interrupted(f"Job {attempt.job} is gone without an outcome", now)
+                record = self._end(request, attempt, outcome)
+            else:
+                running = JobState(finished=False, termination_message=None, phase=None)
+        with self._lock:
+            self._cache[request.ident] = tuple(record.to_attempts())
+            self._cache.move_to_end(request.ident)
+            while len(self._cache) > CACHED_IDENTS:
+                self._cache.popitem(last=False)
+        return _Look(record, running)
+
+    def _end(self, request: RunRequest, attempt: Recorded, outcome: Any) -> Record:
+        log.info(
+            "machine=%s run=%s state=%s attempt=%d job=%s %s",
+            request.machine,
+            request.ident,
+            outcome.kind.value,
+            attempt.number,
+            attempt.job,
+            outcome.detail,
+        )
+        return self._update(request, lambda r: r.ended(attempt.number, outcome))
+
+    def _launch(self, launch: Launch) -> str:
+        request = launch.request
+        begun: list[tuple[Recorded, tuple[str, ...]]] = []
+
+        def begin(record: Record) -> Record | None:
+            begun.clear()
+            if record.unfinished is not None:
+                return None  # another replica launched it meanwhile: in flight
+            number = record.next_number
+            attempt = Recorded(
+                number=number,
+                token=launch.token,
+                lock_token=secrets.token_hex(16),
+                started=self._clock(),
+                address=launch.target.address,
+                job=job_name(request.ident, number),
+            )
+            begun.append((attempt, record.takeover_tokens()))
+            return Record(record.ident, record.attempts).begun(attempt)  # a started attempt waits no more
+
+        self._update(request, begin)
+        if not begun:
+            return progress.running(progress.STARTING)
+        attempt, takeover = begun[0]
+        _record, _version, node = self._read(request)
+        spec = AttemptSpec(
+            request=request,
+            target=launch.target,
+            number=attempt.number,
+            token=launch.token,
+            lock_token=attempt.lock_token,
+            takeover_tokens=takeover,
+            host_checks=self._play.host_checks,
+            role_vars=self._play.role_vars,
+            roles_paths=tuple(str(path) for path in self._play.roles_paths),
+            settings=self._job_settings,
+            capabilities_file=self._capabilities_file,
+        )
+        job = job_manifest(self._config, request, attempt.number, node)
+        secret = secret_manifest(self._config, attempt.job, spec.encode(), labels(request, attempt.number))
+        created = self._jobs.create_job(job, secret)
+        log.info(
+            "machine=%s run=%s state=launched attempt=%d job=%s/%s host=%s source=%s%s",
+            request.machine,
+            request.ident,
+            attempt.number,
+            self._config.namespace,
+            attempt.job,
+            launch.target.address,
+            launch.target.source,
+            "" if created else " (the Job existed)",
+        )
+        return progress.running(progress.STARTING)
+
+
+def _with_wait(record: Record, check: str, token: str, now: float) -> Record | None:
+    wait = record.wait
+    if wait is not None and (wait.check, wait.token) == (check, token):
+        return None
+    return Record(record.ident, record.attempts, WaitClock(check, token, now))

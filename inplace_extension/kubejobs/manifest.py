@@ -1,0 +1,183 @@
+"""The Job of one attempt and the Secret it owns, as manifests (plain dicts; pure, no I/O).
+
+The Job's name is derived from the run ident and the attempt number only, so every replica that
+launches the same attempt names the same Job and the API server lets one of them create it. It runs the
+service's image with ``attempt --spec <the Secret's file>``: nothing of the request is in its env, args,
+labels or annotations; the request data is in the Secret. ``backoffLimit: 0``: a retry is the service's
+decision, and a new attempt is a new Job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+from inplace_extension.runs.model import RunRequest
+
+APP: Final = "inplace-extension"
+COMPONENT: Final = "attempt"
+MACHINE_LABEL: Final = "inplace-extension.io/machine"
+NAMESPACE_LABEL: Final = "inplace-extension.io/namespace"
+ATTEMPT_LABEL: Final = "inplace-extension.io/attempt"
+RUN_LABEL: Final = "inplace-extension.io/run"  # a hash of the run ident (names are too long for a label)
+DEPLOYMENT_LABEL: Final = "inplace-extension.io/machine-deployment"
+SET_LABEL: Final = "inplace-extension.io/machine-set"
+# the owners CAPI labels its Machines with
+CAPI_OWNER_LABELS: Final = {
+    "cluster.x-k8s.io/deployment-name": DEPLOYMENT_LABEL,
+    "cluster.x-k8s.io/set-name": SET_LABEL,
+}
+SPEC_DIR: Final = "/etc/inplace-extension/attempt"
+STATE_DIR: Final = "/var/lib/inplace-extension"
+RUNS_DIR: Final = f"{STATE_DIR}/runs"
+TERMINATION_LOG: Final = "/dev/termination-log"
+UID: Final = 10001
+_LABEL_VALUE_CUT = re.compile(r"[^A-Za-z0-9]+$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """Where and how the Jobs run (from the settings)."""
+
+    namespace: str
+    image: str
+    service_account: str
+    ssh_secret: str
+    ssh_dir: str  # where the service mounts the SSH Secret: the inventory's private_key_file paths
+    deadline_seconds: int
+    ttl_seconds: int
+
+
+def job_name(ident: str, attempt: int) -> str:
+    """``inplace-<16 hex of sha256(ident)>-<attempt>``: a DNS label, the same in every replica."""
+    return f"inplace-{hashlib.sha256(ident.encode()).hexdigest()[:16]}-{attempt}"
+
+
+def run_label(ident: str) -> str:
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def label_value(value: str) -> str:
+    """A name as a label value: at most 63 characters, ending with a letter or digit."""
+    return _LABEL_VALUE_CUT.sub("", value[:63])
+
+
+def labels(request: RunRequest, attempt: int) -> dict[str, str]:
+    """What an operator selects Jobs by: the app, the Machine (or Node), its namespace, its
+    MachineDeployment and MachineSet when CAPI labelled it with them, the run and the attempt."""
+    result = {
+        "app.kubernetes.io/name": APP,
+        "app.kubernetes.io/component": COMPONENT,
+        MACHINE_LABEL: label_value(request.name),
+        NAMESPACE_LABEL: label_value(request.namespace),
+        RUN_LABEL: run_label(request.ident),
+        ATTEMPT_LABEL: str(attempt),
+    }
+    for theirs, ours in CAPI_OWNER_LABELS.items():
+        if request.labels.get(theirs):
+            result[ours] = label_value(request.labels[theirs])
+    return result
+
+
+def secret_manifest(
+    config: JobConfig, name: str, spec_text: str, job_labels: dict[str, str]
+) -> dict[str, Any]:
+    """The Secret with the attempt spec; its ownerReference to the Job is added once the Job exists."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": config.namespace, "labels": dict(job_labels)},
+        "type": "Opaque",
+        "stringData": {"attempt.json": spec_text},
+    }
+
+
+def job_manifest(config: JobConfig, request: RunRequest, attempt: int, node: str | None) -> dict[str, Any]:
+    """The Job of ``request``'s attempt ``attempt``; ``node``: the Node it updates, which the Job's Pod
+    keeps off (when known and in the cluster the Job runs in)."""
+    name = job_name(request.ident, attempt)
+    job_labels = labels(request, attempt)
+    affinity: dict[str, Any] = {}
+    if node:
+        affinity = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [node]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    container = {
+        "name": COMPONENT,
+        "image": config.image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["attempt", "--spec", f"{SPEC_DIR}/attempt.json"],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "INPLACE_RUNS_DIR", "value": RUNS_DIR},
+        ],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            # one ansible-playbook with one fork (measured about 86 MB per in-flight update)
+            "limits": {"memory": "512Mi"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": "attempt", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "ssh", "mountPath": config.ssh_dir, "readOnly": True},
+            {"name": "state", "mountPath": STATE_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 -- the container's own emptyDir
+        ],
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": config.service_account,
+        # the Pod publishes its phase on itself through the API: the only call it makes without a
+        # cluster side (with one, the drain at the drain point too)
+        "automountServiceAccountToken": True,
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": UID,
+            "runAsGroup": UID,
+            "fsGroup": UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "attempt", "secret": {"secretName": name, "defaultMode": 0o440}},
+            {"name": "ssh", "secret": {"secretName": config.ssh_secret, "defaultMode": 0o440}},
+            # scratch only: the attempt's directory and ansible-runner's artifacts; the outcome leaves
+            # through the termination message and the record is the Machine's (or Node's) annotation
+            {"name": "state", "emptyDir": {"sizeLimit": "1Gi"}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+        ],
+    }
+    if affinity:
+        pod_spec["affinity"] = affinity
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": config.namespace, "labels": job_labels},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": config.deadline_seconds,
+            "ttlSecondsAfterFinished": config.ttl_seconds,
+            "template": {"metadata": {"labels": job_labels}, "spec": pod_spec},
+        },
+    }

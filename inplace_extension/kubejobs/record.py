@@ -1,0 +1,141 @@
+"""The ``kubernetes`` executor's record of one update: an annotation on the object the update is for.
+
+One JSON value, ``inplace-extension.io/attempts``, keyed by the run ident (namespace, name and the
+desired state's fingerprint): a record of another ident is a record of another desired state, so the
+update starts afresh and its first attempt replaces it. It holds each attempt's number, retry token (a
+hash), host lock token, start, host address, Job name and outcome (None while its Job runs), and the
+health-wait clock. Bounded: the oldest attempts go past :data:`MAX_ATTEMPTS` (far above any retry
+budget). It stays on the object until the next desired state replaces it or the object is deleted.
+Pure: the backend reads and writes it with a resourceVersion precondition.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from inplace_extension.runs.artifacts import Attempt, Outcome
+
+RECORD_ANNOTATION: Final = "inplace-extension.io/attempts"
+MAX_ATTEMPTS: Final = 200
+VERSION: Final = 1
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One attempt as recorded."""
+
+    number: int
+    token: str  # the retry token it started with
+    lock_token: str  # the host lock its play holds
+    started: float
+    address: str
+    job: str  # the Job's name
+    outcome: Outcome | None = None  # None: its Job has not been seen ending yet
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.number,
+            "t": self.token,
+            "l": self.lock_token,
+            "s": self.started,
+            "a": self.address,
+            "j": self.job,
+            "o": None if self.outcome is None else self.outcome.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Recorded:
+        outcome = data.get("o")
+        return cls(
+            number=int(data["n"]),
+            token=str(data.get("t", "")),
+            lock_token=str(data.get("l", "")),
+            started=float(data.get("s", 0.0)),
+            address=str(data.get("a", "")),
+            job=str(data["j"]),
+            outcome=Outcome.from_json(outcome) if isinstance(outcome, dict) else None,
+        )
+
+
+@dataclass(frozen=True)
+class WaitClock:
+    """An update not started yet waits for the health check ``check`` since ``since`` (with the retry
+    token ``token``)."""
+
+    check: str
+    token: str
+    since: float
+
+
+@dataclass(frozen=True)
+class Record:
+    ident: str
+    attempts: tuple[Recorded, ...] = ()
+    wait: WaitClock | None = None
+
+    @classmethod
+    def decode(cls, value: str | None, ident: str) -> Record:
+        """The record of ``ident`` in the annotation ``value``; an empty one when it holds another ident's
+        (another desired state), nothing, or something we cannot read (then the next write replaces it)."""
+        try:
+            data = json.loads(value) if value else None
+            if not isinstance(data, dict) or data.get("ident") != ident or data.get("v") != VERSION:
+                return cls(ident)
+            wait = data.get("wait")
+            return cls(
+                ident,
+                tuple(Recorded.from_json(a) for a in data.get("attempts") or []),
+                WaitClock(str(wait["check"]), str(wait["token"]), float(wait["since"]))
+                if isinstance(wait, dict)
+                else None,
+            )
+        except (ValueError, KeyError, TypeError):
+            return cls(ident)
+
+    def encode(self) -> str:
+        data: dict[str, Any] = {
+            "v": VERSION,
+            "ident": self.ident,
+            "attempts": [a.to_json() for a in self.attempts[-MAX_ATTEMPTS:]],
+        }
+        if self.wait is not None:
+            data["wait"] = {"check": self.wait.check, "token": self.wait.token, "since": self.wait.since}
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def unfinished(self) -> Recorded | None:
+        """The last attempt when its outcome is not recorded yet (its Job runs, or nobody saw it end)."""
+        if self.attempts and self.attempts[-1].outcome is None:
+            return self.attempts[-1]
+        return None
+
+    @property
+    def next_number(self) -> int:
+        return self.attempts[-1].number + 1 if self.attempts else 1
+
+    def takeover_tokens(self) -> tuple[str, ...]:
+        """The host lock tokens of the attempts that have ended: a lock still held with one of them was
+        left by a Job of this very update that is gone, so the next attempt takes it over at once."""
+        return tuple(a.lock_token for a in self.attempts if a.outcome is not None and a.lock_token)
+
+    def begun(self, attempt: Recorded) -> Record:
+        return replace(self, attempts=(*self.attempts, attempt)[-MAX_ATTEMPTS:])
+
+    def ended(self, number: int, outcome: Outcome) -> Record | None:
+        """The record with attempt ``number``'s outcome; None when it is recorded already (idempotent:
+        the first replica to see the Job end writes it, every later one finds it there)."""
+        attempts = list(self.attempts)
+        for i, attempt in enumerate(attempts):
+            if attempt.number == number:
+                if attempt.outcome is not None:
+                    return None
+                attempts[i] = replace(attempt, outcome=outcome)
+                return replace(self, attempts=tuple(attempts))
+        return None
+
+    def to_attempts(self) -> list[Attempt]:
+        return [
+            Attempt(a.number, None, a.token, a.outcome, a.address or None, a.started) for a in self.attempts
+        ]

@@ -1,0 +1,119 @@
+"""One attempt inside its Job (kubejobs/attempt.py, ``inplace-extension attempt``): the ``local`` plumbing
+with the lock the service decided, its phases published, its outcome as the termination message; and
+the start-up refusals of ``--executor kubernetes``. The play is the fake runner's (tests/runs/fakes.py);
+the real play inside a real Job is the lab's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from runs.fakes import FakeRunner, unreachable_events
+
+from inplace_extension.capabilities_file import FileConfig
+from inplace_extension.cli import main
+from inplace_extension.engine import ExecutorError, build_engine
+from inplace_extension.inplace.custom import NO_CUSTOM
+from inplace_extension.kubejobs.attempt import run_attempt
+from inplace_extension.kubejobs.spec import AttemptSpec, outcome_of
+from inplace_extension.metrics import Metrics
+from inplace_extension.runs import runner as runner_mod
+from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.model import NO_CLUSTER_SIDE
+from inplace_extension.settings import Settings
+
+from .test_manifest import request, target
+
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
+    fake = FakeRunner()
+    monkeypatch.setattr(runner_mod, "start", fake.start)
+    return fake
+
+
+def spec(takeover: tuple[str, ...] = ("lock-of-attempt-1",)) -> AttemptSpec:
+    return AttemptSpec(
+        request=request(),
+        target=target(),
+        number=2,
+        token="",
+        lock_token="lock-of-attempt-2",
+        takeover_tokens=takeover,
+        host_checks=(),
+        role_vars={},
+        roles_paths=(),
+    )
+
+
+def test_the_attempt_plays_with_the_services_lock_and_writes_its_outcome(
+    tmp_path: Path, fake: FakeRunner
+) -> None:
+    settings = Settings(runs_dir=tmp_path / "scratch", playbooks_dir=PLAYBOOKS)
+    phases: list[str] = []
+    log = tmp_path / "termination-log"
+    outcome = run_attempt(
+        spec(),
+        settings=settings,
+        cluster=NO_CLUSTER_SIDE,
+        publish=phases.append,
+        termination_log=log,
+        timeout=30,
+    )
+    assert outcome.kind is OutcomeKind.SUCCESSFUL
+    assert outcome_of(log.read_text()) == outcome
+    (run,) = fake.started
+    assert run.lock_token == "lock-of-attempt-2"
+    assert run.takeover_tokens == ("lock-of-attempt-1",)
+    assert phases, "the phases were published"
+
+
+def test_a_failed_attempt_is_an_outcome_too(tmp_path: Path, fake: FakeRunner) -> None:
+    fake.scripts[request().name] = [lambda run: ("failed", 4, unreachable_events())]
+    settings = Settings(runs_dir=tmp_path / "scratch", playbooks_dir=PLAYBOOKS)
+    log = tmp_path / "termination-log"
+    run_attempt(
+        spec(()),
+        settings=settings,
+        cluster=NO_CLUSTER_SIDE,
+        publish=lambda p: None,
+        termination_log=log,
+        timeout=30,
+    )
+    written = outcome_of(log.read_text())
+    assert written is not None and written.kind is OutcomeKind.UNREACHABLE
+
+
+def test_the_attempt_command_refuses_a_spec_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "attempt.json"
+    bad.write_text('{"request": {}}')
+    assert main(["attempt", "--spec", str(bad), "--termination-log", str(tmp_path / "log")]) == 2
+    assert "the attempt spec is not valid: KeyError 'target'" in capsys.readouterr().err
+    assert not (tmp_path / "log").exists()
+
+
+def test_the_kubernetes_executor_is_refused_without_cluster_access_or_image(tmp_path: Path) -> None:
+    settings = Settings(runs_dir=tmp_path / "runs", playbooks_dir=PLAYBOOKS, executor="kubernetes")
+    with pytest.raises(ExecutorError, match="needs cluster access: --kube"):
+        build_engine(settings, FileConfig(NO_CUSTOM), Metrics())
+
+
+def test_serve_says_why_the_kubernetes_executor_cannot_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "serve",
+        "--plain-http",
+        "--executor",
+        "kubernetes",
+        "--runs-dir",
+        str(tmp_path),
+        "--listen",
+        "127.0.0.1:0",
+    ]
+    assert main(argv) == 2
+    assert "--executor kubernetes needs cluster access" in capsys.readouterr().err

@@ -1,0 +1,265 @@
+"""The ``kubernetes`` executor against the in-memory fake of the ``kube`` ports (tests/kubefake.py): two
+replicas that share nothing but the (fake) cluster answer every poll alike, one Job per attempt, each
+outcome recorded once on the Machine, and a replica that never saw a run (empty disk, empty memory)
+answers as the one that started it: attempts, retry budget, retry token, health-wait clock, lock
+takeover. The real API server's part (Jobs, Pods, termination messages) is for the lab."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from kubefake import FakeJobs
+from runs.test_service import CEPH_DOWN, INVENTORY, Clock, Health, utc
+
+from inplace_extension.kube.port import RecordRef
+from inplace_extension.kubejobs.backend import JOB_APPEARS_SECONDS, JobBackend
+from inplace_extension.kubejobs.manifest import JobConfig, job_name
+from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
+from inplace_extension.kubejobs.spec import AttemptSpec, termination_message
+from inplace_extension.runs.artifacts import Outcome, OutcomeKind
+from inplace_extension.runs.local import NO_PLAY_CONFIG
+from inplace_extension.runs.model import (
+    NO_CLUSTER_SIDE,
+    NO_OBJECT_HEALTH,
+    ObjectHealth,
+    Progress,
+    ProgressState,
+    RunRequest,
+)
+from inplace_extension.runs.policy import RETRY_ANNOTATION
+from inplace_extension.runs.service import RunDeps, RunService
+from inplace_extension.runs.windows import NO_WINDOWS
+from inplace_extension.settings import Settings
+
+pytestmark = pytest.mark.anyio
+FP = "ab" * 32
+MACHINE = RecordRef("Machine", "m1", "default")
+CONFIG = JobConfig(
+    namespace="inplace-extension-system",
+    image="inplace-extension:0.1.0",
+    service_account="inplace-extension-attempt",
+    ssh_secret="inplace-extension-ssh",
+    ssh_dir="/etc/inplace-extension/ssh",
+    deadline_seconds=1800,
+    ttl_seconds=3600,
+)
+STARTING = Progress(ProgressState.IN_PROGRESS, "running: starting", 1)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(INVENTORY)
+    return Settings(
+        inventory=inv,
+        allowed_cidrs=["10.79.9.0/24"],
+        runs_dir=tmp_path / "runs",
+        retry_after_seconds=1,
+        executor="kubernetes",
+    )
+
+
+@pytest.fixture
+def cluster() -> FakeJobs:
+    fake = FakeJobs()
+    fake.add(MACHINE, node="node-1")
+    return fake
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock(utc("2026-12-01T12:00:00"))
+
+
+def replica(
+    settings: Settings, cluster: FakeJobs, clock: Clock, health: ObjectHealth = NO_OBJECT_HEALTH
+) -> RunService:
+    """A fresh replica: its own (empty) memory, the cluster shared."""
+    backend = JobBackend(
+        jobs=cluster,
+        records=cluster,
+        where=lambda request: RecordRef("Machine", request.name, request.namespace),
+        config=CONFIG,
+        play=NO_PLAY_CONFIG,
+        job_settings={},
+        capabilities_file=None,
+        clock=clock,
+    )
+    return RunService(
+        RunDeps(
+            settings=settings,
+            metrics=None,
+            cluster=NO_CLUSTER_SIDE,
+            object_health=health,
+            windows=NO_WINDOWS,
+            clock=clock,
+            backend=backend,
+        )
+    )
+
+
+def req(fp: str = FP, annotations: dict[str, str] | None = None) -> RunRequest:
+    return RunRequest(
+        namespace="default",
+        name="m1",
+        fingerprint=fp,
+        capabilities=("ntp",),
+        inputs={"ntp": {"ntp_servers": ["a"]}},
+        annotations=annotations or {},
+    )
+
+
+def record(cluster: FakeJobs, request: RunRequest | None = None) -> Record:
+    return Record.decode(cluster.annotation(MACHINE, RECORD_ANNOTATION), (request or req()).ident)
+
+
+def spec_of(cluster: FakeJobs, attempt: int) -> AttemptSpec:
+    secret = cluster.secrets[(CONFIG.namespace, job_name(req().ident, attempt))]
+    return AttemptSpec.decode(secret["stringData"]["attempt.json"])
+
+
+def outcome(kind: OutcomeKind, finished: float, **fields: str) -> str:
+    return termination_message(Outcome(kind, finished=finished, **fields))
+
+
+async def test_two_replicas_start_one_job_and_answer_its_phase_and_outcome_alike(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    a, b = replica(settings, cluster, clock), replica(settings, cluster, clock)
+    assert await a.poll(req()) == STARTING
+    assert await b.poll(req()) == STARTING
+    job = cluster.only_job()
+    assert job.manifest["metadata"]["name"] == job_name(req().ident, 1)
+    assert cluster.calls.count["create_job"] == 1, "the second replica found the attempt in flight"
+    assert job.manifest["spec"]["template"]["spec"]["affinity"], "kept off the Machine's Node"
+    (attempt,) = record(cluster).attempts
+    assert (attempt.number, attempt.outcome, attempt.address) == (1, None, "10.79.9.11")
+    assert spec_of(cluster, 1).lock_token == attempt.lock_token
+
+    job.phase = "ntp"  # the Job's Pod published it on itself
+    running = Progress(ProgressState.IN_PROGRESS, "running: ntp", 1)
+    assert await a.poll(req()) == running
+    assert await b.poll(req()) == running
+
+    cluster.finish(job.manifest["metadata"]["name"], outcome(OutcomeKind.SUCCESSFUL, clock.now))
+    writes = cluster.calls.count["write"]
+    done = Progress(ProgressState.DONE, "update applied")
+    assert await b.poll(req()) == done
+    assert await a.poll(req()) == done
+    assert await replica(settings, cluster, clock).poll(req()) == done
+    assert cluster.calls.count["write"] == writes + 1, "the outcome is recorded once"
+    assert record(cluster).attempts[0].outcome == Outcome(OutcomeKind.SUCCESSFUL, finished=clock.now)
+    assert len(cluster.jobs) == 1
+
+
+async def test_a_job_that_exists_already_is_the_attempt_in_flight(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    cluster.conflict_next_write = 1  # another replica wrote the Machine meanwhile: read again, decide again
+    service = replica(settings, cluster, clock)
+    name = job_name(req().ident, 1)
+    cluster.create_job(
+        {"metadata": {"namespace": CONFIG.namespace, "name": name}}, {"metadata": {"name": name}}
+    )
+    assert await service.poll(req()) == STARTING
+    assert list(cluster.jobs) == [(CONFIG.namespace, name)]
+    assert cluster.calls.count["create_job"] == 2  # ours answered "it existed": one Job all the same
+    assert [a.number for a in record(cluster).attempts] == [1]
+
+
+async def test_a_job_ended_without_an_outcome_counts_once_and_the_next_takes_its_lock_over(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    a, b = replica(settings, cluster, clock), replica(settings, cluster, clock)
+    await a.poll(req())
+    first = job_name(req().ident, 1)
+    cluster.finish(first, None)  # its Pod was deleted mid-play: no termination message
+    retrying = await a.poll(req())
+    assert retrying.retrying and retrying.message == "run interrupted, retrying (attempt 2)"
+    assert await b.poll(req()) == retrying
+    (attempt,) = record(cluster).attempts
+    assert attempt.outcome is not None and attempt.outcome.kind is OutcomeKind.INTERRUPTED
+    clock.now += 2  # past the backoff
+    assert await b.poll(req()) == STARTING
+    assert [n for _, n in sorted(cluster.jobs)] == sorted([first, job_name(req().ident, 2)])
+    second = spec_of(cluster, 2)
+    assert second.number == 2
+    assert second.takeover_tokens == (attempt.lock_token,), "the lock left by the gone Job is taken at once"
+    assert second.lock_token != attempt.lock_token
+    assert [a.number for a in record(cluster).attempts] == [1, 2]
+
+
+async def test_the_retry_budget_and_token_hold_for_a_replica_that_never_saw_the_run(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    settings = settings.model_copy(update={"max_failed_attempts": 1})
+    await replica(settings, cluster, clock).poll(req())
+    cluster.finish(job_name(req().ident, 1), None)
+    blocked = Progress(ProgressState.FAILED, "blocked after 1 failed attempts: run interrupted", blocked=True)
+    assert await replica(settings, cluster, clock).poll(req()) == blocked
+    assert await replica(settings, cluster, clock).poll(req()) == blocked
+    assert len(cluster.jobs) == 1
+    retried = req(annotations={RETRY_ANNOTATION: "1"})
+    assert await replica(settings, cluster, clock).poll(retried) == STARTING
+    assert len(cluster.jobs) == 2
+
+
+async def test_a_task_failure_is_remembered_for_every_replica(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    await replica(settings, cluster, clock).poll(req())
+    message = outcome(OutcomeKind.TASK_FAILED, clock.now, capability="ntp", task="Write config")
+    cluster.finish(job_name(req().ident, 1), message)
+    failed = Progress(ProgressState.FAILED, 'ntp: task "Write config" failed on host')
+    assert await replica(settings, cluster, clock).poll(req()) == failed
+    assert await replica(settings, cluster, clock).poll(req()) == failed
+    assert len(cluster.jobs) == 1
+
+
+async def test_a_job_that_never_appears_or_is_gone_is_interrupted_after_a_grace(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    service = replica(settings, cluster, clock)
+    await service.poll(req())
+    cluster.delete_job(job_name(req().ident, 1))
+    assert cluster.secrets == {}, "the Secret goes with the Job that owns it"
+    clock.now += 10  # another replica may have recorded the attempt and not created its Job yet
+    assert await service.poll(req()) == STARTING
+    clock.now += JOB_APPEARS_SECONDS
+    answer = await replica(settings, cluster, clock).poll(req())
+    assert answer.retrying
+    assert record(cluster).attempts[0].outcome is not None
+
+
+async def test_the_health_wait_clock_is_the_clusters(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    health = Health(replace(CEPH_DOWN, start_timeout_seconds=120))
+    began = clock.now
+    waiting = await replica(settings, cluster, clock, health).poll(req())
+    assert waiting.waiting == "health_check"
+    wait = record(cluster).wait
+    assert wait is not None and wait.since == began and wait.check == "ceph"
+    clock.now += 121
+    failed = await replica(settings, cluster, clock, health).poll(req())
+    assert failed.state is ProgressState.FAILED and failed.transient
+    assert "did not hold within 2m" in failed.message
+    health.failing = None
+    assert await replica(settings, cluster, clock, health).poll(req()) == STARTING
+    assert record(cluster).wait is None, "a started update waits no more"
+
+
+async def test_a_new_desired_state_starts_afresh_on_the_same_machine(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    service = replica(settings, cluster, clock)
+    await service.poll(req())
+    cluster.finish(job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now))
+    assert (await service.poll(req())).state is ProgressState.DONE
+    newer = req(fp="cd" * 32)
+    assert await service.poll(newer) == STARTING
+    assert [a.number for a in record(cluster, newer).attempts] == [1]
+    assert json.loads(cluster.annotation(MACHINE, RECORD_ANNOTATION) or "{}")["ident"] == newer.ident
