@@ -14,7 +14,7 @@ from pathlib import Path
 
 from inplace_extension.capabilities_file import parse_file
 from inplace_extension.cli.command import Command
-from inplace_extension.cli.flags import Parser
+from inplace_extension.cli.flags import Option, Parser
 from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.cluster import connect_jobs
 from inplace_extension.kubeaware.cluster_side import connect_cluster_side
@@ -28,14 +28,29 @@ from inplace_extension.settings import Settings
 DEADLINE_MARGIN_SECONDS = 30.0
 
 
-def configure(parser: Parser) -> None:
-    parser.add_argument("--spec", type=Path, required=True, help="the attempt spec (the Job's Secret)")
-    parser.add_argument(
+OPTIONS = (
+    Option(
+        "--spec",
+        "INPLACE_ATTEMPT_SPEC",
+        "the attempt spec: the file of the Secret the Job owns",
+        kind=Path,
+        required=True,
+        metavar="FILE",
+    ),
+    Option(
         "--termination-log",
-        type=Path,
+        "INPLACE_TERMINATION_LOG",
+        "where the outcome is written: the container's termination message",
+        kind=Path,
         default=Path(TERMINATION_LOG),
-        help=f"where the outcome is written (default: {TERMINATION_LOG}, the termination message)",
-    )
+        metavar="FILE",
+    ),
+)
+
+
+def configure(parser: Parser) -> None:
+    for option in OPTIONS:
+        parser.add_option(option)
 
 
 def run(args: argparse.Namespace) -> int:

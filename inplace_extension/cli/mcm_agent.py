@@ -35,6 +35,15 @@ AGENT_SETTINGS = (
     "playbooks_dir",
     "capabilities_file",
     "health_gate_timeout_seconds",
+    # the kubernetes executor: each attempt a Job beside the agent, the record on the Node
+    "executor",
+    "job_image",
+    "job_namespace",
+    "job_service_account",
+    "job_ssh_secret",
+    "job_ssh_dir",
+    "job_deadline_seconds",
+    "job_ttl_seconds",
 )
 
 
