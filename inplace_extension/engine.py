@@ -15,6 +15,7 @@ from pathlib import Path
 
 from inplace_extension.capabilities_file import CapabilitiesFileError, FileConfig, load_file
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
+from inplace_extension.kube.client import KubeConfigError
 from inplace_extension.kube.cluster import connect_jobs
 from inplace_extension.kube.port import RecordRef
 from inplace_extension.kubejobs.backend import JobBackend
@@ -123,10 +124,7 @@ def kubernetes_backend(
 ) -> JobBackend:
     """The ``kubernetes`` executor's backend: refused with a clear message without cluster access or image."""
     if records is None:
-        raise ExecutorError(
-            "--executor kubernetes needs cluster access: --kube (the in-cluster account or $KUBECONFIG) or "
-            "--kubeconfig"
-        )
+        raise ExecutorError("--executor kubernetes needs cluster access, and this command has none")
     if not settings.job_image:
         raise ExecutorError(
             "--executor kubernetes needs --job-image (INPLACE_JOB_IMAGE): the service's image"
@@ -135,8 +133,13 @@ def kubernetes_backend(
     job_settings["kube"] = settings.kube_aware  # the Job reaches the cluster with its in-cluster account
     job_settings["playbooks_dir"] = None if settings.playbooks_dir is None else str(settings.playbooks_dir)
     kind = records.kind
-    store = connect_jobs(records.kubeconfig)
-    jobs = store if records.kubeconfig == jobs_kubeconfig else connect_jobs(jobs_kubeconfig)
+    try:
+        store = connect_jobs(records.kubeconfig)
+        jobs = store if records.kubeconfig == jobs_kubeconfig else connect_jobs(jobs_kubeconfig)
+    except KubeConfigError as exc:
+        raise ExecutorError(
+            f"--executor kubernetes needs cluster access (--kubeconfig, else the in-cluster account): {exc}"
+        ) from None
 
     def where(request: RunRequest) -> RecordRef:
         if kind == "Node":  # the MCM agent's: one run per Node, named after it

@@ -130,8 +130,9 @@ def _serve(settings: Settings, host: str, sock: socket.socket, tls: dict[str, An
         metrics,
         cluster or NO_CLUSTER_SIDE,
         object_health,
-        # the kubernetes executor's record is on each Machine, its Jobs in the management cluster
-        records=Records("Machine", settings.kubeconfig) if settings.kube_aware else None,
+        # the kubernetes executor's record is on each Machine, its Jobs in the management cluster (the
+        # --kubeconfig one, else the in-cluster account's): it needs no Kubernetes-aware mode
+        records=Records("Machine", settings.kubeconfig),
         jobs_kubeconfig=settings.kubeconfig,
     )
     if (problem := executor.hosts_problem()) is not None:

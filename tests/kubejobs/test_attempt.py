@@ -12,7 +12,7 @@ from runs.fakes import FakeRunner, unreachable_events
 
 from inplace_extension.capabilities_file import FileConfig
 from inplace_extension.cli import main
-from inplace_extension.engine import ExecutorError, build_engine
+from inplace_extension.engine import ExecutorError, Records, build_engine
 from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kubejobs.attempt import run_attempt
 from inplace_extension.kubejobs.spec import AttemptSpec, outcome_of
@@ -98,8 +98,10 @@ def test_the_attempt_command_refuses_a_spec_it_cannot_read(
 
 def test_the_kubernetes_executor_is_refused_without_cluster_access_or_image(tmp_path: Path) -> None:
     settings = Settings(runs_dir=tmp_path / "runs", playbooks_dir=PLAYBOOKS, executor="kubernetes")
-    with pytest.raises(ExecutorError, match="needs cluster access: --kube"):
+    with pytest.raises(ExecutorError, match="needs cluster access, and this command has none"):
         build_engine(settings, FileConfig(NO_CUSTOM), Metrics())
+    with pytest.raises(ExecutorError, match="needs --job-image"):
+        build_engine(settings, FileConfig(NO_CUSTOM), Metrics(), records=Records("Machine", None))
 
 
 def test_serve_says_why_the_kubernetes_executor_cannot_start(
@@ -110,10 +112,13 @@ def test_serve_says_why_the_kubernetes_executor_cannot_start(
         "--plain-http",
         "--executor",
         "kubernetes",
+        "--job-image",
+        "inplace-extension:0.1.0",
         "--runs-dir",
         str(tmp_path),
         "--listen",
         "127.0.0.1:0",
     ]
     assert main(argv) == 2
-    assert "--executor kubernetes needs cluster access" in capsys.readouterr().err
+    error = capsys.readouterr().err  # no --kubeconfig, and not in a Pod: no in-cluster account either
+    assert "--executor kubernetes needs cluster access (--kubeconfig, else the in-cluster account)" in error
