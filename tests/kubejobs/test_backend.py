@@ -121,8 +121,10 @@ def spec_of(cluster: FakeJobs, attempt: int) -> AttemptSpec:
     return AttemptSpec.decode(secret["stringData"]["attempt.json"])
 
 
-def outcome(kind: OutcomeKind, finished: float, **fields: str) -> str:
-    return termination_message(Outcome(kind, finished=finished, **fields))
+def outcome(
+    kind: OutcomeKind, finished: float, capability: str | None = None, task: str | None = None
+) -> str:
+    return termination_message(Outcome(kind, capability=capability, task=task, finished=finished))
 
 
 async def test_two_replicas_start_one_job_and_answer_its_phase_and_outcome_alike(
