@@ -17,7 +17,8 @@ from inplace_extension.capabilities_file import CapabilitiesFileError, FileConfi
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.kube.client import KubeConfigError
 from inplace_extension.kube.cluster import connect_jobs
-from inplace_extension.kube.port import RecordRef
+from inplace_extension.kube.errors import KubeError
+from inplace_extension.kube.port import JobCluster, RecordRef
 from inplace_extension.kubejobs.backend import JobBackend
 from inplace_extension.kubejobs.manifest import JobConfig
 from inplace_extension.kubejobs.spec import JOB_SETTINGS
@@ -125,10 +126,6 @@ def kubernetes_backend(
     """The ``kubernetes`` executor's backend: refused with a clear message without cluster access or image."""
     if records is None:
         raise ExecutorError("--executor kubernetes needs cluster access, and this command has none")
-    if not settings.job_image:
-        raise ExecutorError(
-            "--executor kubernetes needs --job-image (INPLACE_JOB_IMAGE): the service's image"
-        )
     job_settings = {name: getattr(settings, name) for name in JOB_SETTINGS}
     job_settings["kube"] = settings.kube_aware  # the Job reaches the cluster with its in-cluster account
     job_settings["playbooks_dir"] = None if settings.playbooks_dir is None else str(settings.playbooks_dir)
@@ -140,6 +137,7 @@ def kubernetes_backend(
         raise ExecutorError(
             f"--executor kubernetes needs cluster access (--kubeconfig, else the in-cluster account): {exc}"
         ) from None
+    image = settings.job_image or own_image(settings, jobs)
 
     def where(request: RunRequest) -> RecordRef:
         if kind == "Node":  # the MCM agent's: one run per Node, named after it
@@ -153,7 +151,7 @@ def kubernetes_backend(
         where=where,
         config=JobConfig(
             namespace=settings.job_namespace,
-            image=settings.job_image,
+            image=image,
             service_account=settings.job_service_account,
             ssh_secret=settings.job_ssh_secret,
             ssh_dir=settings.job_ssh_dir,
@@ -167,6 +165,24 @@ def kubernetes_backend(
         else capabilities.expanduser().read_text(encoding="utf-8"),
         clock=time.time,
     )
+
+
+def own_image(settings: Settings, jobs: JobCluster) -> str:
+    """The service's own image, read from its Pod (--pod-name, in --job-namespace)."""
+    if settings.pod_name is None:
+        raise ExecutorError(
+            "--executor kubernetes needs --job-image, or --pod-name to run the Jobs from this Pod's image"
+        )
+    try:
+        image = jobs.pod_image(settings.job_namespace, settings.pod_name)
+    except KubeError as exc:
+        raise ExecutorError(f"--executor kubernetes: cannot read this Pod's image: {exc}") from None
+    if image is None:
+        raise ExecutorError(
+            f"--executor kubernetes: no Pod {settings.job_namespace}/{settings.pod_name} (--pod-name) to "
+            "take the Jobs' image from: give --job-image"
+        )
+    return image
 
 
 def play_config(config: FileConfig) -> PlayConfig:

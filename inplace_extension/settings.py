@@ -96,7 +96,12 @@ class Settings(BaseSettings):
         "access)",
     )
     job_image: str | None = Field(
-        None, description="kubernetes executor: the image of each attempt's Job (the service's own image)"
+        None, description="kubernetes executor: the image of each attempt's Job (default: --pod-name's)"
+    )
+    pod_name: str | None = Field(
+        None,
+        description="kubernetes executor: this service's Pod (set from the downward API), in "
+        "--job-namespace: the Jobs run its image unless --job-image names one",
     )
     job_namespace: str = Field(
         "inplace-extension-system", description="kubernetes executor: the namespace of the Jobs"

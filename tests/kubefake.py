@@ -442,6 +442,7 @@ class FakeJobs:
         self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
         self.version = 0
         self.conflict_next_write = 0  # this many writes fail with Conflict (another replica won)
+        self.pod_images: dict[tuple[str, str], str] = {}  # (namespace, Pod) -> its first container's image
 
     def _bump(self) -> str:
         self.version += 1
@@ -509,6 +510,10 @@ class FakeJobs:
                 job.phase = value
                 return
         raise KubeError(f"annotate Pod {namespace}/{name}: the API server answered 404", 404)
+
+    def pod_image(self, namespace: str, name: str) -> str | None:
+        self.calls("pod_image")
+        return self.pod_images.get((namespace, name))
 
     # what the job controller, the kubelet and the garbage collector do
 

@@ -37,6 +37,7 @@ AGENT_SETTINGS = (
     "health_gate_timeout_seconds",
     # the kubernetes executor: each attempt a Job beside the agent, the record on the Node
     "executor",
+    "pod_name",
     "job_image",
     "job_namespace",
     "job_service_account",

@@ -189,6 +189,9 @@ class KubeJobs:
     def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
         jobs.annotate_pod(self._client, namespace, name, key, value)
 
+    def pod_image(self, namespace: str, name: str) -> str | None:
+        return jobs.pod_image(self._client, namespace, name)
+
     def read(self, ref: RecordRef, key: str) -> Annotation | None:
         return records.read(self._client, ref, key)
 

@@ -78,6 +78,16 @@ def job_state(client: Client, namespace: str, name: str) -> JobState | None:
     return JobState(finished=_finished(job), termination_message=message, phase=phase)
 
 
+def pod_image(client: Client, namespace: str, name: str) -> str | None:
+    try:
+        with translated(f"get Pod {namespace}/{name}"):
+            pod = plain(client.get(Pod, name, namespace=namespace))
+    except NotFound:
+        return None
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return str(containers[0]["image"]) if containers and containers[0].get("image") else None
+
+
 def annotate_pod(client: Client, namespace: str, name: str, key: str, value: str) -> None:
     patch = {"metadata": {"annotations": {key: value}}}
     with translated(f"annotate Pod {namespace}/{name}"):

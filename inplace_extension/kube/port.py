@@ -307,3 +307,7 @@ class JobCluster(Protocol):
     def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
         """Set one annotation on a Pod (the Job's Pod publishes its phase on itself)."""
         ...
+
+    def pod_image(self, namespace: str, name: str) -> str | None:
+        """The image of the Pod's first container (the service's own); None when there is no such Pod."""
+        ...

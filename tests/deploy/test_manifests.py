@@ -30,8 +30,11 @@ EXPECTED_KINDS = {
     "ServiceAccount",
     "Role",
     "RoleBinding",
+    "ClusterRole",
+    "ClusterRoleBinding",
     "ConfigMap",
     "Deployment",
+    "PodDisruptionBudget",
     "Service",
     "Issuer",
     "Certificate",
@@ -58,7 +61,7 @@ def _pod_env() -> dict[str, str]:
     """What the process sees: image ENV, then the ConfigMap (envFrom), then explicit env."""
     env = dict(dockerfile_stages()[-1].env())
     env.update(one("ConfigMap", "inplace-extension-config")["data"])
-    env.update({e["name"]: e["value"] for e in _container()["env"]})
+    env.update({e["name"]: e["value"] for e in _container()["env"] if "value" in e})
     return env
 
 
@@ -74,10 +77,10 @@ def _under(path: str, directory: str) -> bool:
 
 
 def test_kustomize_renders_exactly_the_expected_resources() -> None:
-    kinds = [doc["kind"] for doc in rendered()]
-    assert sorted(kinds) == sorted(EXPECTED_KINDS)
+    kinds = {doc["kind"] for doc in rendered()}
+    assert kinds == EXPECTED_KINDS
     for doc in rendered():
-        if doc["kind"] not in {"Namespace", "ExtensionConfig"}:  # the two cluster-scoped kinds
+        if doc["kind"] not in {"Namespace", "ExtensionConfig", "ClusterRole", "ClusterRoleBinding"}:
             assert doc["metadata"].get("namespace") == NAMESPACE, doc["kind"]
         else:
             assert "namespace" not in doc["metadata"], doc["kind"]
@@ -114,7 +117,7 @@ def test_every_resource_validates_against_its_schema(version: str) -> None:
     ],
 )
 def test_validation_rejects_broken_resources(kind: str, mutate: Any, expected: str) -> None:
-    doc = copy.deepcopy(one(kind))
+    doc = copy.deepcopy(one(kind, "inplace-extension-config-reader" if kind == "Role" else None))
     mutate(doc)
     errors = validation_errors(doc, KUBERNETES_VERSIONS[-1])
     assert errors, f"a broken {kind} validated"
@@ -144,11 +147,29 @@ def test_pod_runs_restricted_non_root_read_only() -> None:
     assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
 
 
-def test_single_replica_that_never_overlaps() -> None:
+def test_two_replicas_that_keep_one_answering(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = one("Deployment")["spec"]
-    # the run registry is process memory, a cache: two Pods could start the same run twice
-    assert spec["replicas"] == 1
-    assert spec["strategy"]["type"] == "Recreate"
+    # the record is on the Machines and the plays are Jobs: any replica answers any poll
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    budget = one("PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    settings = _settings_from_pod_env(monkeypatch)
+    assert settings.executor == "kubernetes"
+    assert settings.job_namespace == NAMESPACE
+    # the Jobs run this Pod's own image, read from the Pod the downward API names
+    pod_name = next(e for e in _container()["env"] if e["name"] == "INPLACE_POD_NAME")
+    assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert settings.job_image is None
+    # the Jobs mount the SSH Secret where the service does (the inventory's key paths hold in both)
+    assert settings.job_ssh_secret == _volumes()["ssh"]["secret"]["secretName"]
+    assert settings.job_ssh_dir == _mounts()["ssh"]
+    accounts = {d["metadata"]["name"] for d in rendered() if d["kind"] == "ServiceAccount"}
+    assert settings.job_service_account in accounts
 
 
 def test_probes_use_the_app_health_paths_on_the_https_port() -> None:
@@ -209,25 +230,60 @@ def test_example_inventory_uses_the_ssh_mount() -> None:
     assert _volumes()["ssh"]["secret"]["defaultMode"] == 0o440
 
 
-def test_rbac_only_reads_its_own_configmap() -> None:
-    assert not [d for d in rendered() if d["kind"] in {"ClusterRole", "ClusterRoleBinding"}]
-    rules = one("Role")["rules"]
-    assert rules == [
-        {
-            "apiGroups": [""],
-            "resources": ["configmaps"],
-            "resourceNames": ["inplace-extension-config"],
-            "verbs": ["get", "list", "watch"],
-        }
+def _grants(kind: str, name: str) -> set[tuple[str, str, str, str]]:
+    """(apiGroup, resource, resourceName or "", verb) the role grants."""
+    role = one(kind, name)
+    return {
+        (g, r, n, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for n in rule.get("resourceNames", [""])
+        for v in rule["verbs"]
+    }
+
+
+def _bound(name: str) -> list[tuple[str, str]]:
+    """(role kind, role name) bound to the ServiceAccount ``name``."""
+    return sorted(
+        (d["roleRef"]["kind"], d["roleRef"]["name"])
+        for d in rendered()
+        if d["kind"] in {"RoleBinding", "ClusterRoleBinding"}
+        for subject in d["subjects"]
+        if (subject["kind"], subject["name"], subject["namespace"]) == ("ServiceAccount", name, NAMESPACE)
+    )
+
+
+def test_rbac_grants_the_service_and_its_jobs_only_what_they_use() -> None:
+    assert _bound("inplace-extension") == [
+        ("ClusterRole", "inplace-extension-records"),
+        ("Role", "inplace-extension-config-reader"),
+        ("Role", "inplace-extension-jobs"),
     ]
-    binding = one("RoleBinding")
-    assert binding["roleRef"]["name"] == one("Role")["metadata"]["name"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": one("ServiceAccount")["metadata"]["name"], "namespace": NAMESPACE}
-    ]
+    assert _grants("Role", "inplace-extension-config-reader") == {
+        ("", "configmaps", "inplace-extension-config", verb) for verb in ("get", "list", "watch")
+    }
+    # one Job per attempt and the Secret it owns; the Jobs' Pods and this Pod's own image
+    assert _grants("Role", "inplace-extension-jobs") == {
+        ("batch", "jobs", "", "get"),
+        ("batch", "jobs", "", "create"),
+        ("", "secrets", "", "create"),
+        ("", "pods", "", "get"),
+        ("", "pods", "", "list"),
+    }
+    # the record on each Machine: read it, write it
+    assert _grants("ClusterRole", "inplace-extension-records") == {
+        ("cluster.x-k8s.io", "machines", "", "get"),
+        ("cluster.x-k8s.io", "machines", "", "patch"),
+    }
+    # a Job's Pod publishes its phase on itself, and nothing more
+    assert _bound("inplace-extension-attempt") == [("Role", "inplace-extension-attempt")]
+    assert _grants("Role", "inplace-extension-attempt") == {("", "pods", "", "patch")}
     pod = one("Deployment")["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == one("ServiceAccount")["metadata"]["name"]
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == "inplace-extension"
+    assert pod["automountServiceAccountToken"] is True
+    # the Jobs' account mounts no token unless its Pod asks (the Job's Pod does: it publishes its phase)
+    assert one("ServiceAccount", "inplace-extension-attempt")["automountServiceAccountToken"] is False
 
 
 def test_service_certificate_and_extensionconfig_agree() -> None:
@@ -292,8 +348,8 @@ def test_client_auth_component_validates_and_points_settings_into_its_mounts(
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    base_env = {e["name"]: e["value"] for e in _container()["env"]}
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    base_env = {e["name"]: e["value"] for e in _container()["env"] if "value" in e}
     assert set(env) - set(base_env) == {"INPLACE_CLIENT_CA", "INPLACE_BEARER_TOKEN_FILE"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -320,12 +376,15 @@ def test_kube_aware_component_validates_and_grants_only_what_the_mode_uses(
     docs = kustomize(tmp_path)
     for version in KUBERNETES_VERSIONS:
         assert {d["kind"]: validation_errors(d, version) for d in docs if validation_errors(d, version)} == {}
-    by_kind = {d["kind"]: d for d in docs}
+    by_kind = {
+        d["kind"]: d for d in docs if d["metadata"]["name"].endswith(("inplace-extension", "kube-aware"))
+    }
     assert by_kind["ServiceAccount"]["automountServiceAccountToken"] is True
     pod = by_kind["Deployment"]["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is True
     for item in pod["containers"][0]["env"]:
-        monkeypatch.setenv(item["name"], item["value"])
+        if "value" in item:
+            monkeypatch.setenv(item["name"], item["value"])
     assert Settings().kube_aware
     rules = {
         (g, r, v)
@@ -343,5 +402,41 @@ def test_kube_aware_component_validates_and_grants_only_what_the_mode_uses(
         ("", "events", "create"),
         ("", "secrets", "get"),
     }
-    subject = by_kind["ClusterRoleBinding"]["subjects"][0]
-    assert (subject["name"], subject["namespace"]) == ("inplace-extension", "inplace-extension-system")
+    subjects = {(s["name"], s["namespace"]) for s in by_kind["ClusterRoleBinding"]["subjects"]}
+    # the service, and the attempt Jobs, which drain at the drain point with the kubernetes executor
+    assert subjects == {
+        ("inplace-extension", "inplace-extension-system"),
+        ("inplace-extension-attempt", "inplace-extension-system"),
+    }
+
+
+def test_the_mcm_agent_runs_two_replicas_with_the_kubernetes_executor() -> None:
+    docs = kustomize(DEPLOY / "mcm")
+    for version in KUBERNETES_VERSIONS:
+        assert {d["kind"]: validation_errors(d, version) for d in docs if validation_errors(d, version)} == {}
+    named = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    deployment = named[("Deployment", "inplace-extension-mcm-agent")]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    budget = named[("PodDisruptionBudget", "inplace-extension-mcm-agent")]
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["INPLACE_EXECUTOR"]["value"] == "kubernetes"
+    assert env["INPLACE_POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    namespace = deployment["metadata"]["namespace"]
+    assert env["INPLACE_JOB_NAMESPACE"]["value"] == namespace
+    attempt = env["INPLACE_JOB_SERVICE_ACCOUNT"]["value"]
+    assert named[("ServiceAccount", attempt)]["automountServiceAccountToken"] is False
+    jobs = named[("Role", "inplace-extension-mcm-agent-jobs")]
+    assert {
+        (r["apiGroups"][0], res, v) for r in jobs["rules"] for res in r["resources"] for v in r["verbs"]
+    } == {
+        ("batch", "jobs", "get"),
+        ("batch", "jobs", "create"),
+        ("", "secrets", "create"),
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+    }
+    assert named[("Role", attempt)]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}
+    ]

@@ -8,11 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kubefake import FakeJobs
 from runs.fakes import FakeRunner, unreachable_events
 
 from inplace_extension.capabilities_file import FileConfig
 from inplace_extension.cli import main
-from inplace_extension.engine import ExecutorError, Records, build_engine
+from inplace_extension.engine import ExecutorError, Records, build_engine, own_image
 from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kubejobs.attempt import run_attempt
 from inplace_extension.kubejobs.spec import AttemptSpec, outcome_of
@@ -96,11 +97,11 @@ def test_the_attempt_command_refuses_a_spec_it_cannot_read(
     assert not (tmp_path / "log").exists()
 
 
-def test_the_kubernetes_executor_is_refused_without_cluster_access_or_image(tmp_path: Path) -> None:
+def test_the_kubernetes_executor_is_refused_without_cluster_access(tmp_path: Path) -> None:
     settings = Settings(runs_dir=tmp_path / "runs", playbooks_dir=PLAYBOOKS, executor="kubernetes")
     with pytest.raises(ExecutorError, match="needs cluster access, and this command has none"):
         build_engine(settings, FileConfig(NO_CUSTOM), Metrics())
-    with pytest.raises(ExecutorError, match="needs --job-image"):
+    with pytest.raises(ExecutorError, match=r"needs cluster access \(--kubeconfig, else the in-cluster"):
         build_engine(settings, FileConfig(NO_CUSTOM), Metrics(), records=Records("Machine", None))
 
 
@@ -122,3 +123,14 @@ def test_serve_says_why_the_kubernetes_executor_cannot_start(
     assert main(argv) == 2
     error = capsys.readouterr().err  # no --kubeconfig, and not in a Pod: no in-cluster account either
     assert "--executor kubernetes needs cluster access (--kubeconfig, else the in-cluster account)" in error
+
+
+def test_the_jobs_run_the_services_own_image_read_from_its_pod(tmp_path: Path) -> None:
+    cluster = FakeJobs()
+    settings = Settings(runs_dir=tmp_path, executor="kubernetes", pod_name="inplace-extension-5d8f-x2")
+    with pytest.raises(ExecutorError, match="no Pod inplace-extension-system/inplace-extension-5d8f-x2"):
+        own_image(settings, cluster)
+    cluster.pod_images[("inplace-extension-system", "inplace-extension-5d8f-x2")] = "reg.example/ie:1.2.3"
+    assert own_image(settings, cluster) == "reg.example/ie:1.2.3"
+    with pytest.raises(ExecutorError, match="needs --job-image, or --pod-name"):
+        own_image(settings.model_copy(update={"pod_name": None}), cluster)
