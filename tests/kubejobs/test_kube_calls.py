@@ -1,0 +1,139 @@
+"""The ``kube`` adapter's calls for the ``kubernetes`` executor (kube/jobs.py, kube/records.py) against a
+stand-in for lightkube's blocking ``Client`` that keeps what was created and answers as the API server
+does (409 on a second create, 404 on a missing object): the order of the calls and what is sent. The
+proof against a real API server is the lab's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx2
+import pytest
+
+from inplace_extension.kube import jobs, records
+from inplace_extension.kube.errors import Conflict
+from inplace_extension.kube.port import RecordRef
+
+
+class _Obj:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+
+def _status(code: int) -> httpx2.HTTPStatusError:
+    request = httpx2.Request("POST", "https://api.example")
+    return httpx2.HTTPStatusError("answer", request=request, response=httpx2.Response(code, request=request))
+
+
+class StandInClient:
+    """Stands in for ``lightkube.Client``: objects by (kind, namespace, name); ``patches`` as sent."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+        self.created: list[str] = []
+        self.patches: list[tuple[str, str, Any]] = []
+        self.listed: list[dict[str, str] | None] = []
+
+    def create(self, obj: Any) -> _Obj:
+        data = obj.to_dict()
+        kind, meta = data["kind"], data["metadata"]
+        key = (kind, meta.get("namespace"), meta["name"])
+        if key in self.objects:
+            raise _status(409)
+        meta["uid"] = f"uid-{len(self.objects)}"
+        self.objects[key] = data
+        self.created.append(kind)
+        return _Obj(data)
+
+    def get(self, res: Any, name: str, namespace: str | None = None) -> _Obj:
+        found = self.objects.get((res.__name__, namespace, name))
+        if found is None:
+            raise _status(404)
+        return _Obj(found)
+
+    def list(
+        self, res: Any, namespace: str | None = None, labels: dict[str, str] | None = None
+    ) -> list[_Obj]:
+        self.listed.append(labels)
+        return [
+            _Obj(v)
+            for (kind, ns, _), v in self.objects.items()
+            if kind == "Pod"
+            and ns == namespace
+            and all(v["metadata"].get("labels", {}).get(k) == x for k, x in (labels or {}).items())
+        ]
+
+    def patch(self, res: Any, name: str, obj: Any, namespace: str | None = None, **kwargs: Any) -> None:
+        self.patches.append((name, str(namespace), obj))
+
+
+JOB = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "inplace-ab-1", "namespace": "ie"}}
+SECRET = {
+    "apiVersion": "v1",
+    "kind": "Secret",
+    "metadata": {"name": "inplace-ab-1", "namespace": "ie"},
+    "stringData": {"attempt.json": "{}"},
+}
+
+
+def test_the_job_comes_first_and_owns_its_secret_and_a_second_create_is_no_error() -> None:
+    client = StandInClient()
+    assert jobs.create_job(client, JOB, SECRET) is True  # type: ignore[arg-type]
+    assert client.created == ["Job", "Secret"]
+    job_uid = client.objects[("Job", "ie", "inplace-ab-1")]["metadata"]["uid"]
+    owners = client.objects[("Secret", "ie", "inplace-ab-1")]["metadata"]["ownerReferences"]
+    assert owners == [{"apiVersion": "batch/v1", "kind": "Job", "name": "inplace-ab-1", "uid": job_uid}]
+    assert jobs.create_job(client, JOB, SECRET) is False  # type: ignore[arg-type]
+    assert client.created == ["Job", "Secret"], "one Job, one Secret"
+
+
+def test_a_jobs_state_comes_from_its_conditions_and_its_pod() -> None:
+    client = StandInClient()
+    assert jobs.job_state(client, "ie", "inplace-ab-1") is None  # type: ignore[arg-type]
+    client.objects[("Job", "ie", "inplace-ab-1")] = {
+        "kind": "Job",
+        "metadata": {"name": "inplace-ab-1"},
+        "status": {"conditions": [{"type": "Failed", "status": "True"}]},
+    }
+    client.objects[("Pod", "ie", "inplace-ab-1-x")] = {
+        "kind": "Pod",
+        "metadata": {
+            "name": "inplace-ab-1-x",
+            "labels": {jobs.JOB_NAME_LABEL: "inplace-ab-1"},
+            "annotations": {jobs.PHASE_ANNOTATION: "ntp"},
+        },
+        "status": {"containerStatuses": [{"state": {"terminated": {"message": '{"kind":"successful"}'}}}]},
+    }
+    state = jobs.job_state(client, "ie", "inplace-ab-1")  # type: ignore[arg-type]
+    assert state is not None
+    assert (state.finished, state.termination_message, state.phase) == (True, '{"kind":"successful"}', "ntp")
+    assert client.listed == [{jobs.JOB_NAME_LABEL: "inplace-ab-1"}]
+
+
+def test_the_record_is_read_with_its_version_and_node_and_written_with_that_version() -> None:
+    client = StandInClient()
+    ref = RecordRef("Machine", "m1", "default")
+    assert records.read(client, ref, "k") is None  # type: ignore[arg-type]
+    client.objects[("Machine", "default", "m1")] = {
+        "kind": "Machine",
+        "metadata": {"name": "m1", "resourceVersion": "42", "annotations": {"k": "v"}},
+        "status": {"nodeRef": {"name": "node-1"}},
+    }
+    found = records.read(client, ref, "k")  # type: ignore[arg-type]
+    assert found is not None and (found.value, found.resource_version, found.node) == ("v", "42", "node-1")
+    records.write(client, ref, "k", "w", "42")  # type: ignore[arg-type]
+    assert client.patches == [
+        ("m1", "default", {"metadata": {"resourceVersion": "42", "annotations": {"k": "w"}}})
+    ]
+
+
+def test_a_conflict_on_the_record_is_the_adapters_own_error() -> None:
+    class Conflicting(StandInClient):
+        def patch(self, res: Any, name: str, obj: Any, namespace: str | None = None, **kwargs: Any) -> None:
+            raise _status(409)
+
+    with pytest.raises(Conflict, match="annotate Node n1: the API server answered 409"):
+        records.write(Conflicting(), RecordRef("Node", "n1"), "k", "w", "1")  # type: ignore[arg-type]
