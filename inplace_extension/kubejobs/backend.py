@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import anyio.to_thread
 
-from inplace_extension.kube.errors import Conflict, KubeError
+from inplace_extension.kube.errors import Conflict, KubeError, Unreachable
 from inplace_extension.kube.port import JobCluster, JobState, RecordRef, RecordStore
 from inplace_extension.kubejobs.manifest import JobConfig, job_manifest, job_name, labels, secret_manifest
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record, Recorded, WaitClock
@@ -113,7 +113,14 @@ class JobBackend:
     # the launcher
 
     async def in_flight(self, request: RunRequest) -> str | None:
-        look = await anyio.to_thread.run_sync(self._look, request)
+        """Also in progress while the record cannot be read (the API server away, the object changing
+        under every write): no decision is made without it, and the next poll tries again."""
+        try:
+            look = await anyio.to_thread.run_sync(self._look, request)
+        except (Unreachable, Conflict) as exc:
+            log.warning("machine=%s run=%s: %s", request.machine, request.ident, exc)
+            problem = "the API server is unreachable" if isinstance(exc, Unreachable) else "it keeps changing"
+            return progress.record_unreadable(str(self._where(request)), problem)
         if look.running is None:
             return None
         return progress.running(look.running.phase or progress.STARTING)

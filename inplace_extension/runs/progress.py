@@ -37,6 +37,7 @@ MESSAGES = {
     "window": 'waiting for maintenance window "{window}" (opens {opens})',
     "paused": "paused by {owner} (annotation {annotation})",
     "pause_unreadable": "pause: cannot read {owner} ({problem})",
+    "record_unreadable": "record: cannot read {where} ({problem})",
     "cancelled": "cancelled by {owner} (annotation {annotation}={value})",
     "health_check": 'waiting for health check "{check}" ({detail})',
     "health_check_failed": (
@@ -49,7 +50,9 @@ MESSAGES = {
 }
 
 # only the Kubernetes-aware mode's cluster steps (and the kubernetes health checks) answer these
-CLUSTER_STEPS = frozenset({"draining", "health_waiting", "pause_unreadable", "health_check"})
+CLUSTER_STEPS = frozenset(
+    {"draining", "health_waiting", "pause_unreadable", "record_unreadable", "health_check"}
+)
 # answered as a Failure (the MCM agent: a failed result), never while an update goes on
 FAILURES = frozenset({"cancelled", "health_check_failed", "health_check_timed_out"})
 
@@ -67,6 +70,12 @@ def running(step: str) -> str:
     if ": " in step:
         return step
     return MESSAGES["running"].format(step=step)
+
+
+def record_unreadable(where: str, problem: str) -> str:
+    """The ``kubernetes`` executor could not read (or write) the update's record on ``where`` (the API
+    server away): nothing starts, the next poll tries again."""
+    return MESSAGES["record_unreadable"].format(where=where, problem=problem)
 
 
 def retrying(last: OutcomeKind, attempt: int) -> str:
@@ -149,6 +158,7 @@ def pattern(capabilities: Iterable[str], cluster_steps: bool = False) -> re.Patt
         "owner": r"(?:Cluster|MachineDeployment|KubeadmControlPlane) [-a-z0-9.]+/[-a-z0-9.]+",
         "annotation": r"[-a-z0-9./]+",
         "problem": r".+",
+        "where": r"(?:Machine [-a-z0-9.]+/[-a-z0-9.]+|Node [-a-z0-9.]+)",
         "check": r"[a-z][a-z0-9_]*",
         "detail": r".+",
     }

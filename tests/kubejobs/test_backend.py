@@ -19,6 +19,7 @@ from inplace_extension.kubejobs.backend import JOB_APPEARS_SECONDS, JobBackend
 from inplace_extension.kubejobs.manifest import JobConfig, job_name
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
 from inplace_extension.kubejobs.spec import AttemptSpec, termination_message
+from inplace_extension.runs import progress
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
 from inplace_extension.runs.local import NO_PLAY_CONFIG
 from inplace_extension.runs.model import (
@@ -265,3 +266,17 @@ async def test_a_new_desired_state_starts_afresh_on_the_same_machine(
     assert await service.poll(newer) == STARTING
     assert [a.number for a in record(cluster, newer).attempts] == [1]
     assert json.loads(cluster.annotation(MACHINE, RECORD_ANNOTATION) or "{}")["ident"] == newer.ident
+
+
+async def test_while_the_record_cannot_be_read_nothing_starts_and_the_poll_says_why(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    cluster.calls.failing.add("read")
+    answer = await replica(settings, cluster, clock).poll(req())
+    assert answer == Progress(
+        ProgressState.IN_PROGRESS, "record: cannot read Machine default/m1 (the API server is unreachable)", 1
+    )
+    assert progress.pattern(("ntp",), cluster_steps=True).fullmatch(answer.message)
+    assert cluster.jobs == {}
+    cluster.calls.failing.clear()
+    assert await replica(settings, cluster, clock).poll(req()) == STARTING
