@@ -167,6 +167,9 @@ class LocalBackend:
         """Queue ``launch``; ``lock``: the host lock its play holds (None: a fresh token, and the tokens of
         this ident's ended attempts on disk to take over). The message a poll answers now."""
         ident = launch.request.ident
+        view = self._registry.view(ident)
+        if view is not None:  # launched already (a concurrent poll): that one is the attempt
+            return view.message()
         if lock is not None:
             self._locks[ident] = lock
         ended = threading.Event()
@@ -178,7 +181,10 @@ class LocalBackend:
             self._ends.ended(ident)
 
         self._ended[ident] = ended
-        self._registry.submit(Job(ident, launch.request.machine, launch, on_done=on_done))
+        if not self._registry.submit(Job(ident, launch.request.machine, launch, on_done=on_done)):
+            # closing: nothing was queued, so nothing of this launch may stay for a later one
+            self._locks.pop(ident, None)
+            self._ended.pop(ident, None)
         view = self._registry.view(ident)
         if view is None:  # it already ended (or the process is closing): the next poll reads the result
             return progress.running(progress.STARTING)
