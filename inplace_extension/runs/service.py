@@ -184,7 +184,7 @@ class RunService:
         self, request: RunRequest, token: str, unhealthy: Unhealthy
     ) -> Progress:
         """A ``kubernetes`` health check does not hold before the update starts: wait, or past the check's
-        timeout (counted on disk from the first call that found it not holding, health_wait.py) a
+        timeout (counted in the record from the first call that found it not holding: the backend's) a
         Failure naming it, with one ``Failed`` Event. Not remembered: once the check holds, the next
         call starts the update."""
         timeout = unhealthy.start_timeout_seconds
