@@ -26,6 +26,7 @@ from inplace_extension.kube.port import (
     KubeEvent,
     MachineFacts,
     NodeHealth,
+    NodeSeen,
     ObjectQuery,
     RecordRef,
 )
@@ -298,22 +299,23 @@ class FakeTarget:
         self.activity.set()
         return copy.deepcopy(node)
 
-    def watch_nodes(self, connected: asyncio.Event | None = None) -> AsyncIterator[dict[str, Any]]:
+    def delete_node(self, name: str) -> None:
+        """Delete a Node (as MCM does when it removes its Machine)."""
+        node = self.nodes.pop(name)
+        self._watchers.changed("DELETED", node)
+        self.activity.set()
+
+    def watch_nodes(self, connected: asyncio.Event | None = None) -> AsyncIterator[NodeSeen]:
         self.calls("watch_nodes")
 
-        async def nodes() -> AsyncIterator[dict[str, Any]]:
-            async for _event, changed in self._watchers.stream(
+        async def nodes() -> AsyncIterator[NodeSeen]:
+            async for event, changed in self._watchers.stream(
                 lambda: [copy.deepcopy(n) for n in self.nodes.values()], connected
             ):
                 for node in changed:
-                    yield node
+                    yield node["metadata"]["name"], (None if event == "DELETED" else node)
 
         return nodes()
-
-    async def get_node(self, name: str) -> dict[str, Any] | None:
-        self.calls("get_node")
-        node = self.nodes.get(name)
-        return copy.deepcopy(node) if node is not None else None
 
     async def patch_node_metadata(
         self,

@@ -31,6 +31,7 @@ from inplace_extension.kube.port import (
     KubeEvent,
     MachineFacts,
     NodeHealth,
+    NodeSeen,
     ObjectQuery,
     RecordRef,
 )
@@ -124,11 +125,8 @@ class KubeTarget:
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
 
-    def watch_nodes(self, connected: asyncio.Event | None = None) -> AsyncIterator[dict[str, Any]]:
+    def watch_nodes(self, connected: asyncio.Event | None = None) -> AsyncIterator[NodeSeen]:
         return nodes.watch_nodes(self._client, connected)
-
-    async def get_node(self, name: str) -> dict[str, Any] | None:
-        return await nodes.get_node(self._client, name)
 
     async def patch_node_metadata(
         self,

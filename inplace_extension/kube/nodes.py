@@ -16,7 +16,7 @@ from lightkube.types import PatchType
 
 from inplace_extension.kube.client import list_then_watch, plain, translated
 from inplace_extension.kube.errors import Conflict, KubeError, NotFound
-from inplace_extension.kube.port import NodeHealth
+from inplace_extension.kube.port import NodeHealth, NodeSeen
 
 
 def node_health(client: Client, node: str) -> NodeHealth:
@@ -36,23 +36,24 @@ def node_health(client: Client, node: str) -> NodeHealth:
     )
 
 
-async def get_node(client: AsyncClient, name: str) -> dict[str, Any] | None:
-    try:
-        with translated(f"get Node {name}"):
-            return plain(await client.get(Node, name))
-    except NotFound:
-        return None
-
-
-async def watch_nodes(
-    client: AsyncClient, connected: asyncio.Event | None = None
-) -> AsyncIterator[dict[str, Any]]:
-    """Every Node as it is now (a full list after each (re)connect), then each change; never ends.
-    A deleted Node is not reported: the agent only acts on Nodes that exist."""
+async def watch_nodes(client: AsyncClient, connected: asyncio.Event | None = None) -> AsyncIterator[NodeSeen]:
+    """Every Node as it is now (a full list after each (re)connect), then each change; never ends. A
+    deleted Node is reported as gone (None), and so is one a list after a reconnect no longer has (it
+    was deleted while the watch was away): a watcher's copy of the Nodes never keeps a Node that is gone."""
+    known: set[str] = set()
     async for event, nodes in list_then_watch(client, Node, connected=connected):
-        if event != "DELETED":
-            for node in nodes:
-                yield node
+        names = [str(node.get("metadata", {}).get("name", "")) for node in nodes]
+        if event == "LISTED":
+            for gone in sorted(known - set(names)):
+                yield gone, None
+            known = set(names)
+        for name, node in zip(names, nodes, strict=True):
+            if event == "DELETED":
+                known.discard(name)
+                yield name, None
+            else:
+                known.add(name)
+                yield name, node
 
 
 async def patch_metadata(

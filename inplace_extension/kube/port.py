@@ -199,13 +199,16 @@ class ManagementCluster(Protocol):
         ...
 
 
+# A Node the watch reports: its name, and the Node as it is now, or None once it is gone
+NodeSeen = tuple[str, dict[str, Any] | None]
+
+
 class TargetCluster(Protocol):
-    def watch_nodes(self, connected: asyncio.Event | None = None) -> AsyncIterator[dict[str, Any]]:
-        """Every Node as it is now (a full list after each (re)connect), then each change; never ends.
+    def watch_nodes(self, connected: asyncio.Event | None = None) -> AsyncIterator[NodeSeen]:
+        """Every Node as it is now (a full list after each (re)connect), then each change, deletions too
+        (also of a Node deleted while the watch was away: missing from the next list); never ends.
         ``connected`` is set while the list or watch works and cleared during an outage."""
         ...
-
-    async def get_node(self, name: str) -> dict[str, Any] | None: ...
 
     async def patch_node_metadata(
         self,

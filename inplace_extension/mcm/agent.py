@@ -1,7 +1,8 @@
 """The MCM agent's loop: watch the target cluster's Nodes, update the ones MCM made ready, answer.
 
-One asyncio task per Node being worked on (a Node's watch events only wake its task). A task: re-read
-the Node; remove the critical-components taint once MCM finished it (flag); if MCM waits for an update
+One asyncio task per Node being worked on (a Node's watch events only wake its task). A task: take the
+Node as last watched (or as our own last patch answered: the agent never GETs a Node it watches);
+remove the critical-components taint once MCM finished it (flag); if MCM waits for an update
 (``node_state.wants_update``), claim the Node (resourceVersion-guarded annotation: two replicas never
 act on one Node), read the desired state from the control cluster (``desired``), and poll the run
 service - the same executor as the CAPI UpdateMachine hook, so the same plan, fingerprint, host
@@ -13,7 +14,7 @@ the result. Retriable failures are answered ``failed`` and retried with backoff 
 their retry budget is spent (then the ``blocked after ...`` answer is final until the retry annotation).
 A periodic resync looks again at the Nodes whose last watched state calls for the agent (claims of dead
 replicas, backoffs ending, a step that failed): only those, as any change of another Node is a watch
-event, so a resync of a large pool reads the Nodes MCM is updating, not all of them.
+event, so a resync of a large pool looks at the Nodes MCM is updating, not all of them.
 
 An operator's pause annotation on the Node's MachineDeployment (read with the desired state) holds a
 Node that has not started: no result, one ``InPlaceUpdateWaiting`` Event, as outside a maintenance
@@ -95,6 +96,8 @@ class Agent:
         self._active: set[str] = set()  # Nodes whose last watched state calls for us (resynced)
         self._waiting: dict[str, Progress] = {}  # Node -> what its update waits for (an Event once)
         self._cancelled: set[str] = set()  # Nodes answered "cancelled by ..." (looked at again on a change)
+        # Node -> the Node as last watched, or as our last patch of it answered (newer until its watch event)
+        self._nodes: dict[str, dict[str, Any]] = {}
         self.connected = asyncio.Event()
         self._stopping = False
 
@@ -103,12 +106,19 @@ class Agent:
         resync = asyncio.create_task(self._resync())
         desired = asyncio.create_task(self._desired.run(), name="desired state watch")
         try:
-            async for node in self._target.watch_nodes(self.connected):
+            async for name, node in self._target.watch_nodes(self.connected):
+                if node is None:  # gone: a task working on it ends at its next step
+                    self._nodes.pop(name, None)
+                    self._active.discard(name)
+                    if name in self._tasks and not self._tasks[name].done():
+                        self.kick(name)
+                    continue
+                self._nodes[name] = node
                 if ns.wants_update(node) or ns.has_critical_taint(node) or ns.leftovers(node):
-                    self._active.add(ns.name(node))
-                    self.kick(ns.name(node))
+                    self._active.add(name)
+                    self.kick(name)
                 else:  # nothing for us until it changes, and a change is a watch event
-                    self._active.discard(ns.name(node))
+                    self._active.discard(name)
         finally:
             await self._stop(resync, desired)
 
@@ -177,7 +187,7 @@ class Agent:
     async def _step(self, name: str) -> bool:
         """One look at the Node; True while there is more to do for it."""
         try:
-            node = await self._target.get_node(name)
+            node = self._nodes.get(name)
             if node is None:
                 self._active.discard(name)
                 self._cancelled.discard(name)
@@ -191,8 +201,10 @@ class Agent:
                 self._cancelled.discard(name)
                 leftovers = ns.leftovers(node)
                 if leftovers:  # MCM is done with the Node: remove what is left of ours
-                    await self._target.patch_node_metadata(
-                        name, ns.resource_version(node), annotations=dict.fromkeys(leftovers)
+                    self._patched(
+                        await self._target.patch_node_metadata(
+                            name, ns.resource_version(node), annotations=dict.fromkeys(leftovers)
+                        )
                     )
                     log.info("node %s: removed %s", name, ", ".join(leftovers))
                 return False
@@ -208,11 +220,20 @@ class Agent:
         if remaining > self.options.claim_seconds / 2:
             return dict(node)
         value = ns.claim_value(self.options.agent_id, self.options.claim_seconds)
-        return await self._target.patch_node_metadata(
-            ns.name(node),
-            ns.resource_version(node),
-            annotations={ns.CLAIM_ANNOTATION: value},
+        return self._patched(
+            await self._target.patch_node_metadata(
+                ns.name(node),
+                ns.resource_version(node),
+                annotations={ns.CLAIM_ANNOTATION: value},
+            )
         )
+
+    def _patched(self, node: dict[str, Any]) -> dict[str, Any]:
+        """Our patch's answer is the Node as it is now: the next step works on it, not on the copy the
+        watch has not replaced yet (whose resourceVersion would only earn a Conflict)."""
+        if ns.name(node) in self._nodes:  # not one the watch has reported gone meanwhile
+            self._nodes[ns.name(node)] = node
+        return node
 
     async def _update(self, node: dict[str, Any]) -> bool:
         """Resolve the desired state (reads only), then claim and poll unless this exact state (and retry
@@ -293,8 +314,10 @@ class Agent:
             log.info("node %s: deleted %d pods left on it", name, deleted)
         if not ns.result_written(node, successful, reason, release=final, answered_key=answered_key):
             labels, annotations = ns.result_metadata(successful, reason, final, answered_key)
-            await self._target.patch_node_metadata(
-                name, ns.resource_version(node), labels=labels, annotations=annotations
+            self._patched(
+                await self._target.patch_node_metadata(
+                    name, ns.resource_version(node), labels=labels, annotations=annotations
+                )
             )
             log.info("node %s: update-result=%s %s", name, labels[ns.RESULT_LABEL], reason)
             self._metrics.result(ns.SUCCESSFUL if successful else ns.FAILED)

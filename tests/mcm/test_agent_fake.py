@@ -282,24 +282,12 @@ async def test_an_object_whose_watch_event_is_still_on_its_way_is_read_once() ->
     assert executor.requests[0].inputs["kubernetes_version"]["kubernetes_version_target"] == "v1.31.3"
 
 
-class ReadsTarget(FakeTarget):
-    """The fake target, recording which Node each read was for (announced on ``activity``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads: list[str] = []
-
-    async def get_node(self, name: str) -> dict[str, Any] | None:
-        self.reads.append(name)
-        self.activity.set()
-        return await super().get_node(name)
-
-
-async def test_a_resync_reads_only_the_nodes_mcm_is_acting_on() -> None:
-    """Not every Node of the pool: an idle one changes only through a watch event, and a resync that
-    read them all would send a large pool's API server one request per Node at once."""
-    target, control = ReadsTarget(), FakeControl()
-    executor = Executor(target, lambda request, calls: Progress(ProgressState.FAILED, "task failed"))
+async def test_the_agent_reads_no_node_it_watches_however_often_it_polls_or_resyncs() -> None:
+    """Its Node tasks work on the watched copy (and on what its own patches answered): a running update
+    polled 20 times and resyncs every 10 ms send the target cluster no read, only the writes of the
+    update (claim, result) and its Events. 50 idle Nodes in the pool cost nothing either."""
+    target, control = FakeTarget(), FakeControl()
+    executor = Executor(target, done_after(20))
     pool(control)
     target.put_node(waiting_node())
     for i in range(50):
@@ -307,14 +295,29 @@ async def test_a_resync_reads_only_the_nodes_mcm_is_acting_on() -> None:
         del idle["metadata"]["labels"][ns.CANDIDATE_LABEL]
         target.put_node(idle)
     async for _agent in running(target, control, executor, resync_seconds=0.01):
-        # answered failed finally, n1 still waits in MCM's eyes: every resync reads it again
-        await until(lambda: target.reads.count("n1") >= 5, target.activity)
-        assert result(target) == ns.FAILED
-        # an idle Node that MCM hands over is a watch event: from then on it is read too
-        target.put_node(waiting_node("idle-7", machine=None))
-        await until(lambda: target.reads.count("idle-7") >= 3, target.activity)
-    assert set(target.reads) == {"n1", "idle-7"}
-    assert len(executor.requests) == 1, "answered once; idle-7 has no desired state (answered failed)"
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
+    assert len(executor.requests) == 21
+    assert set(target.calls.count) == {"watch_nodes", "patch_node_metadata", "post_event"}
+    assert target.calls.count["watch_nodes"] == 1
+    assert target.calls.count["patch_node_metadata"] == 2, "the claim and the final result"
+
+
+async def test_a_node_deleted_while_its_update_runs_ends_its_task() -> None:
+    """The watch reports it gone: the agent stops polling for it and writes nothing more."""
+    target, control = FakeTarget(), FakeControl()
+    executor = Executor(target, lambda request, calls: Progress(ProgressState.IN_PROGRESS, "running", 1))
+    pool(control)
+    target.put_node(waiting_node())
+    async for agent in running(target, control, executor):
+        await until(lambda: len(executor.requests) >= 3, target.activity)
+        task = agent._tasks["n1"]  # the Node's task, polling every 20 ms
+        target.delete_node("n1")
+        async with asyncio.timeout(5):
+            await task  # it ends by itself
+        polls, writes = len(executor.requests), target.calls.count["patch_node_metadata"]
+        target.put_node(waiting_node("other", machine=None))  # later activity: n1 is still left alone
+        await until(lambda: result(target, "other") == ns.FAILED, target.activity)
+        assert (len(executor.requests), target.calls.count["patch_node_metadata"]) == (polls, writes + 1)
 
 
 def like_the_service(request: RunRequest, calls: int) -> Progress:
