@@ -220,23 +220,25 @@ BURST_NODES = 20
 
 
 def test_an_agent_stopped_while_its_requests_connect_leaves_no_socket_open(kube: Lab, tmp_path: Path) -> None:
-    """Each resync reads every Node MCM is acting on at once (here: each has MCM's critical-components
-    taint and is not Ready yet). With the API server's answers to new connections stalled, those
-    requests are still connecting when the agent is told to stop: it lets them end (the client's
-    connect timeout closes their sockets) before it closes its clients. A request cancelled while
-    connecting would leave its socket open until the garbage collector finds it."""
+    """With the API server's answers to new connections stalled, Nodes appear that each carry an
+    annotation of ours left behind (the answered annotation, MCM done with them): the watch, connected
+    before the stall, reports them, and each Node's task patches its annotation away on a new
+    connection, which stays connecting. The agent told to stop then lets those requests end (the
+    client's connect timeout closes their sockets) before it closes its clients. A request cancelled
+    while connecting would leave its socket open until the garbage collector finds it."""
     group = unique("burst")
-    key, effect = ns.CRITICAL_TAINT
     nodes = [
         {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": f"{group}-{i}", "labels": {"burst": group}},
-            "spec": {"taints": [{"key": key, "effect": effect}]},
+            "metadata": {
+                "name": f"{group}-{i}",
+                "labels": {"burst": group},
+                "annotations": {ns.ANSWERED_ANNOTATION: "left-behind"},
+            },
         }
         for i in range(BURST_NODES)
     ]
-    objects.apply(kube, *nodes)
     forwarder = StallingForwarder(urlsplit(kube.server).port or 443)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -247,6 +249,7 @@ def test_an_agent_stopped_while_its_requests_connect_leaves_no_socket_open(kube:
     try:
         assert wait_until(lambda: thread.connected, WAIT, 0.1), "the agent lists and watches Nodes"
         forwarder.stall()
+        objects.apply(kube, *nodes)  # straight to the API server; the agent hears of them on its watch
         assert wait_until(lambda: len(forwarder.held) >= BURST_NODES // 2, WAIT, 0.05), "a burst connects"
         thread.stop()
         assert not thread.running, "the agent stopped within its grace period"
