@@ -632,3 +632,39 @@ def test_a_kubernetes_health_check_holds_a_node_before_and_after_its_update(
     finally:
         pool.delete()
         lab.exec_in(host, ["rm", "-f", PLAY_GATE])
+
+
+FIXED_FILES_FINGERPRINT = plan_for(
+    InPlaceUpdateSpec.model_validate(FIXED_FILES), mcm.NAMESPACE, "any"
+).fingerprint
+
+
+def test_a_node_whose_host_comes_back_during_the_backoff_completes_without_the_retry_annotation(
+    kubelab_mcm: Lab, lab: HostLab, nodes: list[Host], start_agent: StartAgent
+) -> None:
+    """Natural recovery under the real MCM: the Node's host is unreachable (sshd stopped) when MCM hands
+    it over; the agent answers the retriable failure and retries after the backoff. The host comes back
+    meanwhile, and with no retry annotation (nobody touches the Node) the next attempt updates it, the
+    successful result lets MCM finish the rollout, one stamp write."""
+    host = nodes[0]
+    pool = Pool(kubelab_mcm, "recover", [host], {"v1": V1, "v2": FIXED_FILES})
+    try:
+        agent = start_agent()
+        (name,) = pool.initial
+        retrying = f"node {name}: update-result={ns.FAILED} {UNREACHABLE}, retrying (attempt 2)"
+        faults.sshd(lab, host, running=False)
+        try:
+            pool.switch("v2")
+            assert wait_until(lambda: retrying in agent.log(), ROLLOUT, 0.25), agent.log()
+        finally:
+            faults.sshd(lab, host, running=True)  # back, within the backoff
+        watch_rollout(pool, pool.finished, 300)
+        tries = attempts(agent.runs_dir, name, FIXED_FILES_FINGERPRINT)
+        kinds = [a.outcome.kind if a.outcome else None for a in tries]
+        assert kinds[0] is OutcomeKind.UNREACHABLE and kinds[-1] is OutcomeKind.SUCCESSFUL, kinds
+        assert all(a.retry_token == retry_token(None) for a in tries), "no retry annotation was needed"
+        assert "inplace-extension.io/retry" not in ns.node_annotations(pool.node(name))
+        assert stamp_writes(lab, host) == [FIXED_FILES_FINGERPRINT]
+        assert run_on(lab, host, ["cat", "/etc/mcm/kept.conf"]) == "kept\n"
+    finally:
+        pool.delete()
