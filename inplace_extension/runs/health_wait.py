@@ -1,5 +1,6 @@
-"""When an update not started yet began waiting for a ``kubernetes`` health check: on disk, so that the
-check's ``timeout`` (docs/operator-controls.md) counts across restarts of the service and its replicas.
+"""When an update's next attempt (the first or a retry) began waiting for a ``kubernetes`` health check:
+on disk, so that the check's ``timeout`` (docs/operator-controls.md) counts across restarts of the
+service and its replicas.
 
 One small file per run ident beside its attempts, ``<runs_dir>/<ident>/health-wait.json``: the check
 the update waits for, the retry token of the call that began the wait (:func:`~inplace_extension.runs.

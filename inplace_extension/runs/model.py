@@ -16,8 +16,9 @@ from inplace_extension.runs import progress
 @dataclass(frozen=True)
 class Hold:
     """An operator holds the machine's update (the pause annotation on its Cluster, MachineDeployment or
-    control plane; for the MCM agent, on its MachineDeployment): no run starts while it holds;
-    ``cancel``: an update not started yet fails with ``message`` (:mod:`inplace_extension.runs.holds`)."""
+    control plane; for the MCM agent, on its MachineDeployment): no attempt starts while it holds;
+    ``cancel``: an update whose next attempt has not started fails with ``message``
+    (:mod:`inplace_extension.runs.holds`)."""
 
     message: str
     cancel: bool = False
@@ -143,7 +144,7 @@ class Unhealthy:
     """A health check of cluster objects (``kubernetes`` in the capabilities file) that does not hold:
     ``check`` names it, ``expression`` and ``target`` say what it wants of which objects, ``detail`` why
     it does not hold now (false, CEL's error, no object, the API's answer); ``start_timeout_seconds``
-    how long an update not started yet waits for it (None: as long as it takes)."""
+    how long an update's next attempt (the first or a retry) waits for it (None: as long as it takes)."""
 
     check: str
     expression: str

@@ -93,17 +93,19 @@ def health_waiting(waiting: str) -> str:
 
 
 def window(name: str, opens: str) -> str:
-    """Not started: outside its maintenance windows; ``opens`` is ``2026-12-01T22:00Z``."""
+    """Its next attempt not started: outside its maintenance windows; ``opens`` is ``2026-12-01T22:00Z``."""
     return MESSAGES["window"].format(window=name, opens=opens)
 
 
 def paused(owner: str, annotation: str) -> str:
-    """Not started: an operator's ``annotation`` on ``owner`` (``MachineDeployment default/md-0``)."""
+    """Its next attempt not started: an operator's ``annotation`` on ``owner`` (``MachineDeployment
+    default/md-0``)."""
     return MESSAGES["paused"].format(owner=owner, annotation=annotation)
 
 
 def pause_unreadable(owner: str, problem: str) -> str:
-    """Not started: whether ``owner`` pauses it cannot be told (the API server did not answer)."""
+    """Its next attempt not started: whether ``owner`` pauses it cannot be told (the API server did
+    not answer)."""
     return MESSAGES["pause_unreadable"].format(owner=owner, problem=problem)
 
 
