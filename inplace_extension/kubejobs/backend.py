@@ -56,6 +56,8 @@ class _Look:
 
     record: Record
     running: JobState | None
+    # the Job of an earlier desired state of the same Machine still runs: this one waits for it
+    earlier: str | None = None
 
 
 class JobBackend:
@@ -121,6 +123,8 @@ class JobBackend:
             log.warning("machine=%s run=%s: %s", request.machine, request.ident, exc)
             problem = "the API server is unreachable" if isinstance(exc, Unreachable) else "it keeps changing"
             return progress.record_unreadable(str(self._where(request)), problem)
+        if look.earlier is not None:
+            return progress.queued(1, 1)
         if look.running is None:
             return None
         return progress.running(look.running.phase or progress.STARTING)
@@ -133,20 +137,21 @@ class JobBackend:
 
     # in worker threads
 
-    def _read(self, request: RunRequest) -> tuple[Record, str, str | None]:
-        """The record, the object's resourceVersion and its Node; KubeError when there is no object."""
+    def _read(self, request: RunRequest) -> tuple[Record, str, str | None, str | None]:
+        """The record, the object's resourceVersion, its Node and the annotation as read; KubeError when
+        there is no object."""
         ref = self._where(request)
         found = self._records.read(ref, RECORD_ANNOTATION)
         if found is None:
             raise KubeError(f"{ref} not found: no record can be kept on it")
-        return Record.decode(found.value, request.ident), found.resource_version, found.node
+        return Record.decode(found.value, request.ident), found.resource_version, found.node, found.value
 
     def _update(self, request: RunRequest, change: Callable[[Record], Record | None]) -> Record:
         """Apply ``change`` to the record and write it if the object is unchanged since read (Conflict:
         read again and apply again); ``change`` answers None when there is nothing to write."""
         ref = self._where(request)
         for _ in range(WRITE_TRIES):
-            record, version, _node = self._read(request)
+            record, version, _node, _value = self._read(request)
             changed = change(record)
             if changed is None:
                 return record
@@ -158,7 +163,14 @@ class JobBackend:
         raise Conflict(f"annotate {ref}: it kept changing", 409)
 
     def _look(self, request: RunRequest) -> _Look:
-        record, _version, _node = self._read(request)
+        record, _version, _node, value = self._read(request)
+        earlier = Record.earlier_in_flight(value, request.ident)
+        if earlier is not None:
+            state = self._jobs.job_state(self._config.namespace, earlier.job)
+            if state is not None and not state.finished:
+                # as the local executor, one Machine never has two plays at once, even for two desired
+                # states: this one starts once that Job has ended (its outcome is no longer of interest)
+                return _Look(record, None, earlier.job)
         attempt = record.unfinished
         running: JobState | None = None
         if attempt is not None:
@@ -220,7 +232,7 @@ class JobBackend:
         if not begun:
             return progress.running(progress.STARTING)
         attempt, takeover = begun[0]
-        _record, _version, node = self._read(request)
+        _record, _version, node, _value = self._read(request)
         spec = AttemptSpec(
             request=request,
             target=launch.target,

@@ -94,6 +94,20 @@ class Record:
         except (ValueError, KeyError, TypeError):
             return cls(ident)
 
+    @classmethod
+    def earlier_in_flight(cls, value: str | None, ident: str) -> Recorded | None:
+        """The last attempt of another ident (an earlier desired state of the same Machine) recorded in
+        ``value`` when it has no outcome yet: its Job may still be playing on the host."""
+        try:
+            data = json.loads(value) if value else None
+            if not isinstance(data, dict) or data.get("ident") in (None, ident) or data.get("v") != VERSION:
+                return None
+            attempts = data.get("attempts") or []
+            last = Recorded.from_json(attempts[-1]) if attempts else None
+        except (ValueError, KeyError, TypeError, IndexError):
+            return None
+        return last if last is not None and last.outcome is None else None
+
     def encode(self) -> str:
         data: dict[str, Any] = {
             "v": VERSION,

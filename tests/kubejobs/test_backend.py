@@ -280,3 +280,17 @@ async def test_while_the_record_cannot_be_read_nothing_starts_and_the_poll_says_
     assert cluster.jobs == {}
     cluster.calls.failing.clear()
     assert await replica(settings, cluster, clock).poll(req()) == STARTING
+
+
+async def test_a_new_desired_state_waits_for_the_job_of_the_earlier_one(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    service = replica(settings, cluster, clock)
+    await service.poll(req())
+    newer = req(fp="cd" * 32)
+    queued = Progress(ProgressState.IN_PROGRESS, "queued: position 1 of 1", 1)
+    assert await replica(settings, cluster, clock).poll(newer) == queued
+    assert len(cluster.jobs) == 1, "one Machine never has two plays at once"
+    cluster.finish(job_name(req().ident, 1), None)
+    assert await replica(settings, cluster, clock).poll(newer) == STARTING
+    assert json.loads(cluster.annotation(MACHINE, RECORD_ANNOTATION) or "{}")["ident"] == newer.ident
