@@ -18,9 +18,12 @@ racing the play's end.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -260,3 +263,89 @@ def test_a_machine_whose_host_cannot_be_reached_is_blocked_after_2_attempts_unti
     assert [a["outcome"] for a in run_attempts(ext, machine)] == ["unreachable"] * BUDGET + ["successful"]
     assert len(stamp_writes(lab, host)) == 1, "one apply"
     assert re.search(r"^inplace_extension_updates_blocked 0(\.0)?$", ext.metrics(), re.M), ext.metrics()
+
+
+def _minute(moment: datetime) -> datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+@contextmanager
+def restarted_with(ext: KubeExtension, more_capabilities: str, budget: int) -> Iterator[None]:
+    """This module's service restarted with ``more_capabilities`` added to its file and another retry
+    budget; as it was again afterwards (it is this module's own service)."""
+    argv = list(ext.argv)
+    path = Path(argv[argv.index("--capabilities-file") + 1])
+    original = path.read_text()
+    changed = list(argv)
+    changed[changed.index("--max-failed-attempts") + 1] = str(budget)
+    path.write_text(original + more_capabilities)
+    ext.stop()
+    ext.argv = changed
+    ext.start()
+    try:
+        yield
+    finally:
+        path.write_text(original)
+        ext.stop()
+        ext.argv = argv
+        ext.start()
+
+
+# CAPI reaches UpdateMachine within this long of a template change (CanUpdateMachineSet, the new
+# MachineSet, the move): the first attempt happens inside the window that closes after it
+FIRST_ATTEMPT_LEAD = timedelta(seconds=90)
+
+
+def test_a_retry_after_an_unreachable_host_meets_a_closed_window_and_a_failing_check_then_runs(
+    ops_extension: KubeExtension, healthy: Ceph, lab: HostLab, gated: list[Host]
+) -> None:
+    """Every attempt obeys the operator (docs/operator-controls.md), with the real CAPI controllers: the
+    Machine's first attempt finds its host unreachable (sshd stopped) inside a maintenance window; its
+    retries go on until the window closes, and the retry due then waits for the next window (nothing
+    tried on the host, sshd back meanwhile); when that one opens, the retry waits for the CEL check on
+    the CephCluster stand-in, which the test made fail; once it holds the retry runs and the Machine is
+    updated in place, with no retry annotation."""
+    ext, ceph, host = ops_extension, healthy, gated[2]
+    worker = on_host(ext, lab, host, "ops-every")
+    machine = f"{worker.namespace}/{worker.machine}"
+    now = datetime.now(UTC)
+    # the first window is open from this minute until the first attempt has surely happened; the next
+    # opens a minute after it closed
+    first_opened = _minute(now)
+    minutes = math.ceil((now + FIRST_ATTEMPT_LEAD - first_opened).total_seconds() / 60)
+    closes = first_opened + timedelta(minutes=minutes)
+    opens = closes + timedelta(minutes=1)
+    scope = f"    labels: {{cluster.x-k8s.io/cluster-name: {worker.cluster}}}\n"
+    windows = (
+        "maintenance_windows:\n"
+        f"  - name: ops-now\n    cron: '{first_opened.minute} {first_opened.hour} * * *'\n"
+        f"    duration: {minutes}m\n{scope}"
+        f"  - name: ops-next\n    cron: '{opens.minute} {opens.hour} * * *'\n    duration: 1h\n{scope}"
+    )
+    closed = f'waiting for maintenance window "ops-next" (opens {opens:%Y-%m-%dT%H:%M}Z)'
+    checking = f'waiting for health check "{CHECK}" ({EXPRESSION} is false on {ceph.where})'
+    faults.sshd(lab, host, running=False)
+    try:
+        # a budget the retries until the window closes do not spend (backoff 1, 2, 4, ... s)
+        with restarted_with(ext, windows, budget=20):
+            worker.change(add_user("opsevery"))
+            wait(lambda: bool(run_attempts(ext, machine)), 240, "the first attempt", worker.explain)
+            assert datetime.now(UTC) < closes, "the first attempt came after its window: raise the lead"
+            wait(lambda: closed in worker.events().get("Waiting", []), 240, closed, worker.explain)
+            tried = run_attempts(ext, machine)
+            assert tried and all(a["outcome"] == "unreachable" for a in tried), tried
+            faults.sshd(lab, host, running=True)  # the host is back: the window alone holds the retry
+            ceph.set("HEALTH_WARN")  # and when it opens, the check
+            wait(lambda: checking in worker.events().get("Waiting", []), 150, checking, worker.explain)
+            assert datetime.now(UTC) >= opens
+            assert run_attempts(ext, machine) == tried, "no attempt while the window was closed"
+            assert stamp_writes(lab, host) == []
+            ceph.set("HEALTH_OK")
+            wait(worker.updated_in_place, 180, "updated once the check holds", worker.explain)
+            attempts = run_attempts(ext, machine)
+            assert [a["outcome"] for a in attempts] == [a["outcome"] for a in tried] + ["successful"]
+            assert attempts[-1]["started"] >= opens.timestamp(), "the retry ran only in the next window"
+            assert len(stamp_writes(lab, host)) == 1, "one apply"
+            assert RETRY not in (worker.machine_obj()["metadata"].get("annotations") or {})
+    finally:
+        faults.sshd(lab, host, running=True)
