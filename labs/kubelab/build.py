@@ -108,6 +108,9 @@ BINARIES: dict[str, Binary] = {
         Binary("capi-kcp", "capi", "sigs.k8s.io/cluster-api/controlplane/kubeadm", CAPI_VERSION_FLAGS),
         Binary("capi-cabpk", "capi", "sigs.k8s.io/cluster-api/bootstrap/kubeadm", CAPI_VERSION_FLAGS),
         Binary("capd", "capi", "sigs.k8s.io/cluster-api/test/infrastructure/docker", CAPI_VERSION_FLAGS),
+        # clusterctl, at the same CAPI release from a wrapper module of its own (the capi module's hash, and
+        # so its binaries, stay as they are), for tests/deploy/test_clusterctl.py
+        Binary("clusterctl", "clusterctl", "sigs.k8s.io/cluster-api/cmd/clusterctl", CAPI_VERSION_FLAGS),
         Binary(
             "machine-controller-manager",
             "mcm",
