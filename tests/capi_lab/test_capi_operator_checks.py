@@ -18,6 +18,7 @@ racing the play's end.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterator
@@ -25,21 +26,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e import conftest as e2e_fixtures
-from e2e.conftest import START_VERSION
+from e2e.conftest import NEXT_VERSION, START_VERSION
 from e2e.hostcheck import stamp_writes
 from hostlab import faults
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from kubelab import objects
+from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 from playbooks.standins import install_standins, lab_run_on_host
 
 from .conftest import unique_namespace
 from .kube_aware import MACHINES, KubeExtension, Worker, create_worker, run_attempts, serving
-from .rollout import CAPI_FAILURE, wait
+from .rollout import CAPI_FAILURE, CP_MACHINE_HEALTH_CONDITIONS, KCP, KCP_HEALTH_CONDITIONS, wait
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube, pytest.mark.capi]
 
@@ -349,3 +352,85 @@ def test_a_retry_after_an_unreachable_host_meets_a_closed_window_and_a_failing_c
             assert RETRY not in (worker.machine_obj()["metadata"].get("annotations") or {})
     finally:
         faults.sshd(lab, host, running=True)
+
+
+def test_the_pause_annotation_on_a_kubeadm_control_plane_holds_its_in_place_upgrade(
+    ops_extension: KubeExtension, healthy: Ceph
+) -> None:
+    """docs/operator-controls.md, pause on a control plane, with the real KCP controller: a
+    KubeadmControlPlane of 3 (maxSurge 0) paused, then bumped one minor -> KCP asks UpdateMachine for a
+    Machine, and our service answers it paused by that KubeadmControlPlane (its label names it on every
+    control plane Machine): a Waiting Event on the Machine, nothing started; the annotation removed ->
+    the same Machine is no longer held (its update goes on to host resolution; these in-memory Machines
+    have no host, which is not what is tested here)."""
+    ext, kube = ops_extension, ops_extension.kube
+    namespace = unique_namespace("ops-kcp")
+    objects.apply(
+        kube,
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": ext.selector}},
+    )
+    name = "ops-kcp"
+    kcp = f"{name}-cp"
+    objects.apply(
+        kube,
+        co.dev_cluster(name, namespace),
+        co.cluster(name, namespace, control_plane=kcp),
+        co.dev_machine_template(kcp, namespace),
+        co.kubeadm_control_plane(kcp, namespace, 3, START_VERSION, kcp, max_surge=0),
+    )
+
+    def machines() -> list[dict[str, Any]]:
+        return co.machines(kube, namespace)
+
+    def explain() -> str:
+        return co.conditions_text([*machines(), *co.list_objects(kube, KCP, namespace)])
+
+    def stable() -> bool:
+        found, kcps = machines(), co.list_objects(kube, KCP, namespace)
+        return (
+            len(found) == 3
+            and all(co.running(m) for m in found)
+            and len(kcps) == 1
+            and all(co.condition_status(kcps[0], c) == "True" for c in KCP_HEALTH_CONDITIONS)
+            and all(co.condition_status(m, c) == "True" for m in found for c in CP_MACHINE_HEALTH_CONDITIONS)
+        )
+
+    wait(stable, 300, f"control plane {kcp} of 3 stable (KCP preflight checks would pass)", explain)
+    before = {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines()}
+    kube.kubectl("annotate", KCP, kcp, "-n", namespace, "inplace-extension.io/pause=true")
+    bump = json.dumps({"spec": {"version": NEXT_VERSION}})
+    kube.kubectl("patch", KCP, kcp, "-n", namespace, "--type=merge", "-p", bump)
+    paused = f"paused by KubeadmControlPlane {namespace}/{kcp} (annotation inplace-extension.io/pause)"
+
+    def machine_events() -> dict[str, dict[str, list[str]]]:
+        listed = json.loads(kube.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)
+        found: dict[str, dict[str, list[str]]] = {}
+        for event in listed["items"]:
+            involved = event["involvedObject"]
+            if involved.get("uid") in before.values():
+                found.setdefault(involved["name"], {}).setdefault(event["reason"], []).append(
+                    event["message"]
+                )
+        return found
+
+    def held() -> list[str]:
+        return [m for m, reasons in machine_events().items() if paused in reasons.get("Waiting", [])]
+
+    wait(lambda: bool(held()), 300, f"a Waiting Event: {paused}", explain)
+    (machine,) = held()
+    assert {m["metadata"]["name"]: m["metadata"]["uid"] for m in machines()} == before, "none replaced"
+    assert not list(ext.runs_dir.glob(f"{namespace}.*/attempt-*")), "nothing started while paused"
+    updating = objects.condition(next(m for m in machines() if m["metadata"]["name"] == machine), "Updating")
+    assert paused in str((updating or {}).get("message", "")), updating
+
+    def resolved() -> bool:  # the hold lifted, the update went on to find its host (these have none)
+        pattern = rf"machine={namespace}/{machine} run=\S+: Host(NotFound|NotAllowed)"
+        return re.search(pattern, ext.log()) is not None
+
+    assert not resolved(), "held before host resolution"
+    kube.kubectl("annotate", KCP, kcp, "-n", namespace, "inplace-extension.io/pause-")
+    # CAPI asks again within retryAfterSeconds (30 s while paused); a Machine change makes it ask at once
+    kube.kubectl("annotate", MACHINES, machine, "-n", namespace, f"{RETRY}=1")
+    wait(resolved, 120, "resumed: no longer held by the KubeadmControlPlane", explain)
+    # its Machines have no host: CAPI would ask about them for the rest of the session
+    kube.kubectl("delete", "clusters.cluster.x-k8s.io", name, "-n", namespace, "--wait=false")
