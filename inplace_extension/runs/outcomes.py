@@ -76,17 +76,30 @@ def health_failure(data: dict[str, Any]) -> str | None:
     return None
 
 
+def _host_state_answers(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """What an event says of the host lock and stamp: the ``inplace_host_state`` module's answer, and
+    ``host_stamp``, the stamp a role's module wrote after the last step's work."""
+    res = data.get("res") or {}
+    answers = [res] if _ran_module(data, HOST_STATE_MODULE) else []
+    rider = res.get("host_stamp")
+    if isinstance(rider, dict):
+        answers.append(rider)
+    return answers
+
+
 def stamp_confirmed(events: Sequence[dict[str, Any]], fingerprint: str) -> bool:
     """True when the host's events show its stamp holding ``fingerprint``.
 
-    playbooks/update_machine.yml reports it through its ``inplace_host_state`` module: ``state=locked``
+    playbooks/update_machine.yml reports it through the ``inplace_host_state`` code: ``state=locked``
     returns ``up_to_date`` with ``applied_fingerprint`` when the host already had it (the run ends
-    early), ``state=stamped`` returns the ``fingerprint`` it wrote.
+    early), ``state=stamped`` (the stamp task, or the last step's module: ``host_stamp``) returns the
+    ``fingerprint`` it wrote.
     """
     for event in events:
         data = event.get("event_data") or {}
-        if event.get("event") == "runner_on_ok" and _ran_module(data, HOST_STATE_MODULE):
-            res = data.get("res") or {}
+        if event.get("event") != "runner_on_ok":
+            continue
+        for res in _host_state_answers(data):
             if res.get("up_to_date") is True and res.get("applied_fingerprint") == fingerprint:
                 return True
             if res.get("changed") is True and res.get("fingerprint") == fingerprint:
@@ -134,9 +147,10 @@ def classify(batch: BatchRef, fingerprint: str, finished: float | None = None) -
         return Outcome(OutcomeKind.UNREACHABLE, detail=detail, finished=when)
     if failed:
         data = failed[0].get("event_data") or {}
-        if _ran_module(data, HOST_STATE_MODULE):
-            # waiting for the host lock timed out, or a stale-lock takeover took it from us:
-            # another run owns the host right now, which is not a failure of this update
+        if _ran_module(data, HOST_STATE_MODULE) or (data.get("res") or {}).get("lost_lock") is True:
+            # waiting for the host lock timed out, or a stale-lock takeover took it from us (also
+            # found by the last step's module when it came to write the stamp): another run owns the
+            # host right now, which is not a failure of this update
             return Outcome(OutcomeKind.HOST_BUSY, detail=detail, finished=when)
         return Outcome(
             OutcomeKind.TASK_FAILED,

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.inplace_lock_stamp import STAMP_OPTION, HostStateError, stamp_after
 
 DOCUMENTATION = r"""
 module: inplace_service_file
@@ -58,6 +59,11 @@ options:
       path: {description: Replaces I(path)., type: path, required: true}
       content: {description: Replaces I(content)., type: str}
       restart: {description: Replaces I(restart)., type: list, elements: str, default: []}
+  host_stamp:
+    description: After this module's work succeeded, write the host's stamp and release the lock in the
+      same execution (the arguments of inplace_host_state state=stamped; the play passes them to the last
+      step it runs, saving the stamp task's round trip).
+    type: dict
 """
 
 # The file belongs to the user the module runs as: root, as the roles run with become (and the tests,
@@ -68,6 +74,7 @@ RETURN = r"""
 path: {description: The file this run looked after (I(path), or the matching alternative's)., type: str}
 written: {description: The file was written or removed by this run., type: bool}
 restarted: {description: The restart command ran (and the service got healthy)., type: bool}
+host_stamp: {description: What writing the stamp answered (only with I(host_stamp))., type: dict}
 """
 
 
@@ -151,6 +158,7 @@ def main() -> None:
                     "restart": {"type": "list", "elements": "str", "default": []},
                 },
             },
+            "host_stamp": STAMP_OPTION,
         },
         required_if=[("state", "present", ["content"])],
         supports_check_mode=True,
@@ -174,7 +182,7 @@ def main() -> None:
         written = path.exists() or path.is_symlink()
     pending = bool(p["restart"]) and (written or (marker is not None and marker.exists()))
     if module.check_mode:
-        module.exit_json(changed=written or pending, path=str(path), written=written, restarted=False)
+        _done(module, changed=written or pending, path=str(path), written=written, restarted=False)
     if written and marker is not None and p["restart"]:
         # first the marker, then the file: a run killed in between restarts next time, never the reverse
         marker.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -185,7 +193,16 @@ def main() -> None:
         path.unlink()
     if pending:
         _restart(module, p, marker)
-    module.exit_json(changed=written or pending, path=str(path), written=written, restarted=pending)
+    _done(module, changed=written or pending, path=str(path), written=written, restarted=pending)
+
+
+def _done(module: AnsibleModule, **result: Any) -> None:
+    """Exit with ``result``, after writing the stamp when the play asked for it (``host_stamp``)."""
+    try:
+        result.update(stamp_after(module.params["host_stamp"], module.check_mode))
+    except HostStateError as exc:
+        module.fail_json(msg=exc.msg, **{**result, **exc.fields})
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

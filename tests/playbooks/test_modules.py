@@ -23,11 +23,19 @@ FILES = PLAYBOOKS / "roles" / "kubeadm_files" / "library" / "inplace_files.py"
 ME = f"{pwd.getpwuid(os.geteuid()).pw_name}:{grp.getgrgid(os.getegid()).gr_name}"
 
 
+# Ansible sends a module with the module_utils it imports packed under ansible.module_utils; run here,
+# the playbooks' own module_utils/ is put on that package's path the same way (argv: the module, the args).
+BOOT = (
+    "import runpy, sys, ansible.module_utils as mu; mu.__path__.append(sys.argv[1]); "
+    "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
 def start(module: Path, tmp: Path, args: dict[str, Any]) -> subprocess.Popen[str]:
     args_file = tmp / f"args-{time.monotonic_ns()}.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
     return subprocess.Popen(
-        [sys.executable, str(module), str(args_file)],
+        [sys.executable, "-c", BOOT, str(PLAYBOOKS / "module_utils"), str(module), str(args_file)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

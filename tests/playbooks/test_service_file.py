@@ -8,6 +8,7 @@ command here appends to a log file, so the tests count restarts; the health URL 
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .test_modules import PLAYBOOKS, run
+from .test_modules import HOST_STATE, PLAYBOOKS, lock_args, lock_log, run
 
 SERVICE_FILE = PLAYBOOKS / "library" / "inplace_service_file.py"
 
@@ -130,3 +131,32 @@ def test_the_first_installed_alternative_is_configured_instead(tmp_path: Path) -
     assert (chosen["path"], chosen["restarted"]) == (chrony["path"], True), chosen
     assert Path(chrony["path"]).read_text() == "server a iburst\n"
     assert (tmp_path / "restarts.log").read_text().splitlines() == ["restart", "chrony"]
+
+
+def test_the_play_stamp_rides_on_the_step_and_releases_the_lock(tmp_path: Path) -> None:
+    """host_stamp: the last step's module writes the stamp and gives the lock back after its own work,
+    in the same execution (the play's stamp task is then skipped)."""
+    sd = tmp_path / "host-state"
+    steps = {"kubelet_args": "k1"}
+    lock = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "a", fingerprint="fp1", steps=steps))
+    rider = {"ident": "a", "fingerprint": "fp1", "steps": steps, "token": lock["token"], "state_dir": str(sd)}
+    got = run(SERVICE_FILE, tmp_path, args(tmp_path, host_stamp=rider))
+    assert (got["written"], got["restarted"]) == (True, True), got
+    assert (got["host_stamp"]["fingerprint"], got["host_stamp"]["released"]) == ("fp1", True)
+    stamp = json.loads((sd / "stamp.json").read_text())
+    assert (stamp["fingerprint"], stamp["steps"]) == ("fp1", steps)
+    assert not (sd / "lock").exists()
+    assert lock_log(sd) == [("acquired", "a"), ("released", "a")]
+
+
+def test_a_step_that_lost_the_lock_does_its_work_but_writes_no_stamp(tmp_path: Path) -> None:
+    """Its lock was taken over as stale meanwhile: the file is in place, the stamp is not written, and
+    the failure says the lock was lost (the service counts that as a busy host, not a failed update)."""
+    sd = tmp_path / "host-state"
+    run(HOST_STATE, tmp_path, lock_args(sd, "locked", "other", fingerprint="fp0"))
+    rider = {"ident": "a", "fingerprint": "fp1", "token": "f" * 32, "state_dir": str(sd)}
+    got = run(SERVICE_FILE, tmp_path, args(tmp_path, host_stamp=rider))
+    assert (got["failed"], got["lost_lock"], got["written"]) == (True, True, True), got
+    assert "no longer holds the host lock (now held by other)" in got["msg"]
+    assert not (sd / "stamp.json").exists()
+    assert (tmp_path / "etc" / "svc" / "flags").read_text() == "A=1\n"

@@ -18,6 +18,7 @@ from .inputs import inputs
 from .support import (
     STAMP_TASK,
     STATE_DIR,
+    RunResult,
     RunSpec,
     calls,
     finish,
@@ -81,6 +82,9 @@ def test_an_unchanged_step_is_skipped_without_touching_the_host(lab: Lab, host: 
     assert second.status == "successful", second.failure_messages
     assert second.unchanged == ["kubelet_args", "kubernetes_version"]
     assert second.roles_run == ["kubeadm_files"]
+    # the stamp rode on kubeadm_files' own execution (the last step that ran): no stamp task
+    assert STAMP_TASK not in second.changed_tasks
+    assert host_executions(second) == 2  # the lock and stamp read, the files with the stamp
     assert calls(lab, host)[calls_before:] == []  # no kubelet --version, no systemctl restart
     assert lab.read_file(host, "/etc/inplace-test/nested/whole.conf") == "whole file\nnew line two\n"
     stamp = json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))
@@ -100,6 +104,22 @@ def test_an_unchanged_step_is_skipped_without_touching_the_host(lab: Lab, host: 
     assert third.unchanged == ["kubeadm_files", "kubelet_args"]
     assert third.failed_roles == ["kubernetes_version"]
     assert any(" --version" in line for line in calls(lab, host)[calls_before:])
+
+
+def host_executions(result: RunResult) -> int:
+    """Module executions on the host (SSH round trips): the task results of actions that do not run on
+    the controller (as bench/plays.py counts them)."""
+    controller = {"assert", "debug", "fail", "meta", "set_fact", "include_role", "include_tasks"}
+    controller.add("validate_argument_spec")
+    return sum(
+        1
+        for e in result.events
+        if e["event"] in ("runner_on_ok", "runner_on_failed")
+        and str(e["event_data"].get("resolved_action") or e["event_data"].get("task_action") or "").rsplit(
+            ".", 1
+        )[-1]
+        not in controller
+    )
 
 
 def test_a_stamp_of_the_previous_format_runs_every_step(lab: Lab, host: Host, tmp_path: Path) -> None:

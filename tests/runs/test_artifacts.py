@@ -194,6 +194,31 @@ def test_the_steps_skipped_as_unchanged_are_in_the_outcome_record(tmp_path: Path
     assert "skipped" not in Outcome(OutcomeKind.SUCCESSFUL).to_json()  # nothing skipped: no key
 
 
+def step_module(event: str, res: dict[str, Any]) -> dict[str, Any]:
+    data = {"task": "Write the kubelet extra flags", "role": "kubelet_args", "res": res}
+    return {"event": event, "event_data": {**data, "task_action": "inplace_service_file"}}
+
+
+def test_stamp_proof_from_the_last_steps_module(tmp_path: Path) -> None:
+    """The stamp rode on the last step's execution (host_stamp): that is the proof, no stamp task."""
+    rode = [
+        host_state("runner_on_ok", {"up_to_date": False, "unchanged": [], "changed": False}),
+        step_module("runner_on_ok", {"changed": True, "host_stamp": {"changed": True, "fingerprint": FP}}),
+    ]
+    write_artifacts(tmp_path / "r", BATCH, "successful", 0, rode)
+    assert classify(ref(tmp_path / "r"), FP).kind is OutcomeKind.SUCCESSFUL
+    other = [step_module("runner_on_ok", {"host_stamp": {"changed": True, "fingerprint": "cd" * 32}})]
+    write_artifacts(tmp_path / "o", BATCH, "successful", 0, other)
+    assert classify(ref(tmp_path / "o"), FP).kind is OutcomeKind.INTERRUPTED
+
+
+def test_a_step_that_lost_the_lock_at_its_stamp_is_host_busy(tmp_path: Path) -> None:
+    lost = {"failed": True, "lost_lock": True, "msg": "not writing the stamp: this run no longer holds"}
+    events = [{"event": "playbook_on_play_start", "event_data": {}}, step_module("runner_on_failed", lost)]
+    write_artifacts(tmp_path, BATCH, "failed", 2, events)
+    assert classify(ref(tmp_path), FP).kind is OutcomeKind.HOST_BUSY
+
+
 def test_lock_timeout_is_host_busy_not_a_failure(tmp_path: Path) -> None:
     events = [
         {"event": "playbook_on_play_start", "event_data": {}},

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.inplace_lock_stamp import STAMP_OPTION, HostStateError, stamp_after
 
 DOCUMENTATION = r"""
 module: inplace_files
@@ -50,12 +51,18 @@ options:
                default: false}
   manifest: {description: Where the list of managed paths is kept., type: path,
              default: /var/lib/inplace-extension/kubeadm_files.json}
+  host_stamp:
+    description: After this module's work succeeded, write the host's stamp and release the lock in the
+      same execution (the arguments of inplace_host_state state=stamped; the play passes them to the last
+      step it runs, saving the stamp task's round trip).
+    type: dict
 """
 
 RETURN = r"""
 written: {description: Paths whose content, owner or mode changed., type: list, elements: str}
 removed: {description: Paths (or appended blocks) removed because no longer desired., type: list,
           elements: str}
+host_stamp: {description: What writing the stamp answered (only with I(host_stamp))., type: dict}
 """
 
 MODE_RE = re.compile(r"^0?[0-7]{3,4}$")
@@ -273,6 +280,7 @@ def main() -> None:
                 },
             },
             "manifest": {"type": "path", "default": "/var/lib/inplace-extension/kubeadm_files.json"},
+            "host_stamp": STAMP_OPTION,
         },
         supports_check_mode=True,
     )
@@ -316,7 +324,12 @@ def main() -> None:
     manifest_changed = previous != managed or not manifest_path.exists()
     if manifest_changed and not check:
         save_manifest(manifest_path, {e["path"]: e["append"] for e in entries})
-    module.exit_json(changed=bool(written or removed or manifest_changed), written=written, removed=removed)
+    result = {"changed": bool(written or removed or manifest_changed), "written": written, "removed": removed}
+    try:  # the play's stamp, when it rides on this step (the last it runs)
+        result.update(stamp_after(module.params["host_stamp"], check))
+    except HostStateError as exc:
+        module.fail_json(msg=exc.msg, **{**result, **exc.fields})
+    module.exit_json(**result)
 
 
 def save_manifest(path: Path, managed: dict[str, bool]) -> None:
