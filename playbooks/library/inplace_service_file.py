@@ -16,6 +16,10 @@ A restart that fails (or a service that never gets healthy) leaves ``restart_mar
 next run restarts even though the file is already in place. Without it the retried run would find the
 file unchanged, skip the restart and stamp the host while the service still ran the old settings (what
 an Ansible handler does after a failed play).
+
+When this is the last step the play runs, the play passes ``host_stamp``: after the steps above
+succeeded, the host's stamp is written and the lock released in this same execution
+(``module_utils/inplace_lock_stamp.py``), which saves the stamp task's round trip.
 """
 
 from __future__ import annotations

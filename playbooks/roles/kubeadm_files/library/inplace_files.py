@@ -17,6 +17,10 @@ execution (each costs about half a second over SSH) it:
 
 File content is data: it is written byte for byte (UTF-8) and never returned or logged (the
 option is ``no_log``), because kubeadm files may carry keys.
+
+When this is the last step the play runs, the play passes ``host_stamp``: after the files converged,
+the host's stamp is written and the lock released in this same execution (the playbooks'
+``module_utils/inplace_lock_stamp.py``), which saves the stamp task's round trip.
 """
 
 from __future__ import annotations
