@@ -59,13 +59,22 @@ class RunResult:
 
     @property
     def changed_tasks(self) -> list[str]:
-        """Names of tasks (handlers included) that reported a change, in order, without repeats."""
+        """Names of tasks (handlers included) that reported a change, in order, without repeats. The
+        stamp the last step's module wrote after its own work (its ``host_stamp`` result) counts as
+        STAMP_TASK, the change it stands for."""
         names: list[str] = []
         for event in self._task_results():
             data = event["event_data"]
-            if data.get("res", {}).get("changed") and data["task"] not in names:
+            res = data.get("res", {})
+            if res.get("changed") and data["task"] not in names:
                 names.append(data["task"])
+            if (res.get("host_stamp") or {}).get("changed") and STAMP_TASK not in names:
+                names.append(STAMP_TASK)
         return names
+
+    def ran(self, task: str) -> bool:
+        """The task ran on the host (not skipped)."""
+        return any(e["event"] == "runner_on_ok" and e["event_data"].get("task") == task for e in self.events)
 
     @property
     def roles_run(self) -> list[str]:
