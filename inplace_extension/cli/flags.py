@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from inplace_extension.settings import Settings
-from inplace_extension.validation import problems
+from inplace_extension.validation import close_match, problems
 
 TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0"})
@@ -142,8 +142,20 @@ class Parser(argparse.ArgumentParser):
             args = [self._boolean_word(arg) for arg in args]
         parsed, rest = super().parse_known_args(args, namespace)
         if self.variables:
+            self._refuse_unknown_flags(rest)
             self._take_variables(parsed, os.environ)
         return parsed, rest
+
+    def _refuse_unknown_flags(self, rest: Sequence[str]) -> None:
+        """A flag this command does not have is refused here, with the one it most likely meant."""
+        known = {var.flag for var in self.variables.values()}
+        known |= {"--no-" + flag.removeprefix("--") for flag in self.boolean_flags}
+        for arg in rest:
+            flag = arg.split("=", 1)[0]
+            if flag.startswith("--") and flag not in known:
+                guess = close_match(flag, sorted(known))
+                hint = f" (did you mean {guess}?)" if guess else ""
+                self.error(f"unknown flag {flag}{hint}; {self.prog} --help lists its flags")
 
     def _take_variables(self, parsed: argparse.Namespace, environ: Mapping[str, str]) -> None:
         """Fill each option not given as a flag from its variable, else its default; keep every origin."""

@@ -199,3 +199,12 @@ def test_plan_piped_into_head_prints_its_first_line_and_nothing_else(tmp_path: P
     assert result.returncode == 0
     assert result.stderr == ""
     assert len(result.stdout.splitlines()) == 1
+
+
+def test_a_misspelt_flag_gets_the_flag_it_most_likely_meant(tmp_path: Path) -> None:
+    stderr = refused("serve", "--plain-http", "--drian", "never", env=clean_env(tmp_path))
+    assert "unknown flag --drian (did you mean --drain?)" in stderr
+    stderr = refused("mcm-agent", "--namespace", "m", "--delete-pdos", env=clean_env(tmp_path))
+    assert "unknown flag --delete-pdos (did you mean --delete-pods?)" in stderr
+    stderr = refused("plan", "x.yaml", "--zzz", env=clean_env(tmp_path))
+    assert "unknown flag --zzz; inplace-extension plan --help lists its flags" in stderr
