@@ -20,7 +20,9 @@ from pathlib import Path
 # Bump when the base rootfs recipe changes: the base directory name carries it, so an old base is
 # never reused with a new recipe and a live lab's lower layer is never replaced under it.
 BASE_FORMAT = 1
-NODE_BASE_FORMAT = 1  # the same for the nodes' root filesystem (hostlab.node_base)
+# the nodes' root filesystem is named by a hash of its whole recipe (hostlab.node_base.node_base_dir),
+# this number included: bump it for a change the recipe's text does not show (a new configure step)
+NODE_BASE_FORMAT = 2
 
 LAB_NETWORK_PREFIX = "10.77"  # each lab gets 10.77.<slot>.0/24
 MIN_SLOT = 1
@@ -59,11 +61,6 @@ class Config:
         if self.base_override is not None:
             return self.base_override
         return self.cache_dir / f"base-{self.suite}-v{BASE_FORMAT}"
-
-    @property
-    def node_base_dir(self) -> Path:
-        """The nodes' root filesystem (systemd, containerd): shared read-only by every node of every lab."""
-        return self.cache_dir / f"node-{self.suite}-v{NODE_BASE_FORMAT}"
 
     @property
     def apt_cache_dir(self) -> Path:

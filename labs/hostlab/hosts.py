@@ -76,9 +76,19 @@ def prepare_host_dir(host: Host, client_key: Path) -> Path:
     return fifo
 
 
-def plug_and_go(host: Host, pid: int, netns_pid: int, fifo: Path, bridge: str, ssh_timeout: float) -> None:
+def plug_and_go(
+    host: Host,
+    pid: int,
+    netns_pid: int,
+    fifo: Path,
+    bridge: str,
+    ssh_timeout: float,
+    *,
+    isolated: bool = True,
+) -> None:
     """Give the network namespace of ``netns_pid`` its eth0 on ``bridge``, tell the host's start script
-    (``pid``) to go on, and wait until sshd answers (or the host ends)."""
+    (``pid``) to go on, and wait until sshd answers (or the host ends). ``isolated``: the host reaches
+    only the gateway, not the lab's other hosts."""
     # fixed MACs: after a reset the machine's neighbour cache still points at the right host
     # (with random ones, packets go to the old MAC for up to a minute and SSH times out)
     bridge_end = [host.veth, "address", host_mac(host, 1), "type", "veth"]
@@ -87,7 +97,8 @@ def plug_and_go(host: Host, pid: int, netns_pid: int, fifo: Path, bridge: str, s
     run(["ip", "link", "set", host.veth, "master", bridge, "up"])
     # an isolated bridge port forwards only to the bridge itself (the gateway), never to another
     # isolated port: hosts reach the gateway and nothing else, not even each other
-    run(["ip", "link", "set", "dev", host.veth, "type", "bridge_slave", "isolated", "on"])
+    if isolated:
+        run(["ip", "link", "set", "dev", host.veth, "type", "bridge_slave", "isolated", "on"])
     # no default route: the host can address only its /24, and the bridge lets it reach only the gateway
     batch = f"link set lo up\naddr add {host.address}/24 dev eth0\nlink set eth0 up\n"
     run(["nsenter", "-t", str(netns_pid), "-n", "ip", "-batch", "-"], input_text=batch)

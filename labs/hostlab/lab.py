@@ -42,7 +42,7 @@ from hostlab.config import DEFAULT_DISK_MB, LOGIN_USER, MAX_HOSTS, NAME_RE, PROX
 from hostlab.errors import LabError, LabUnavailable
 from hostlab.hosts import reboot_host, start_host, stop_host
 from hostlab.network import banner_ready, claim_slot, ensure_bridge, ensure_proxy, link_exists
-from hostlab.node_base import ensure_node_base
+from hostlab.node_base import ensure_node_base, node_base_dir
 from hostlab.nodes import DEFAULT_NODE_DISK_MB, reboot_node, start_node, stop_node
 from hostlab.proc import alive, file_lock, is_ours, kill_and_wait, run
 from hostlab.state import HOST, NODE, Host, HostState, LabState, host_of, slot_network
@@ -314,7 +314,7 @@ class Lab:
         host = self.host(ref)
         with self._locked():
             state = self._load()
-            base = self.cfg.node_base_dir if state.kind == NODE else self.cfg.base_dir
+            base = node_base_dir(self.cfg) if state.kind == NODE else self.cfg.base_dir
             started = time.monotonic()
             _stop(host)
             state.hosts[host.name].unshare_pid = None

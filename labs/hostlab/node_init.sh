@@ -18,14 +18,19 @@ R=$hd/root
 mount_root
 personalise
 tr -d - </proc/sys/kernel/random/uuid >"$R/etc/machine-id"
+# containerd's state on the node's disk (its tmpfs) but outside the overlay root: containerd's overlayfs
+# snapshotter cannot stack an overlay on an overlay, nor make whiteouts in one; kept across reboots
+mkdir -p "$hd/rw/containerd"
 
 # --capability=all: containerd, runc and the kubelet need what a machine's root has, except the clock:
 # CAP_SYS_TIME stays with the machine. /dev/kmsg: the kubelet's OOM watcher. API VFS writable: the
-# kubelet and kube-proxy write sysctls.
+# kubelet and kube-proxy write sysctls. --system-call-filter: nspawn's own filter blocks keyctl (runc
+# joins a session keyring for every container) and bpf (runc's device cgroup on cgroup v2 machines).
 while :; do
   rc=0
   SYSTEMD_NSPAWN_API_VFS_WRITABLE=1 systemd-nspawn --quiet -D "$R" -M "$name" --boot --register=no \
-    --keep-unit --capability=all --drop-capability=CAP_SYS_TIME --bind=/dev/kmsg || rc=$?
+    --keep-unit --capability=all --drop-capability=CAP_SYS_TIME --bind=/dev/kmsg \
+    --system-call-filter='@keyring bpf' --bind="$hd/rw/containerd:/var/lib/containerd" || rc=$?
   [ "$rc" -eq 133 ] || exit "$rc"
   echo "hostlab: $name reboots"
 done

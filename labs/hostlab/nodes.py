@@ -44,7 +44,9 @@ def start_node(host: Host, state: LabState, base: Path, client_key: Path) -> int
         # /bin/sh): eth0 goes into its network namespace once that exec happened
         if not wait_until(lambda: cmdline(pid)[:1] == ["/bin/sh"] or not alive(pid), 10):
             raise LabError(f"{host.name}: node_init.sh did not start:\n{console_tail(host)}")
-        plug_and_go(host, pid, pid, fifo, f"hlb{state.slot}", BOOT_TIMEOUT)
+        # the nodes of a cluster reach each other (unlike the chroot hosts): a Pod on one node reaches
+        # the machines it works on, the other nodes, over SSH (its node masquerades it)
+        plug_and_go(host, pid, pid, fifo, f"hlb{state.slot}", BOOT_TIMEOUT, isolated=False)
     except BaseException:
         _end(host, pid)
         raise

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hostlab.base import base_ready
 from hostlab.config import Config
+from hostlab.node_base import node_base_dir
 from hostlab.state import NODE
 
 CAPS = {
@@ -49,8 +50,8 @@ def missing(cfg: Config, kind: str = "host") -> str | None:
     if kind == NODE:
         if shutil.which("systemd-nspawn") is None:
             return "missing command systemd-nspawn to boot the nodes (apt-get install systemd-container)"
-        if not base_ready(cfg.node_base_dir) and shutil.which("mmdebstrap") is None:
-            return f"no node root at {cfg.node_base_dir} and no mmdebstrap (apt-get install mmdebstrap)"
+        if not base_ready(node_base_dir(cfg)) and shutil.which("mmdebstrap") is None:
+            return f"no node root at {node_base_dir(cfg)} and no mmdebstrap (apt-get install mmdebstrap)"
     if not base_ready(cfg.base_dir):
         tool = cfg.bootstrap or ("mmdebstrap" if shutil.which("mmdebstrap") else "debootstrap")
         if shutil.which(tool) is None:

@@ -102,6 +102,7 @@ BINARIES: dict[str, Binary] = {
             "k8s.io/kubernetes/cmd/kube-controller-manager",
             K8S_VERSION_FLAGS,
         ),
+        Binary("kube-scheduler", "k8s", "k8s.io/kubernetes/cmd/kube-scheduler", K8S_VERSION_FLAGS),
         Binary("kubectl", "k8s", "k8s.io/kubernetes/cmd/kubectl", K8S_VERSION_FLAGS),
         Binary("kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
         Binary("capi-core", "capi", "sigs.k8s.io/cluster-api/core", CAPI_VERSION_FLAGS),

@@ -8,6 +8,7 @@ tests need, kwok managing the Nodes labelled ``type=kwok`` with the stage files 
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,8 @@ KWOK_STAGES = (
     "pod/fast/pod-delete.yaml",
 )
 SERVICE_CIDR = "10.96.0.0/24"
+# the apiserver gives the `kubernetes` Service the first address of the range (in-cluster clients use it)
+KUBERNETES_SERVICE_IP = str(ipaddress.ip_network(SERVICE_CIDR)[1])
 
 
 @dataclass(frozen=True)

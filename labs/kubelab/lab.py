@@ -31,6 +31,7 @@ from kubelab.state import Component, LabState
 
 READY_TIMEOUT = 180.0  # a cold apiserver on 2 busy cores needs ~6-30 s; CAPI controllers more
 STOP_TIMEOUT = 15.0
+LOCAL_NAMES = ("127.0.0.1", "localhost")
 Ready = Callable[[], bool]
 
 
@@ -97,7 +98,8 @@ class Lab:
         paths = core.CorePaths(
             self.dir,
             ca.cert_path,
-            ca.issue_server("apiserver", ("127.0.0.1", "localhost", APISERVER_NAME)),
+            # and the `kubernetes` Service's ClusterIP: Pods on real nodes reach the apiserver there
+            ca.issue_server("apiserver", (*LOCAL_NAMES, APISERVER_NAME, core.KUBERNETES_SERVICE_IP)),
             ca.service_account_keys(),
             self.kubeconfig,
         )

@@ -8,6 +8,15 @@ kubeadm's ``10-kubeadm.conf`` drop-in), then ``kubeadm join`` with the lab's boo
 bootstrap, the CSR approved and signed by the flavour's controllers). kubeadm writes
 ``/etc/kubernetes/kubelet.conf``, ``/var/lib/kubelet/pki``, ``/var/lib/kubelet/config.yaml`` and
 ``kubeadm-flags.env`` as on any kubeadm node. Needs the ``nodes`` flavour on the kubelab.
+
+The lab runs no kube-proxy. A Pod that talks to the API server in-cluster (the ``kubernetes`` Service's
+ClusterIP on port 443, the address the kubelet gives it in ``KUBERNETES_SERVICE_HOST``) reaches it through
+a **stand-in for kube-proxy**: one iptables DNAT rule in each node, from that ClusterIP and port to the
+apiserver's address on the node lab's gateway (the socat forward above), installed by :func:`join` as a
+systemd unit of the node (``hostlab-kube-proxy-stand-in.service``), so it is back after every reboot.
+It serves only that one Service; no other Service has a ClusterIP that works. The apiserver's serving
+certificate names the ClusterIP (:data:`kubelab.core.KUBERNETES_SERVICE_IP`), so TLS verifies as in a
+real cluster. The node's CNI bridge masquerades Pods' traffic, so the reply finds its way back.
 """
 
 from __future__ import annotations
@@ -56,6 +65,32 @@ KUBEADM_DROPIN = (
     " $KUBELET_EXTRA_ARGS\n"
 )
 JOIN_TIMEOUT = 180.0
+KUBE_PROXY_STAND_IN = "hostlab-kube-proxy-stand-in"
+KUBE_PROXY_STAND_IN_SCRIPT = """\
+#!/bin/sh
+# STAND-IN for kube-proxy (the lab runs none): the `kubernetes` Service's ClusterIP:port -> the apiserver
+# on the node lab's gateway, for Pods (PREROUTING) and host-network processes (OUTPUT). Only this Service.
+set -eu
+chain=HOSTLAB-KUBE-PROXY-STAND-IN
+iptables -w -t nat -N "$chain" 2>/dev/null || iptables -w -t nat -F "$chain"
+iptables -w -t nat -A "$chain" -d {cluster_ip}/32 -p tcp --dport {port} -j DNAT --to-destination {target}
+for hook in PREROUTING OUTPUT; do
+  iptables -w -t nat -C "$hook" -j "$chain" 2>/dev/null || iptables -w -t nat -A "$hook" -j "$chain"
+done
+"""
+KUBE_PROXY_STAND_IN_UNIT = f"""\
+[Unit]
+Description=hostlab: STAND-IN for kube-proxy (the kubernetes Service's ClusterIP to the apiserver)
+Before=kubelet.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/sbin/{KUBE_PROXY_STAND_IN}
+
+[Install]
+WantedBy=multi-user.target
+"""
 
 
 def forward_apiserver(kube: Lab, gateway: str) -> None:
@@ -95,6 +130,27 @@ def install_kubernetes(hosts: HostLab, host: Host, kube: Lab, version: str) -> N
             raise LabError(f"{host.name}: {' '.join(argv)} failed: {result.stderr.strip()}")
 
 
+def kubernetes_service(kube: Lab) -> tuple[str, int]:
+    """The ``kubernetes`` Service's ClusterIP and port, as the apiserver made it."""
+    service = json.loads(kube.kubectl("get", "service", "kubernetes", "-n", "default", "-o", "json").stdout)
+    return str(service["spec"]["clusterIP"]), int(service["spec"]["ports"][0]["port"])
+
+
+def install_kube_proxy_stand_in(kube: Lab, hosts: HostLab, host: Host) -> None:
+    """The kube-proxy stand-in (see the module's docstring) into the node, enabled and started."""
+    cluster_ip, port = kubernetes_service(kube)
+    target = f"{hosts.gateway}:{kube.state().ports['apiserver']}"
+    root = host.root()
+    script = root / "usr/local/sbin" / KUBE_PROXY_STAND_IN
+    script.write_text(KUBE_PROXY_STAND_IN_SCRIPT.format(cluster_ip=cluster_ip, port=port, target=target))
+    script.chmod(0o755)
+    (root / f"etc/systemd/system/{KUBE_PROXY_STAND_IN}.service").write_text(KUBE_PROXY_STAND_IN_UNIT)
+    for argv in (["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", KUBE_PROXY_STAND_IN]):
+        result = hosts.exec_in(host, argv)
+        if result.returncode != 0:
+            raise LabError(f"{host.name}: {' '.join(argv)} failed: {result.stderr.strip()}")
+
+
 def node_ready(kube: Lab, name: str) -> bool:
     proc = kube.kubectl("get", "node", name, "-o", "json", check=False, timeout=30)
     if proc.returncode != 0:
@@ -108,6 +164,7 @@ def join(kube: Lab, hosts: HostLab, host: Host, version: str = nodes.START_VERSI
     if "nodes" not in kube.state().flavours:
         raise LabError("kubelab: joining nodes needs the 'nodes' flavour on the lab")
     forward_apiserver(kube, hosts.gateway)
+    install_kube_proxy_stand_in(kube, hosts, host)
     install_kubernetes(hosts, host, kube, version)
     with (host.root() / "etc/hosts").open("a") as etc_hosts:
         etc_hosts.write(f"{hosts.gateway} {APISERVER_NAME}\n")

@@ -14,6 +14,11 @@ base image needs none of this.
 
 Podman runs with the settings this machine kind needs: ``runc`` (crun, podman's default, refuses hybrid
 cgroups), the cgroupfs manager and file events (no systemd). Everything a test creates is removed by ID.
+
+The project's image itself (:func:`service_image`) is built from the Dockerfile once per content: its
+tag carries a hash of everything the build reads (the Dockerfile, the build context it copies, the base
+image), a file lock keeps two sessions or pytest workers from building it twice, and the image tests
+and the node tests (tests/nodes/images.py, which imports it into the real nodes) use the same image.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +43,15 @@ LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 PIP_CONF = "[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n"
 TOOLS = ("podman", "runc", "mmdebstrap")
 BASE_BUILD_TIMEOUT = 900.0
+ROOT = Path(__file__).resolve().parents[2]
+# what `docker build .` reads: the Dockerfile and what .dockerignore lets into the context (the
+# Dockerfile copies exactly these); caches and bytecode never change the image
+BUILD_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md")
+BUILD_TREES = ("inplace_extension", "playbooks", "schemas")
+SERVICE_REPOSITORY = "localhost/inplace-extension-test"
+SERVICE_BUILD_TIMEOUT = 1200.0
+KEEP_SERVICE_IMAGES = 3  # older builds (of other checkouts' content) are removed, unless younger than:
+KEEP_YOUNGER_THAN = 3600.0  # seconds: another session may be about to use its own
 
 
 class EngineError(Exception):
@@ -135,3 +150,51 @@ def _checked(argv: Sequence[str], timeout: float) -> None:
         raise EngineError(f"{argv[0]} timed out after {timeout:g}s") from exc
     if proc.returncode != 0:
         raise EngineError(f"{' '.join(argv)} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+def _build_files() -> Iterator[Path]:
+    for name in BUILD_INPUTS:
+        yield ROOT / name
+    for tree in BUILD_TREES:
+        for path in sorted((ROOT / tree).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                yield path
+
+
+def context_hash(base: str) -> str:
+    """A hash of everything the image build reads: the base image and each file of the build context."""
+    digest = hashlib.sha256(base.encode())
+    for path in _build_files():
+        digest.update(f"\0{path.relative_to(ROOT)}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def service_image(podman: Podman) -> str:
+    """The project's image (``podman build`` of the Dockerfile on :func:`base_image`), built once per
+    content: its reference ``localhost/inplace-extension-test:<hash of the build's inputs>``."""
+    base = base_image(podman)
+    tag = f"{SERVICE_REPOSITORY}:{context_hash(base)}"
+    with file_lock(CACHE_DIR / "service.lock", timeout=SERVICE_BUILD_TIMEOUT + 60, what="service image lock"):
+        if not podman.image_exists(tag):
+            with tempfile.TemporaryDirectory(dir=CACHE_DIR, prefix="build-") as tmp:
+                build = ["build", "--format=docker", "--layers=false", "--force-rm", f"--tag={tag}"]
+                inputs = [f"--build-arg=BASE_IMAGE={base}", f"--iidfile={Path(tmp) / 'iid'}", str(ROOT)]
+                podman.run(*build, *inputs, timeout=SERVICE_BUILD_TIMEOUT)
+            _prune_service_images(podman, keep=tag)
+    return tag
+
+
+def _prune_service_images(podman: Podman, keep: str) -> None:
+    """Remove old builds of other content (the newest few stay, and any built within the last hour:
+    another session may be using its own). An image a container still uses is not removed."""
+    listed = podman.run("images", "--format", "{{.Repository}}:{{.Tag}} {{.CreatedAt}}", SERVICE_REPOSITORY)
+    refs = [line.split(" ", 1)[0] for line in listed.splitlines() if line.strip()]
+    created = {}
+    for ref in refs:
+        stamp = podman.run("image", "inspect", "--format", "{{.Created.Unix}}", ref).strip()
+        created[ref] = int(stamp) if stamp.isdigit() else int(time.time())
+    newest_first = sorted(created, key=created.__getitem__, reverse=True)
+    for ref in newest_first[KEEP_SERVICE_IMAGES:]:
+        if ref != keep and time.time() - created[ref] > KEEP_YOUNGER_THAN:
+            subprocess.run(podman.argv("rmi", ref), capture_output=True, timeout=120, check=False)

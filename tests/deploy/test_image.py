@@ -26,7 +26,7 @@ from starlette.testclient import TestClient
 from inplace_extension.app import create_app
 from inplace_extension.settings import Settings
 
-from .image import EngineError, Podman, base_image, missing_tools
+from .image import EngineError, Podman, base_image, missing_tools, service_image
 from .podrun import PodRun, pod_run
 from .support import DEPLOY, ROOT, one, rendered
 
@@ -35,7 +35,6 @@ pytestmark = pytest.mark.image
 FIXTURES = ROOT / "tests" / "fixtures" / "capi"
 API = "/hooks.runtime.cluster.x-k8s.io/v1alpha1"
 SERVICE_DNS = "inplace-extension.inplace-extension-system.svc"
-BUILD_TIMEOUT = 1200.0
 READY_TIMEOUT = 60.0
 # podman on this machine kind: without explicit limits runc cannot apply the runtime's defaults; the
 # HEALTHCHECK is run on demand (its timer would need systemd)
@@ -72,21 +71,13 @@ def podman() -> Podman:
 
 
 @pytest.fixture(scope="module")
-def image(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The Dockerfile built on the local Debian base; removed (by ID) after the module."""
-    base = base_image(podman)
-    iidfile = tmp_path_factory.mktemp("image") / "iid"
+def image(podman: Podman) -> str:
+    """The Dockerfile built on the local Debian base: the same image the node tests import into the real
+    nodes, built once per content (tests/deploy/image.py)."""
     try:
-        build = ["build", "--format=docker", "--layers=false", "--force-rm"]
-        inputs = [f"--build-arg=BASE_IMAGE={base}", f"--iidfile={iidfile}", str(ROOT)]
-        podman.run(*build, *inputs, timeout=BUILD_TIMEOUT)
+        return service_image(podman)
     except EngineError as exc:
         pytest.fail(f"podman build failed: {exc}", pytrace=False)
-    image_id = iidfile.read_text().strip()
-    try:
-        yield image_id
-    finally:
-        podman.run("rmi", "--force", image_id)
 
 
 def _secrets(tmp: Path) -> tuple[dict[str, dict[str, bytes]], Path]:

@@ -11,6 +11,7 @@ import pytest
 from hostlab import prereqs
 from hostlab.config import Config
 from hostlab.lab import Host, Lab, link_exists
+from hostlab.node_base import node_base_dir
 from hostlab.proc import cmdline, wait_until
 from hostlab.pytest_plugin import unavailable
 from hostlab.state import NODE
@@ -32,6 +33,17 @@ def node_lab() -> Iterator[Lab]:
         lab.down()
 
 
+def read_only_cgroup_controllers(lab: Lab, host: Host) -> list[str]:
+    """The cgroup v1 controller hierarchies mounted read-only in the node (containerd needs them rw)."""
+    mounts = lab.exec_in(host, ["cat", "/proc/self/mountinfo"]).stdout.splitlines()
+    found = []
+    for fields in (line.split() for line in mounts):
+        name, options = fields[4].rsplit("/", 1)[-1], fields[5].split(",")
+        if fields[4].startswith("/sys/fs/cgroup/") and name not in ("systemd", "unified") and "ro" in options:
+            found.append(fields[4])
+    return found
+
+
 def running(lab: Lab, host: Host) -> bool:
     state = lab.exec_in(host, ["systemctl", "is-system-running"]).stdout.strip()
     assert state not in ("degraded", "maintenance"), lab.exec_in(host, ["systemctl", "--failed"]).stdout
@@ -51,6 +63,11 @@ def test_nodes_boot_systemd_with_sshd_and_containerd_in_their_own_network_namesp
         assert host.pid1 is not None
         assert Path(f"/proc/{host.pid1}/ns/net").readlink() != Path("/proc/self/ns/net").readlink()
     assert hosts[0].pid1 != hosts[1].pid1
+    # unlike the chroot hosts, the nodes of a cluster reach each other (a Pod's SSH to another node)
+    banner = "import socket, sys; print(socket.create_connection((sys.argv[1], 22), 10).recv(4))"
+    reached = node_lab.exec_in(hosts[0], ["python3", "-c", banner, hosts[1].address])
+    assert reached.stdout.strip() == "b'SSH-'", reached.stderr
+    assert all(read_only_cgroup_controllers(node_lab, h) == [] for h in hosts)
     machine_ids = {node_lab.exec_in(h, ["cat", "/etc/machine-id"]).stdout.strip() for h in hosts}
     assert len(machine_ids) == 2  # the kubelet reports it: each node has its own
 
@@ -59,7 +76,7 @@ def test_the_root_filesystem_is_shared_read_only_and_each_node_writes_its_own_la
     one, two = node_lab.hosts()
     assert node_lab.exec_in(one, ["sh", "-c", "echo one >/etc/hostlab-test"]).returncode == 0
     assert node_lab.exec_in(two, ["test", "-e", "/etc/hostlab-test"]).returncode == 1
-    assert not (node_lab.cfg.node_base_dir / "etc/hostlab-test").exists()
+    assert not (node_base_dir(node_lab.cfg) / "etc/hostlab-test").exists()
 
 
 def test_a_reboot_restarts_systemd_keeps_the_disk_and_changes_the_boot_id(node_lab: Lab) -> None:
@@ -73,6 +90,8 @@ def test_a_reboot_restarts_systemd_keeps_the_disk_and_changes_the_boot_id(node_l
     assert node_lab.exec_in(host, ["cat", "/proc/sys/kernel/random/boot_id"]).stdout != boot_id
     assert node_lab.exec_in(host, ["cat", "/var/lib/hostlab-test"]).stdout == "kept\n"
     assert node_lab.ssh(host, ["true"]).returncode == 0
+    # systemd-nspawn mounts them read-only at every boot; the node's own unit makes them writable again
+    assert read_only_cgroup_controllers(node_lab, host) == []
 
 
 def test_down_stops_every_node_process_and_leaves_nothing_behind() -> None:

@@ -3,11 +3,12 @@ containerd, runc and the CNI plugins from Debian packages) joined to the session
 ``kubeadm join`` (flavour ``nodes``), kubelet and kubeadm built from the pinned Go modules.
 
 Nothing here is a stand-in but the os_update command (tests/playbooks/shipped.py: it only stages a
-version; the reboot after it is the node's real one). The service is the real ``inplace-extension
-serve`` with the project's playbooks; the Kubernetes binaries come from a release server on the node
-lab's gateway that serves the lab's own builds in dl.k8s.io's layout (the capabilities file's
-``role_settings`` point the kubernetes_version role at it and pass kubeadm the flag a cgroup v1
-machine needs).
+version; the reboot after it is the node's real one), the nodes' pause image (tests/nodes/images.py)
+and the kube-proxy DNAT rule for the ``kubernetes`` Service (kubelab.node_join). The service is the
+real ``inplace-extension serve`` with the project's playbooks; the Kubernetes binaries come from a
+release server on the node lab's gateway that serves the lab's own builds in dl.k8s.io's layout (the
+capabilities file's ``role_settings`` point the kubernetes_version role at it and pass kubeadm the flag
+a cgroup v1 machine needs).
 
 One node lab per session (four nodes: three joined at the first node version, one a minor version
 behind), shared by the tests: each test uses the node it names, and leaves it Ready.
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from deploy.image import missing_tools
 from e2e.service import Service
 from hostlab import prereqs
 from hostlab.config import Config
@@ -40,6 +42,8 @@ from playbooks.shipped import CAPABILITIES_FILE
 from playbooks.support import ReleaseServer
 
 from inplace_extension.runs.ssh import close_control_masters
+
+from .images import import_pause
 
 REPO = Path(__file__).resolve().parents[2]
 START, TARGET = build.NODE_VERSIONS[0], build.NODE_VERSIONS[-1]
@@ -74,7 +78,7 @@ def release_binary(kube: KubeLab) -> Callable[[str, str], bytes | None]:
 
 @pytest.fixture(scope="session")
 def node_cluster(kubelab_nodes: KubeLab) -> Iterator[Cluster]:
-    why = prereqs.missing(Config.from_env(), NODE)
+    why = prereqs.missing(Config.from_env(), NODE) or missing_tools()  # podman builds the nodes' images
     if why:
         unavailable(why)
     lab = HostLab(f"pytest-{os.getpid()}-k8s")
@@ -82,6 +86,7 @@ def node_cluster(kubelab_nodes: KubeLab) -> Iterator[Cluster]:
         hosts = lab.up(NODES, owner_pid=os.getpid(), kind=NODE)
         for host, version in zip(hosts, JOIN_VERSIONS, strict=True):
             node_join.join(kubelab_nodes, lab, host, version)
+        import_pause(lab, hosts)  # before any Pod is bound to a node
         with ReleaseServer(lab.gateway, release_binary(kubelab_nodes)) as server:
             yield Cluster(kubelab_nodes, lab, hosts, server.base_url)
     except LabError as exc:

@@ -6,7 +6,13 @@ adds
 
 - a second kube-controller-manager with the controllers of TLS bootstrap and tokens
   (``csrsigning`` with the lab CA as the cluster signer, ``csrapproving``, ``csrcleaner``,
-  ``bootstrapsigner`` which signs ``cluster-info`` for each token, ``tokencleaner``);
+  ``bootstrapsigner`` which signs ``cluster-info`` for each token, ``tokencleaner``) and those that Pods
+  and Jobs on real nodes need: ``job-controller``, ``ttl-after-finished-controller``
+  (``ttlSecondsAfterFinished``), ``root-ca-certificate-publisher-controller`` (the ``kube-root-ca.crt``
+  ConfigMap in every namespace, which a Pod's service-account token volume mounts);
+- kube-scheduler, so that a Pod or a Job's Pods need no ``nodeName``: they are placed as in any
+  cluster (the lab's apiserver may hold kwok Nodes too: a Pod meant for a real node selects one, e.g.
+  with ``nodeSelector`` ``kubernetes.io/hostname``);
 - ``cluster-info`` in ``kube-public`` naming the apiserver as nodes reach it
   (``https://kubelab-apiserver:PORT``, see :data:`kubelab.config.APISERVER_NAME`);
 - kubeadm's ConfigMaps and RBAC, made by the real kubeadm on the machine with the admin kubeconfig:
@@ -39,10 +45,15 @@ if TYPE_CHECKING:
     from kubelab.lab import Lab
 
 name = "nodes"
-binaries = build.NODE_BINARIES  # kubeadm runs here too (the upload phases), at the nodes' first version
+# kubeadm runs here too (the upload phases), at the nodes' first version
+binaries = (*build.NODE_BINARIES, "kube-scheduler")
 
 COMPONENT = "kube-controller-manager-nodes"
-CONTROLLERS = ("csrsigning", "csrapproving", "csrcleaner", "bootstrapsigner", "tokencleaner")
+SCHEDULER = "kube-scheduler"
+CONTROLLERS = (
+    *("csrsigning", "csrapproving", "csrcleaner", "bootstrapsigner", "tokencleaner"),
+    *("job-controller", "ttl-after-finished-controller", "root-ca-certificate-publisher-controller"),
+)
 START_VERSION = build.NODE_VERSIONS[0]
 KUBELET_CONFIGURATION = {
     "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -166,8 +177,18 @@ def start(lab: Lab) -> None:
         f"--controllers={','.join(CONTROLLERS)}",
         f"--cluster-signing-cert-file={lab.ca}",
         f"--cluster-signing-key-file={ca_key}",
+        f"--root-ca-file={lab.ca}",  # what root-ca-certificate-publisher publishes as kube-root-ca.crt
     ]
     lab.start_component(COMPONENT, kcm)
+    scheduler = [
+        str(lab.binary("kube-scheduler")),
+        f"--kubeconfig={lab.kubeconfig}",
+        f"--authentication-kubeconfig={lab.kubeconfig}",
+        f"--authorization-kubeconfig={lab.kubeconfig}",
+        "--leader-elect=false",
+        "--secure-port=0",
+    ]
+    lab.start_component(SCHEDULER, scheduler)
     config = lab.dir / "kubeadm-config.yaml"
     config.write_text(kubeadm_config(lab))
     for phase in (("upload-config", "kubeadm"), ("upload-config", "kubelet"), ("bootstrap-token",)):
