@@ -9,8 +9,8 @@ chroot hosts' base it keeps its init system: services start and restart as on an
 What a Kubernetes node that runs Pods needs beyond the packages is set here:
 
 - containerd's CRI: Debian's CNI plugin directory, the cgroupfs driver, the lab's **stand-in pause
-  image** as ``sandbox_image`` (:data:`PAUSE_IMAGE`; the lab has no registry, kubelab's ``images``
-  module imports it into every node) and ``restrict_oom_score_adj`` (the kubelet asks -998 for every
+  image** as ``sandbox_image`` (:data:`PAUSE_IMAGE`; the lab has no registry: the node tests import it,
+  tests/nodes/images.py) and ``restrict_oom_score_adj`` (the kubelet asks -998 for every
   sandbox, but no process on the lab's machines holds CAP_SYS_RESOURCE to lower a score, so runc would
   fail to start any container);
 - one bridge network for Pods, masqueraded (``ipMasq``) so a Pod reaches the apiserver on the lab's
@@ -38,7 +38,7 @@ NODE_PACKAGES = (
     *("containerd", "runc", "containernetworking-plugins", "iptables", "conntrack", "ethtool", "socat"),
     *("sudo", "ca-certificates", "iproute2", "kmod", "mount", "busybox-static"),
 )
-# containerd's sandbox ("pause") image: a lab-owned name, never pulled (kubelab.images imports it)
+# containerd's sandbox ("pause") image: a lab-owned name, never pulled (tests/nodes/images.py imports it)
 PAUSE_IMAGE = "localhost/hostlab/stand-in-pause:lab"
 
 # containerd 1.6 (bookworm) looks for CNI plugins in /opt/cni/bin; Debian installs them in /usr/lib/cni

@@ -10,9 +10,10 @@ the Machine controller's UpdateMachine calls (tests/e2e/capi.py). Everything the
 (read the Machine, cordon, drain through the Eviction API, uncordon, wait on the Node) is against the real
 apiserver and the real kubelet.
 
-One stand-in, named: the Pod to evict. The lab has no image registry, so no Pod can start on the node;
-the Pod bound to it is still the real kubelet's (it reports its status, fails to pull the sandbox image,
-and on eviction stops it and removes it from the apiserver), which is what the drain waits for.
+One stand-in, named: the Pod to evict. Its image is in no registry (the lab has none), so its container
+never starts; the Pod bound to the node is still the real kubelet's (it starts the Pod's sandbox, reports
+the failed image pull, and on eviction stops the sandbox and removes the Pod from the apiserver), which
+is what the drain waits for.
 
 To show that the health gate waits for the real kubelet, the test holds the node's network plugin
 configuration back during the update: the kubelet reports its Node NotReady ("container runtime network
