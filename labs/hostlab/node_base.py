@@ -13,8 +13,9 @@ What a Kubernetes node that runs Pods needs beyond the packages is set here:
   tests/nodes/images.py) and ``restrict_oom_score_adj`` (the kubelet asks -998 for every
   sandbox, but no process on the lab's machines holds CAP_SYS_RESOURCE to lower a score, so runc would
   fail to start any container);
-- one bridge network for Pods, masqueraded (``ipMasq``) so a Pod reaches the apiserver on the lab's
-  gateway and the other nodes with its node's address (the kubelet reports NotReady without a CNI config);
+- one bridge network for Pods, the node their default gateway and masqueraded (``ipMasq``), so a Pod
+  reaches the apiserver on the lab's gateway and the other nodes with its node's address (the kubelet
+  reports NotReady without a CNI config);
 - a unit that makes the cgroup v1 controllers writable before containerd starts, at every boot
   (systemd-nspawn mounts them read-only, and containerd creates a cgroup per container in them);
 - systemd-timesyncd allowed to run in a container (its unit skips containers; the node gets no
@@ -44,7 +45,8 @@ PAUSE_IMAGE = "localhost/hostlab/stand-in-pause:lab"
 # containerd 1.6 (bookworm) looks for CNI plugins in /opt/cni/bin; Debian installs them in /usr/lib/cni
 CONTAINERD_CONFIG = f"""\
 # hostlab node: Debian's CNI plugin directory, cgroupfs (the kubelet's cgroupDriver on this lab), the
-# lab's stand-in pause image, and oom_score_adj never lowered (nothing here holds CAP_SYS_RESOURCE)
+# lab's stand-in pause image, and oom_score_adj never lowered (nothing here holds CAP_SYS_RESOURCE);
+# the runc runtime named in full (a table of it without its runtime_type leaves containerd none)
 version = 2
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
@@ -52,6 +54,8 @@ version = 2
 [plugins."io.containerd.grpc.v1.cri".cni]
   bin_dir = "/usr/lib/cni"
   conf_dir = "/etc/cni/net.d"
+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
   SystemdCgroup = false
 """
@@ -60,7 +64,7 @@ CNI_CONFIG = """\
   "cniVersion": "1.0.0",
   "name": "hostlab-pods",
   "plugins": [
-    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
+    {"type": "bridge", "bridge": "cni0", "isDefaultGateway": true, "ipMasq": true,
      "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]}},
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]

@@ -17,6 +17,13 @@ systemd unit of the node (``hostlab-kube-proxy-stand-in.service``), so it is bac
 It serves only that one Service; no other Service has a ClusterIP that works. The apiserver's serving
 certificate names the ClusterIP (:data:`kubelab.core.KUBERNETES_SERVICE_IP`), so TLS verifies as in a
 real cluster. The node's CNI bridge masquerades Pods' traffic, so the reply finds its way back.
+
+The lab runs no node lifecycle controller either (it would mark the bare and kwok Nodes of other tests
+``Unknown`` and taint them). The apiserver's ``NodeTaint`` admission gives every new Node the
+``node.kubernetes.io/not-ready:NoSchedule`` taint, which only that controller removes; so :func:`join`,
+a **stand-in for the node lifecycle controller** in this one step, removes it once the kubelet reports
+the Node Ready, and the scheduler can place Pods there. Nothing adds it again: a Node that turns
+NotReady later keeps accepting Pods.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ KUBEADM_DROPIN = (
     " $KUBELET_EXTRA_ARGS\n"
 )
 JOIN_TIMEOUT = 180.0
+NOT_READY_TAINT = "node.kubernetes.io/not-ready:NoSchedule"
 KUBE_PROXY_STAND_IN = "hostlab-kube-proxy-stand-in"
 KUBE_PROXY_STAND_IN_SCRIPT = """\
 #!/bin/sh
@@ -186,3 +194,5 @@ def join(kube: Lab, hosts: HostLab, host: Host, version: str = nodes.START_VERSI
     if not wait_until(lambda: node_ready(kube, host.name), JOIN_TIMEOUT, 1.0):
         status = hosts.exec_in(host, ["journalctl", "-u", "kubelet", "-n", "30", "--no-pager"]).stdout
         raise LabError(f"{host.name}: Node not Ready within {JOIN_TIMEOUT:g}s of kubeadm join:\n{status}")
+    # STAND-IN for the node lifecycle controller: the Node is Ready, so it may take Pods (module docstring)
+    kube.kubectl("taint", "node", host.name, f"{NOT_READY_TAINT}-")
