@@ -3,12 +3,12 @@ containerd, runc and the CNI plugins from Debian packages) joined to the session
 ``kubeadm join`` (flavour ``nodes``), kubelet and kubeadm built from the pinned Go modules.
 
 Nothing here is a stand-in but the os_update command (tests/playbooks/shipped.py: it only stages a
-version; the reboot after it is the node's real one), the nodes' pause image (tests/nodes/images.py)
-and the kube-proxy DNAT rule for the ``kubernetes`` Service (kubelab.node_join). The service is the
-real ``inplace-extension serve`` with the project's playbooks; the Kubernetes binaries come from a
-release server on the node lab's gateway that serves the lab's own builds in dl.k8s.io's layout (the
-capabilities file's ``role_settings`` point the kubernetes_version role at it and pass kubeadm the flag
-a cgroup v1 machine needs).
+version; the reboot after it is the node's real one), the nodes' pause image (tests/nodes/images.py),
+the kube-proxy DNAT rule for the ``kubernetes`` Service and the not-ready taint removed at join
+(kubelab.node_join). The service is the real ``inplace-extension serve`` with the project's playbooks;
+the Kubernetes binaries come from a release server on the node lab's gateway that serves the lab's own
+builds in dl.k8s.io's layout (the capabilities file's ``role_settings`` point the kubernetes_version
+role at it and pass kubeadm the flag a cgroup v1 machine needs).
 
 One node lab per session (four nodes: three joined at the first node version, one a minor version
 behind), shared by the tests: each test uses the node it names, and leaves it Ready.

@@ -2,9 +2,10 @@
 containerd, no registry) run by the real kubelet, containerd and runc, placed by the real kube-scheduler,
 a Job completed by the real Job controller and removed by the real TTL controller.
 
-Stand-ins, named: the Pod sandbox's pause image (busybox, tests/nodes/images.py) and the one DNAT rule
-that stands in for kube-proxy for the ``kubernetes`` Service (kubelab.node_join). What a Job of the
-project's future ``kubernetes`` executor needs is shown here: in-cluster API access from inside the
+Stand-ins, named: the Pod sandbox's pause image (busybox, tests/nodes/images.py), the one DNAT rule
+that stands in for kube-proxy for the ``kubernetes`` Service and the not-ready taint removed at join
+in place of the node lifecycle controller (kubelab.node_join). What a Job of the project's
+``kubernetes`` executor needs is shown here: in-cluster API access from inside the
 image with the project's own client code, a termination message, and SSH reachability of the machines.
 """
 
