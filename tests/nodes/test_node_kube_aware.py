@@ -10,10 +10,11 @@ the Machine controller's UpdateMachine calls (tests/e2e/capi.py). Everything the
 (read the Machine, cordon, drain through the Eviction API, uncordon, wait on the Node) is against the real
 apiserver and the real kubelet.
 
-One stand-in, named: the Pod to evict. Its image is in no registry (the lab has none), so its container
-never starts; the Pod bound to the node is still the real kubelet's (it starts the Pod's sandbox, reports
-the failed image pull, and on eviction stops the sandbox and removes the Pod from the apiserver), which
-is what the drain waits for.
+The Pod to evict runs the nodes' stand-in pause image (busybox sleeping, tests/nodes/images.py) on the
+host network: the real kubelet starts it and, on eviction, stops it and removes the Pod from the
+apiserver, which is what the drain waits for. Host network, because the test holds the node's network
+plugin configuration back during the update (below), and a Pod on the Pod network could not be torn
+down without it.
 
 To show that the health gate waits for the real kubelet, the test holds the node's network plugin
 configuration back during the update: the kubelet reports its Node NotReady ("container runtime network
@@ -35,6 +36,7 @@ import httpx
 import pytest
 from e2e.capi import NodeSpec, poll_update_machine
 from hostlab.lab import Host
+from hostlab.node_base import PAUSE_IMAGE
 from hostlab.proc import wait_until
 from kubelab import objects
 from kubelab.lab import Lab as KubeLab
@@ -123,10 +125,15 @@ def test_kube_aware_kubelet_args_cordons_drains_and_gates_on_the_real_node(
 ) -> None:
     host, name = machine
     kube = node_cluster.kube
-    # the stand-in workload (module docstring): bound to the node, picked up by its real kubelet
+    # the workload (module docstring): bound to the node, run by its real kubelet
     pods = f"ka-{uuid.uuid4().hex[:6]}"
-    objects.create_pod(kube, pods, "workload", host.name, wait_running=False)
-    objects.wait_for(kube, "pod", "workload", pods, lambda p: p.get("status", {}).get("startTime"), "started")
+    objects.ensure_namespace(kube, pods)
+    container = {"name": "app", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}
+    pod_spec = {"nodeName": host.name, "hostNetwork": True, "terminationGracePeriodSeconds": 1}
+    workload = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "workload", "namespace": pods}}
+    objects.apply(kube, {**workload, "spec": {**pod_spec, "containers": [container]}})
+    running = lambda p: p.get("status", {}).get("phase") == "Running"  # noqa: E731
+    objects.wait_for(kube, "pod", "workload", pods, running, "Running")
     service = node_service(
         extra_args=[*kube_aware_args(node_cluster), "--health-gate-timeout-seconds", "120"]
     )
