@@ -7,7 +7,9 @@ image test runs the image exactly as the manifest asks and notices when the mani
   ``fsGroup``, the volume's ``defaultMode``; the test supplies the contents by Secret name), an
   ``emptyDir`` a directory owned by root, writable by ``fsGroup`` (setgid, as the kubelet makes it);
   ``readOnly`` mounts are read-only;
-- ``env`` values and the ConfigMaps of ``envFrom``;
+- ``env`` values, the ConfigMaps of ``envFrom`` and the downward API's ``metadata.name`` and
+  ``metadata.namespace`` (the Pod's identity the test gives, as the kubelet fills them in); the test may
+  override named variables (``env_overrides``), each such deviation from the manifest said at its call;
 - ``securityContext``: ``runAsUser``/``runAsGroup`` -> ``--user``, ``fsGroup`` -> ``--group-add``,
   ``readOnlyRootFilesystem`` -> ``--read-only`` with no extra tmpfs (only the manifest's volumes are
   writable), ``allowPrivilegeEscalation: false`` -> ``no-new-privileges``, ``capabilities.drop``;
@@ -39,6 +41,14 @@ KNOWN_POD_SECURITY = {"runAsNonRoot", "runAsUser", "runAsGroup", "fsGroup", "sec
 
 
 @dataclass(frozen=True)
+class PodIdentity:
+    """The Pod the container stands for: what the downward API's ``fieldRef`` reads."""
+
+    name: str
+    namespace: str
+
+
+@dataclass(frozen=True)
 class PodRun:
     """``podman run`` options for the container, the published ports and the user it runs as."""
 
@@ -63,17 +73,31 @@ def _only_container(deployment: Mapping[str, Any]) -> dict[str, Any]:
     return container
 
 
-def _env(container: Mapping[str, Any], config_maps: Mapping[str, Mapping[str, str]]) -> list[str]:
+def _env(
+    container: Mapping[str, Any],
+    config_maps: Mapping[str, Mapping[str, str]],
+    pod: PodIdentity,
+    overrides: Mapping[str, str],
+) -> list[str]:
     values: dict[str, str] = {}
     for source in container.get("envFrom", []):
         name = source["configMapRef"]["name"]
         if name not in config_maps:
             raise AssertionError(f"envFrom names ConfigMap {name!r}, which deploy/ does not render")
         values.update(config_maps[name])
+    fields = {"metadata.name": pod.name, "metadata.namespace": pod.namespace}
     for item in container.get("env", []):
-        if "value" not in item:
-            raise AssertionError(f"env {item['name']} is not a plain value: {item}")
-        values[item["name"]] = item["value"]
+        if "value" in item:
+            values[item["name"]] = item["value"]
+            continue
+        path = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if path not in fields:
+            raise AssertionError(f"env {item['name']} is neither a plain value nor a known field: {item}")
+        values[item["name"]] = fields[path]
+    unknown = set(overrides) - set(values)
+    if unknown:
+        raise AssertionError(f"overrides of variables the manifest does not set: {sorted(unknown)}")
+    values.update(overrides)
     return [opt for key, value in values.items() for opt in ("--env", f"{key}={value}")]
 
 
@@ -101,8 +125,11 @@ def pod_run(
     config_maps: Mapping[str, Mapping[str, str]],
     secrets: Mapping[str, Mapping[str, bytes]],
     volumes_dir: Path,
+    identity: PodIdentity,
+    env_overrides: Mapping[str, str],
 ) -> PodRun:
-    """The ``podman run`` options for the Deployment's container; volume contents go under ``volumes_dir``."""
+    """The ``podman run`` options for the Deployment's container; volume contents go under ``volumes_dir``;
+    ``env_overrides`` replaces the values of variables the manifest sets (a deviation the caller explains)."""
     pod = deployment["spec"]["template"]["spec"]
     container = _only_container(deployment)
     if "command" in container:
@@ -142,7 +169,7 @@ def pod_run(
             os.chown(source, 0, fs_group)
             source.chmod(EMPTY_DIR_MODE)
         options += ["--volume", f"{source}:{mount['mountPath']}:{'ro' if mount.get('readOnly') else 'rw'}"]
-    options += _env(container, config_maps)
+    options += _env(container, config_maps, identity, env_overrides)
     ports: dict[str, int] = {}
     for port in container.get("ports", []):
         local = _free_port()

@@ -27,7 +27,7 @@ from inplace_extension.app import create_app
 from inplace_extension.settings import Settings
 
 from .image import EngineError, Podman, base_image, missing_tools, service_image
-from .podrun import PodRun, pod_run
+from .podrun import PodIdentity, PodRun, pod_run
 from .support import DEPLOY, ROOT, one, rendered
 
 pytestmark = pytest.mark.image
@@ -113,7 +113,14 @@ def container(podman: Podman, image: str, tmp_path_factory: pytest.TempPathFacto
     work = tmp_path_factory.mktemp("container")
     secrets, ca_file = _secrets(work)
     config_maps = {d["metadata"]["name"]: d.get("data", {}) for d in rendered() if d["kind"] == "ConfigMap"}
-    run = pod_run(one("Deployment", "inplace-extension"), config_maps, secrets, work / "volumes")
+    deployment = one("Deployment", "inplace-extension")
+    pod = PodIdentity("inplace-extension-image-test", deployment["metadata"]["namespace"])
+    # The one deviation from the manifest: the local executor. deploy/ runs the kubernetes executor,
+    # which needs the API server and this Pod's object to start; there is no cluster around this
+    # container. The kubernetes executor's Jobs run from this image on the lab's real nodes
+    # (tests/nodes/test_node_pods.py, test_node_jobs.py).
+    overrides = {"INPLACE_EXECUTOR": "local"}
+    run = pod_run(deployment, config_maps, secrets, work / "volumes", pod, overrides)
     container_id = podman.run("run", "--detach", *RUN_OPTIONS, *run.options, image, *run.args).strip()
     client = httpx.Client(verify=ssl.create_default_context(cafile=str(ca_file)), timeout=10)
     ready = _probe_url(run, run.container["readinessProbe"])
