@@ -13,7 +13,6 @@ import anyio
 import pytest
 from run_deps import run_service
 
-from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.model import Blocked, Hold, Progress, ProgressState, RunRequest
 from inplace_extension.runs.resolve import pick_address
 from inplace_extension.runs.service import RunService
@@ -76,13 +75,6 @@ class FakeClusterSide:
 
     def state(self, request: RunRequest, reason: str, message: str, warning: bool = False) -> None:
         self._log(f"state {reason}: {message}")
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
-    fake = FakeRunner()
-    monkeypatch.setattr(runner_mod, "start", fake.start)
-    return fake
 
 
 @pytest.fixture

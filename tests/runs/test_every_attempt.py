@@ -16,7 +16,6 @@ from hostlab.proc import wait_until
 from run_deps import run_service
 
 from inplace_extension.runs import holds
-from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.model import Hold, Progress, ProgressState, RunRequest
 from inplace_extension.runs.policy import RETRY_ANNOTATION
 from inplace_extension.runs.service import RunService
@@ -43,13 +42,6 @@ CEPH_WAITING = (
 
 def held(request: RunRequest, hold: Hold | None) -> RunRequest:
     return replace(request, hold=hold)
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
-    fake = FakeRunner()
-    monkeypatch.setattr(runner_mod, "start", fake.start)
-    return fake
 
 
 @pytest.fixture

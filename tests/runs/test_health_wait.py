@@ -22,9 +22,9 @@ from inplace_extension.settings import Settings
 
 from .fakes import FakeRunner
 from .test_cluster_side import FakeClusterSide
-from .test_service import CEPH_DOWN, Clock, Health, _sample, fake, req, settings, settle, utc
+from .test_service import CEPH_DOWN, Clock, Health, _sample, req, settings, settle, utc
 
-__all__ = ["fake", "settings"]  # the fixtures of test_service.py, used here
+__all__ = ["settings"]  # the fixture of test_service.py, used here
 pytestmark = pytest.mark.anyio
 
 CEPH_SLOW = replace(CEPH_DOWN, start_timeout_seconds=120)

@@ -42,13 +42,6 @@ defaults: {{user: ansible, private_key_file: /keys/id}}
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeRunner:
-    fake = FakeRunner()
-    monkeypatch.setattr(runner_mod, "start", fake.start)
-    return fake
-
-
-@pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     inv = tmp_path / "inventory.yaml"
     inv.write_text(INVENTORY)
