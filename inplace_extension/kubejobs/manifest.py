@@ -33,6 +33,9 @@ SPEC_DIR: Final = "/etc/inplace-extension/attempt"
 STATE_DIR: Final = "/var/lib/inplace-extension"
 RUNS_DIR: Final = f"{STATE_DIR}/runs"
 TERMINATION_LOG: Final = "/dev/termination-log"
+# where in-cluster clients read the ServiceAccount's token, CA and namespace
+SERVICE_ACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_SECONDS: Final = 3607  # what the ServiceAccount admission plugin asks the kubelet for
 UID: Final = 10001
 _LABEL_VALUE_CUT = re.compile(r"[^A-Za-z0-9]+$")
 
@@ -94,6 +97,23 @@ def secret_manifest(
     }
 
 
+def _api_access() -> dict[str, Any]:
+    """The projected volume the ServiceAccount admission plugin would add: a bound token the kubelet
+    requests and refreshes, the cluster's CA (``kube-root-ca.crt``) and the Pod's namespace."""
+    return {
+        "defaultMode": 0o444,
+        "sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": TOKEN_SECONDS}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {
+                "downwardAPI": {
+                    "items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]
+                }
+            },
+        ],
+    }
+
+
 def job_manifest(config: JobConfig, request: RunRequest, attempt: int, node: str | None) -> dict[str, Any]:
     """The Job of ``request``'s attempt ``attempt``; ``node``: the Node it updates, which the Job's Pod
     keeps off (when known and in the cluster the Job runs in)."""
@@ -142,14 +162,17 @@ def job_manifest(config: JobConfig, request: RunRequest, attempt: int, node: str
             {"name": "ssh", "mountPath": config.ssh_dir, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 -- the container's own emptyDir
+            {"name": "kube-api-access", "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True},
         ],
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": config.service_account,
         # the Pod publishes its phase on itself through the API: the only call it makes without a
-        # cluster side (with one, the drain at the drain point too)
-        "automountServiceAccountToken": True,
+        # cluster side (with one, the drain at the drain point too). Its token is declared below rather
+        # than left to the ServiceAccount admission plugin, so the Pod has it also where that plugin
+        # does not run (a cluster that runs it leaves a Pod alone that mounts this path itself)
+        "automountServiceAccountToken": False,
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "securityContext": {
             "runAsNonRoot": True,
@@ -166,6 +189,7 @@ def job_manifest(config: JobConfig, request: RunRequest, attempt: int, node: str
             # through the termination message and the record is the Machine's (or Node's) annotation
             {"name": "state", "emptyDir": {"sizeLimit": "1Gi"}},
             {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+            {"name": "kube-api-access", "projected": _api_access()},
         ],
     }
     if affinity:

@@ -105,6 +105,28 @@ def test_the_job_is_selectable_kept_off_its_node_bounded_in_time_and_non_root() 
     assert "emptyDir" in volumes["state"]
 
 
+def test_the_pod_declares_its_own_token_so_it_needs_no_service_account_admission_plugin() -> None:
+    pod = job_manifest(CONFIG, request(), 1, None)["spec"]["template"]["spec"]
+    # not left to the admission plugin (a cluster may not run it): the token is the Pod's own volume
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["kube-api-access"] == {
+        "name": "kube-api-access",
+        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+        "readOnly": True,
+    }
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    sources = volumes["kube-api-access"]["projected"]["sources"]
+    token, ca, namespace = sources
+    assert token["serviceAccountToken"]["path"] == "token"
+    assert 600 <= token["serviceAccountToken"]["expirationSeconds"] <= 3607  # bound, refreshed by the kubelet
+    assert ca["configMap"] == {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert namespace["downwardAPI"]["items"] == [
+        {"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}
+    ]
+
+
 def test_without_a_known_node_there_is_no_affinity_and_long_names_make_valid_label_values() -> None:
     job = job_manifest(CONFIG, request("m" * 200), 1, None)
     assert "affinity" not in job["spec"]["template"]["spec"]
