@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from inplace_extension.capabilities_file import CapabilitiesFileError, FileConfig, load_file
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
@@ -120,15 +121,22 @@ def build_engine(
     )
 
 
+def job_settings(settings: Settings) -> dict[str, Any]:
+    """The settings each Job runs with (spec.JOB_SETTINGS), as the service has them."""
+    chosen = {name: getattr(settings, name) for name in JOB_SETTINGS}
+    chosen["kube"] = settings.kube_aware  # the Job reaches the cluster with its in-cluster account
+    # a path in the Job's image: the service's own directory unless --job-playbooks-dir names another
+    playbooks_dir = settings.job_playbooks_dir or settings.playbooks_dir
+    chosen["playbooks_dir"] = None if playbooks_dir is None else str(playbooks_dir)
+    return chosen
+
+
 def kubernetes_backend(
     settings: Settings, play: PlayConfig, records: Records | None, jobs_kubeconfig: Path | None
 ) -> JobBackend:
     """The ``kubernetes`` executor's backend: refused with a clear message without cluster access or image."""
     if records is None:
         raise ExecutorError("--executor kubernetes needs cluster access, and this command has none")
-    job_settings = {name: getattr(settings, name) for name in JOB_SETTINGS}
-    job_settings["kube"] = settings.kube_aware  # the Job reaches the cluster with its in-cluster account
-    job_settings["playbooks_dir"] = None if settings.playbooks_dir is None else str(settings.playbooks_dir)
     kind = records.kind
     try:
         store = connect_jobs(records.kubeconfig)
@@ -159,7 +167,7 @@ def kubernetes_backend(
             ttl_seconds=settings.job_ttl_seconds,
         ),
         play=play,
-        job_settings=job_settings,
+        job_settings=job_settings(settings),
         capabilities_file=None
         if capabilities is None
         else capabilities.expanduser().read_text(encoding="utf-8"),

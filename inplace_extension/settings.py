@@ -118,6 +118,12 @@ class Settings(BaseSettings):
         description="kubernetes executor: where each Job mounts --job-ssh-secret (where the service mounts "
         "it: the directory of the inventory's private_key_file)",
     )
+    job_playbooks_dir: str | None = Field(
+        None,
+        description="kubernetes executor: the playbooks directory in the Jobs' image (default: "
+        "--playbooks-dir, right when the Jobs run the service's own image; a service outside that image, "
+        "or a --job-image that keeps them elsewhere, names it)",
+    )
     job_deadline_seconds: int = Field(
         3600,
         ge=60,

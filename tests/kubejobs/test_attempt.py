@@ -13,7 +13,7 @@ from runs.fakes import FakeRunner, unreachable_events
 
 from inplace_extension.capabilities_file import FileConfig
 from inplace_extension.cli import main
-from inplace_extension.engine import ExecutorError, Records, build_engine, own_image
+from inplace_extension.engine import ExecutorError, Records, build_engine, job_settings, own_image
 from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kubejobs.attempt import run_attempt
 from inplace_extension.kubejobs.spec import AttemptSpec, outcome_of
@@ -134,3 +134,13 @@ def test_the_jobs_run_the_services_own_image_read_from_its_pod(tmp_path: Path) -
     assert own_image(settings, cluster) == "reg.example/ie:1.2.3"
     with pytest.raises(ExecutorError, match="needs --job-image, or --pod-name"):
         own_image(settings.model_copy(update={"pod_name": None}), cluster)
+
+
+def test_the_jobs_play_the_playbooks_of_their_image(tmp_path: Path) -> None:
+    settings = Settings(runs_dir=tmp_path, executor="kubernetes", playbooks_dir=PLAYBOOKS)
+    # by default the service's own directory: the same path in the same image
+    assert job_settings(settings)["playbooks_dir"] == str(PLAYBOOKS)
+    # a service outside the Jobs' image names the directory in it
+    outside = settings.model_copy(update={"job_playbooks_dir": "/opt/inplace-extension/playbooks"})
+    assert job_settings(outside)["playbooks_dir"] == "/opt/inplace-extension/playbooks"
+    assert Settings(**job_settings(outside)).playbooks_dir == Path("/opt/inplace-extension/playbooks")
