@@ -120,9 +120,9 @@ class Settings(BaseSettings):
     )
     job_playbooks_dir: str | None = Field(
         None,
-        description="kubernetes executor: the playbooks directory in the Jobs' image (default: "
-        "--playbooks-dir, right when the Jobs run the service's own image; a service outside that image, "
-        "or a --job-image that keeps them elsewhere, names it)",
+        # the default is right when the Jobs run the service's own image; a service outside that image,
+        # or a --job-image that keeps them elsewhere, names it
+        description="kubernetes executor: the playbooks directory in the Jobs' image (default: --playbooks-dir)",
     )
     job_deadline_seconds: int = Field(
         3600,

@@ -1,0 +1,337 @@
+"""The ``kubernetes`` executor on the real nodes: each attempt a Job of the project's own image, run by the
+real Job controller, placed by the real kube-scheduler on a real node other than the one it updates,
+its Pod playing over SSH to that node (the Pod network, its node masquerading it).
+
+The service is the real ``inplace-extension serve --executor kubernetes`` as a process (one, or two
+sharing nothing but the API server: two replicas), its Jobs in a namespace of the test. The test does
+what an operator does before (deploy/rbac.yaml and deploy/components/kube-aware/rbac.yaml: the Jobs'
+ServiceAccount and its rights; the Secret with the SSH key, mounted by each Job where the inventory's
+``private_key_file`` says) and what CAPI does (the Machine, written as in ``provisioned_machine``: the
+record of the attempts is an annotation on it). The image is the one tests/nodes/images.py imports into
+the nodes; the nodes' stand-ins are conftest.py's and images.py's.
+
+A play is held where the test decides with a ``command`` health check on the updated node
+(``test -e <release file>``): the health gate waits for it until the test writes the file, so the test
+kills a replica, or deletes the Job's Pod, while the play is known to be in its health gate.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e.capi import NodeSpec, poll_update_machine
+from e2e.service import Service
+from hostlab.inventory import render
+from hostlab.lab import Host
+from kubelab import objects
+
+from inplace_extension.kubejobs.manifest import ATTEMPT_LABEL, MACHINE_LABEL, NAMESPACE_LABEL, RUN_LABEL
+from inplace_extension.kubejobs.record import RECORD_ANNOTATION
+from inplace_extension.runs.ssh import close_control_masters
+
+from .conftest import (
+    MACHINES_NAMESPACE,
+    REPO,
+    START,
+    Cluster,
+    capabilities,
+    kube_aware_args,
+    provisioned_machine,
+)
+from .images import node_image
+from .test_node_capabilities import on_node, stamp_writes
+
+pytestmark = [pytest.mark.lab, pytest.mark.kube]
+
+ATTEMPT_ACCOUNT = "inplace-extension-attempt"
+SSH_SECRET = "inplace-extension-ssh"
+RELEASE_DIR = "/etc/nodes-test"
+# the hold: the health gate waits (up to its timeout) for a file the test writes on the updated node
+HELD = """\
+health_checks:
+  - name: release
+    command: [test, -e, %s]
+"""
+WITHIN = 300.0  # an update's polls: the Job's Pod starts on busy cores, the play runs over SSH
+
+
+def _rbac(kind: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": {"name": name}}
+
+
+def _operator_objects(namespace: str) -> list[dict[str, Any]]:
+    """The Jobs' ServiceAccount, Role and RoleBinding from deploy/rbac.yaml, and its drain rights from
+    deploy/components/kube-aware/rbac.yaml (a binding of this namespace), moved into ``namespace``."""
+    chosen: list[dict[str, Any]] = []
+    for doc in yaml.safe_load_all((REPO / "deploy/rbac.yaml").read_text()):
+        if doc and doc["metadata"]["name"] == ATTEMPT_ACCOUNT:
+            doc["metadata"]["namespace"] = namespace
+            for subject in doc.get("subjects", []):
+                subject["namespace"] = namespace
+            chosen.append(doc)
+    for doc in yaml.safe_load_all((REPO / "deploy/components/kube-aware/rbac.yaml").read_text()):
+        if doc and doc["kind"] == "ClusterRole":
+            chosen.append(doc)
+        elif doc and doc["kind"] == "ClusterRoleBinding":
+            doc["metadata"]["name"] = f"{doc['metadata']['name']}-{namespace}"
+            doc["subjects"] = [{"kind": "ServiceAccount", "name": ATTEMPT_ACCOUNT, "namespace": namespace}]
+            chosen.append(doc)
+    # --workload-kubeconfig management: the Jobs' own account drains, with the rights docs/kube-aware.md
+    # lists for it (not in the component)
+    workload = f"inplace-extension-workload-{namespace}"
+    rules = [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list"]},
+    ]
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": workload}
+    subject = {"kind": "ServiceAccount", "name": ATTEMPT_ACCOUNT, "namespace": namespace}
+    chosen.append({**_rbac("ClusterRole", workload), "rules": rules})
+    chosen.append({**_rbac("ClusterRoleBinding", workload), "roleRef": role_ref, "subjects": [subject]})
+    assert {d["kind"] for d in chosen} == {
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    }
+    return chosen
+
+
+@pytest.fixture
+def jobs_namespace(node_cluster: Cluster) -> Iterator[str]:
+    """A namespace for the Jobs, prepared as an operator would; deleted afterwards (its Jobs with it)."""
+    kube = node_cluster.kube
+    name = f"jobs-{uuid.uuid4().hex[:8]}"
+    objects.ensure_namespace(kube, name)
+    operator = _operator_objects(name)
+    key = node_cluster.lab.private_key
+    ssh = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": SSH_SECRET, "namespace": name},
+        "type": "Opaque",
+        "stringData": {key.name: key.read_text()},
+    }
+    objects.apply(kube, *operator, ssh)
+    try:
+        yield name
+    finally:
+        for doc in operator:  # the cluster-wide ones of this namespace (the namespace takes the rest)
+            kind, named = doc["kind"], doc["metadata"]["name"]
+            if kind in ("ClusterRoleBinding", "ClusterRole") and named.endswith(name):
+                kube.kubectl("delete", kind.lower(), named, "--ignore-not-found", check=False)
+        kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+Start = Callable[..., Service]
+
+
+@pytest.fixture
+def replicas(node_cluster: Cluster, jobs_namespace: str, tmp_path: Path) -> Iterator[Start]:
+    """``start(name)`` starts one replica of the service with the kubernetes executor; each has its own
+    runs dir, inventory and log (they share nothing but the API server); all stopped by PID afterwards."""
+    image = node_image(node_cluster)
+    started: list[Service] = []
+
+    def start(name: str, extra_caps: str = "") -> Service:
+        home = tmp_path / name
+        home.mkdir()
+        inventory = home / "inventory.yaml"
+        inventory.write_text(render(node_cluster.lab, "service", [h.name for h in node_cluster.hosts]))
+        caps = home / "capabilities.yaml"
+        caps.write_text(capabilities(node_cluster) + extra_caps)
+        runs = home / "runs"
+        argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
+        argv += ["--inventory", str(inventory), "--allowed-cidrs", str(node_cluster.lab.network)]
+        argv += ["--runs-dir", str(runs), "--playbooks-dir", str(REPO / "playbooks")]
+        argv += ["--retry-after-seconds", "1", "--capabilities-file", str(caps)]
+        argv += [
+            *kube_aware_args(node_cluster),
+            "--executor",
+            "kubernetes",
+            "--job-namespace",
+            jobs_namespace,
+        ]
+        argv += ["--job-image", image, "--job-ssh-secret", SSH_SECRET]
+        # this service runs from the worktree, its Jobs from the image: the image's playbooks
+        argv += ["--job-playbooks-dir", "/opt/inplace-extension/playbooks"]
+        # the Secret mounted where the inventory's private_key_file is (the lab's key, by its file name)
+        argv += ["--job-ssh-dir", str(node_cluster.lab.private_key.parent), "--job-deadline-seconds", "600"]
+        service = Service(argv, home / "service.log", runs)
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        service.stop()
+        close_control_masters(service.runs_dir)
+
+
+def _record(cluster: Cluster, machine: str) -> dict[str, Any]:
+    found = objects.get(cluster.kube, "machine.cluster.x-k8s.io", machine, MACHINES_NAMESPACE) or {}
+    annotations = found.get("metadata", {}).get("annotations", {})
+    assert RECORD_ANNOTATION in annotations, found
+    record: dict[str, Any] = json.loads(annotations[RECORD_ANNOTATION])
+    return record
+
+
+def _jobs(cluster: Cluster, namespace: str, machine: str) -> list[dict[str, Any]]:
+    listed = cluster.kube.kubectl(
+        "get", "jobs", "-n", namespace, "-l", f"{MACHINE_LABEL}={machine}", "-o", "json"
+    )
+    items: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+    return sorted(items, key=lambda job: int(job["metadata"]["labels"][ATTEMPT_LABEL]))
+
+
+def _pods(cluster: Cluster, namespace: str, job: str) -> list[dict[str, Any]]:
+    listed = cluster.kube.kubectl("get", "pods", "-n", namespace, "-l", f"job-name={job}", "-o", "json")
+    items: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+    return items
+
+
+def _diagnosis(cluster: Cluster, namespace: str) -> str:
+    """The Jobs' Pods (node, container states) and their logs, for an assertion's message."""
+    kube = cluster.kube
+    listed = kube.kubectl("get", "pods", "-n", namespace, "-o", "json", check=False).stdout
+    seen = []
+    for pod in json.loads(listed or "{}").get("items", []):
+        name = pod["metadata"]["name"]
+        states = [c.get("state") for c in pod.get("status", {}).get("containerStatuses", [])]
+        node = pod["spec"].get("nodeName")
+        hosts = [h for h in cluster.hosts if h.name == node]
+        # the kubelet's own copy on the node (the API server cannot reach the lab's kubelets by name)
+        argv = ["sh", "-c", f"cat /var/log/pods/{namespace}_{name}_*/*/*.log"]
+        log = cluster.lab.exec_in(hosts[0], argv).stdout[-4000:] if hosts else ""
+        seen.append({"pod": name, "node": node, "states": states, "log": log})
+    text = json.dumps(seen, indent=1)
+    print(text)  # in full in pytest's captured output (the assertion's message is cut)
+    return text
+
+
+def _file_spec(path: str, content: str) -> NodeSpec:
+    return NodeSpec(START, {"files": [{"path": path, "content": content}]})
+
+
+def _running_pod(cluster: Cluster, namespace: str, machine: str) -> dict[str, Any] | None:
+    jobs = _jobs(cluster, namespace, machine)
+    pods = _pods(cluster, namespace, jobs[-1]["metadata"]["name"]) if jobs else []
+    return pods[0] if pods and pods[0].get("status", {}).get("phase") == "Running" else None
+
+
+@pytest.fixture
+def target(node_cluster: Cluster) -> Iterator[Host]:
+    """hosts[2] as a provisioned CAPI Machine (the Jobs run on the other nodes)."""
+    host = node_cluster.hosts[2]
+    with provisioned_machine(node_cluster, host):
+        yield host
+
+
+def test_a_job_on_another_real_node_updates_the_node_over_ssh(
+    node_cluster: Cluster, replicas: Start, jobs_namespace: str, target: Host
+) -> None:
+    host = target
+    path = f"{RELEASE_DIR}/job-{uuid.uuid4().hex[:8]}"
+    stamps = stamp_writes(node_cluster, host)
+    service = replicas("a")
+
+    polled = poll_update_machine(service.client, host.name, _file_spec(path, "from a Job\n"), within=WITHIN)
+
+    assert (polled.status, polled.message) == ("Success", "update applied"), (
+        polled.messages,
+        _diagnosis(node_cluster, jobs_namespace),
+    )
+    assert on_node(node_cluster, host, "cat", path) == "from a Job\n"
+    assert stamp_writes(node_cluster, host) == stamps + 1
+    # the record on the Machine: one attempt, successful, its Job named
+    record = _record(node_cluster, host.name)
+    [attempt] = record["attempts"]
+    assert attempt["o"]["kind"] == "successful", record
+    # the Job: the documented labels; its Pod ran on another real node and ended with the outcome
+    [job] = _jobs(node_cluster, jobs_namespace, host.name)
+    assert job["metadata"]["name"] == attempt["j"]
+    labels = job["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "inplace-extension", labels
+    assert labels["app.kubernetes.io/component"] == "attempt", labels
+    assert (labels[NAMESPACE_LABEL], labels[ATTEMPT_LABEL]) == (MACHINES_NAMESPACE, "1"), labels
+    assert len(labels[RUN_LABEL]) == 16, labels
+    assert objects.condition(job, "Complete"), job.get("status")
+    [pod] = _pods(node_cluster, jobs_namespace, job["metadata"]["name"])
+    others = {h.name for h in node_cluster.hosts} - {host.name}
+    assert pod["spec"]["nodeName"] in others, pod["spec"].get("nodeName")
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert json.loads(terminated["message"])["kind"] == "successful", terminated
+
+
+def _held_in_health_gate(polled_message: str) -> bool:
+    return "health" in polled_message
+
+
+def test_a_jobs_pod_deleted_mid_play_is_one_interrupted_attempt_and_the_next_job_takes_the_lock_at_once(
+    node_cluster: Cluster, replicas: Start, jobs_namespace: str, target: Host
+) -> None:
+    host = target
+    tag = uuid.uuid4().hex[:8]
+    path, release = f"{RELEASE_DIR}/deleted-{tag}", f"{RELEASE_DIR}/release-{tag}"
+    stamps = stamp_writes(node_cluster, host)
+    service = replicas("a", HELD % release)
+    spec = _file_spec(path, "after a deleted Pod\n")
+
+    held = poll_update_machine(service.client, host.name, spec, within=WITHIN, until=_held_in_health_gate)
+    assert held.status == "Success" and _held_in_health_gate(held.message), (held.messages, service.log())
+    pod = _running_pod(node_cluster, jobs_namespace, host.name)
+    assert pod is not None, _jobs(node_cluster, jobs_namespace, host.name)
+    node_cluster.kube.kubectl("delete", "pod", pod["metadata"]["name"], "-n", jobs_namespace, "--wait=false")
+    # the next attempt's play passes its health gate at once
+    on_node(node_cluster, host, "touch", release)
+
+    polled = poll_update_machine(service.client, host.name, spec, within=WITHIN)
+
+    assert (polled.status, polled.message) == ("Success", "update applied"), (polled.messages, service.log())
+    first, second = _record(node_cluster, host.name)["attempts"]
+    assert first["o"]["kind"] == "interrupted", first
+    assert second["o"]["kind"] == "successful", second
+    # the host lock of the deleted Pod's play was taken over at once, not after the stale timeout
+    assert second["o"]["finished"] - second["s"] < 120, second
+    jobs = _jobs(node_cluster, jobs_namespace, host.name)
+    assert [j["metadata"]["name"] for j in jobs] == [first["j"], second["j"]]
+    assert objects.condition(jobs[0], "Failed") and objects.condition(jobs[1], "Complete")
+    assert on_node(node_cluster, host, "cat", path) == "after a deleted Pod\n"
+    assert stamp_writes(node_cluster, host) == stamps + 1
+
+
+def test_a_replica_killed_mid_play_changes_nothing_the_other_answers_and_the_node_is_updated_once(
+    node_cluster: Cluster, replicas: Start, jobs_namespace: str, target: Host
+) -> None:
+    host = target
+    tag = uuid.uuid4().hex[:8]
+    path, release = f"{RELEASE_DIR}/replicas-{tag}", f"{RELEASE_DIR}/release-{tag}"
+    stamps = stamp_writes(node_cluster, host)
+    first, second = replicas("a", HELD % release), replicas("b", HELD % release)
+    spec = _file_spec(path, "two replicas\n")
+
+    held = poll_update_machine(first.client, host.name, spec, within=WITHIN, until=_held_in_health_gate)
+    assert held.status == "Success" and _held_in_health_gate(held.message), (held.messages, first.log())
+    first.kill()  # SIGKILL mid-play: the play is the Job's, the record the Machine's
+    # the other replica, which started nothing, answers the same play in flight
+    still = poll_update_machine(second.client, host.name, spec, within=WITHIN, until=_held_in_health_gate)
+    assert _held_in_health_gate(still.message), (still.messages, second.log())
+    on_node(node_cluster, host, "touch", release)
+
+    polled = poll_update_machine(second.client, host.name, spec, within=WITHIN)
+
+    assert (polled.status, polled.message) == ("Success", "update applied"), (polled.messages, second.log())
+    [attempt] = _record(node_cluster, host.name)["attempts"]
+    assert attempt["o"]["kind"] == "successful", attempt
+    assert len(_jobs(node_cluster, jobs_namespace, host.name)) == 1
+    assert on_node(node_cluster, host, "cat", path) == "two replicas\n"
+    assert stamp_writes(node_cluster, host) == stamps + 1
