@@ -122,7 +122,8 @@ class Settings(BaseSettings):
         None,
         # the default is right when the Jobs run the service's own image; a service outside that image,
         # or a --job-image that keeps them elsewhere, names it
-        description="kubernetes executor: the playbooks directory in the Jobs' image (default: --playbooks-dir)",
+        description="kubernetes executor: the playbooks directory in the Jobs' image "
+        "(default: --playbooks-dir)",
     )
     job_deadline_seconds: int = Field(
         3600,
