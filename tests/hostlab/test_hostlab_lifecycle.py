@@ -80,7 +80,8 @@ def test_down_leaves_namespaces_mounts_links_and_processes_as_before(lab: Lab) -
         in_lab = set().union(*(during.namespaces[ns] for ns in created_ns))
         # the snapshot sees what the lab created, so comparing snapshots can catch leftovers
         assert {other.bridge, *(h.veth for h in hosts)} <= during.links - before.links
-        assert created_ns <= set(during.namespaces) - set(before.namespaces)
+        # (not "new since before": a number freed by another process meanwhile is reused at once, seen in CI)
+        assert created_ns <= set(during.namespaces)
         assert len(ours) == 3  # two hosts' unshare + the apt proxy
         assert len(in_lab) >= 4  # per host: PID 1 (hostlab-init) and sshd
     finally:

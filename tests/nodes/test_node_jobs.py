@@ -39,14 +39,13 @@ from inplace_extension.runs.ssh import close_control_masters
 from .conftest import (
     MACHINES_NAMESPACE,
     REPO,
-    START,
     Cluster,
     capabilities,
     kube_aware_args,
     provisioned_machine,
 )
 from .images import node_image
-from .test_node_capabilities import on_node, stamp_writes
+from .test_node_capabilities import node, on_node, stamp_writes
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
@@ -218,8 +217,11 @@ def _diagnosis(cluster: Cluster, namespace: str) -> str:
     return text
 
 
-def _file_spec(path: str, content: str) -> NodeSpec:
-    return NodeSpec(START, {"files": [{"path": path, "content": content}]})
+def _file_spec(cluster: Cluster, host: Host, path: str, content: str) -> NodeSpec:
+    """A file on ``host`` at the Kubernetes version its Node runs: the node lab is shared, and another
+    test may have upgraded this node already (a Machine at the joined version would be a downgrade)."""
+    version = node(cluster, host)["status"]["nodeInfo"]["kubeletVersion"]
+    return NodeSpec(version, {"files": [{"path": path, "content": content}]})
 
 
 def _running_pod(cluster: Cluster, namespace: str, machine: str) -> dict[str, Any] | None:
@@ -244,7 +246,9 @@ def test_a_job_on_another_real_node_updates_the_node_over_ssh(
     stamps = stamp_writes(node_cluster, host)
     service = replicas("a")
 
-    polled = poll_update_machine(service.client, host.name, _file_spec(path, "from a Job\n"), within=WITHIN)
+    polled = poll_update_machine(
+        service.client, host.name, _file_spec(node_cluster, host, path, "from a Job\n"), within=WITHIN
+    )
 
     assert (polled.status, polled.message) == ("Success", "update applied"), (
         polled.messages,
@@ -284,13 +288,18 @@ def test_a_jobs_pod_deleted_mid_play_is_one_interrupted_attempt_and_the_next_job
     path, release = f"{RELEASE_DIR}/deleted-{tag}", f"{RELEASE_DIR}/release-{tag}"
     stamps = stamp_writes(node_cluster, host)
     service = replicas("a", HELD % release)
-    spec = _file_spec(path, "after a deleted Pod\n")
+    spec = _file_spec(node_cluster, host, path, "after a deleted Pod\n")
 
     held = poll_update_machine(service.client, host.name, spec, within=WITHIN, until=_held_in_health_gate)
     assert held.status == "Success" and _held_in_health_gate(held.message), (held.messages, service.log())
     pod = _running_pod(node_cluster, jobs_namespace, host.name)
     assert pod is not None, _jobs(node_cluster, jobs_namespace, host.name)
-    node_cluster.kube.kubectl("delete", "pod", pod["metadata"]["name"], "-n", jobs_namespace, "--wait=false")
+    # waited for: during the Pod's grace period its play still runs, and the release below would let it
+    # finish (seen in CI: one successful attempt, no interrupted one)
+    name = pod["metadata"]["name"]
+    node_cluster.kube.kubectl(
+        "delete", "pod", name, "-n", jobs_namespace, "--wait=true", "--timeout=180s", timeout=200
+    )
     # the next attempt's play passes its health gate at once
     on_node(node_cluster, host, "touch", release)
 
@@ -317,7 +326,7 @@ def test_a_replica_killed_mid_play_changes_nothing_the_other_answers_and_the_nod
     path, release = f"{RELEASE_DIR}/replicas-{tag}", f"{RELEASE_DIR}/release-{tag}"
     stamps = stamp_writes(node_cluster, host)
     first, second = replicas("a", HELD % release), replicas("b", HELD % release)
-    spec = _file_spec(path, "two replicas\n")
+    spec = _file_spec(node_cluster, host, path, "two replicas\n")
 
     held = poll_update_machine(first.client, host.name, spec, within=WITHIN, until=_held_in_health_gate)
     assert held.status == "Success" and _held_in_health_gate(held.message), (held.messages, first.log())
