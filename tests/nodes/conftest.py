@@ -137,6 +137,22 @@ def kube_aware_args(cluster: Cluster) -> list[str]:
     return ["--kubeconfig", str(cluster.kube.kubeconfig), "--workload-kubeconfig", "management"]
 
 
+def serve_service(cluster: Cluster, home: Path, extra_caps: str, extra_args: Sequence[str]) -> Service:
+    """The real ``serve`` for the node lab, started: its inventory (every node), capabilities file (the
+    lab tests' shipped one plus ``extra_caps``), runs dir and log in ``home``; ``extra_args`` for
+    ``serve``."""
+    inventory = home / "inventory.yaml"
+    inventory.write_text(render(cluster.lab, "service", [h.name for h in cluster.hosts]))
+    caps = home / "capabilities.yaml"
+    caps.write_text(capabilities(cluster) + extra_caps)
+    runs = home / "runs"
+    argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
+    argv += ["--inventory", str(inventory), "--allowed-cidrs", str(cluster.lab.network)]
+    argv += ["--runs-dir", str(runs), "--playbooks-dir", str(REPO / "playbooks")]
+    argv += ["--retry-after-seconds", "1", "--capabilities-file", str(caps), *extra_args]
+    return Service(argv, home / "service.log", runs)
+
+
 StartService = Callable[..., Service]
 
 
@@ -148,16 +164,7 @@ def node_service(node_cluster: Cluster, tmp_path: Path) -> Iterator[StartService
     started: list[Service] = []
 
     def start(extra_caps: str = "", extra_args: Sequence[str] = ()) -> Service:
-        inventory = tmp_path / "inventory.yaml"
-        inventory.write_text(render(node_cluster.lab, "service", [h.name for h in node_cluster.hosts]))
-        caps = tmp_path / "capabilities.yaml"
-        caps.write_text(capabilities(node_cluster) + extra_caps)
-        runs = tmp_path / "runs"
-        argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
-        argv += ["--inventory", str(inventory), "--allowed-cidrs", str(node_cluster.lab.network)]
-        argv += ["--runs-dir", str(runs), "--playbooks-dir", str(REPO / "playbooks")]
-        argv += ["--retry-after-seconds", "1", "--capabilities-file", str(caps), *extra_args]
-        service = Service(argv, tmp_path / "service.log", runs)
+        service = serve_service(node_cluster, tmp_path, extra_caps, extra_args)
         started.append(service)
         return service
 

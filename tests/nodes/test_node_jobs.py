@@ -18,7 +18,6 @@ kills a replica, or deletes the Job's Pod, while the play is known to be in its 
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +27,6 @@ import pytest
 import yaml
 from e2e.capi import NodeSpec, poll_update_machine
 from e2e.service import Service
-from hostlab.inventory import render
 from hostlab.lab import Host
 from kubelab import objects
 
@@ -40,9 +38,9 @@ from .conftest import (
     MACHINES_NAMESPACE,
     REPO,
     Cluster,
-    capabilities,
     kube_aware_args,
     provisioned_machine,
+    serve_service,
 )
 from .images import node_image
 from .test_node_capabilities import node, on_node, stamp_writes
@@ -145,28 +143,13 @@ def replicas(node_cluster: Cluster, jobs_namespace: str, tmp_path: Path) -> Iter
     def start(name: str, extra_caps: str = "") -> Service:
         home = tmp_path / name
         home.mkdir()
-        inventory = home / "inventory.yaml"
-        inventory.write_text(render(node_cluster.lab, "service", [h.name for h in node_cluster.hosts]))
-        caps = home / "capabilities.yaml"
-        caps.write_text(capabilities(node_cluster) + extra_caps)
-        runs = home / "runs"
-        argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
-        argv += ["--inventory", str(inventory), "--allowed-cidrs", str(node_cluster.lab.network)]
-        argv += ["--runs-dir", str(runs), "--playbooks-dir", str(REPO / "playbooks")]
-        argv += ["--retry-after-seconds", "1", "--capabilities-file", str(caps)]
-        argv += [
-            *kube_aware_args(node_cluster),
-            "--executor",
-            "kubernetes",
-            "--job-namespace",
-            jobs_namespace,
-        ]
+        argv = [*kube_aware_args(node_cluster), "--executor", "kubernetes", "--job-namespace", jobs_namespace]
         argv += ["--job-image", image, "--job-ssh-secret", SSH_SECRET]
         # this service runs from the worktree, its Jobs from the image: the image's playbooks
         argv += ["--job-playbooks-dir", "/opt/inplace-extension/playbooks"]
         # the Secret mounted where the inventory's private_key_file is (the lab's key, by its file name)
         argv += ["--job-ssh-dir", str(node_cluster.lab.private_key.parent), "--job-deadline-seconds", "600"]
-        service = Service(argv, home / "service.log", runs)
+        service = serve_service(node_cluster, home, extra_caps, argv)
         started.append(service)
         return service
 
