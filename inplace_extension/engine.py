@@ -105,6 +105,7 @@ def build_engine(
     play = play_config(config)
     backend: Backend
     if settings.executor == "kubernetes":
+        refuse_own_roles(config)
         backend = kubernetes_backend(settings, play, records, jobs_kubeconfig)
     else:
         backend = LocalBackend(settings, cluster=cluster, play=play, metrics=metrics, clock=time.time)
@@ -119,6 +120,20 @@ def build_engine(
             backend=backend,
         )
     )
+
+
+def refuse_own_roles(config: FileConfig) -> None:
+    """The ``kubernetes`` executor plays in a Job of the service's image, which has the shipped roles and
+    nothing the service's Pod mounts besides: a capabilities file's own roles (their ``roles_path``) are
+    refused at start-up rather than missing from every play."""
+    own = [c for c in config.custom.capabilities if c.roles_path]
+    if own:
+        named = ", ".join(f"{c.name} (roles_path {c.roles_path})" for c in own)
+        raise ExecutorError(
+            "--executor kubernetes cannot play the capabilities file's own roles: its Jobs run the "
+            f"service's image, which does not have them: {named}; run these capabilities with "
+            "--executor local"
+        )
 
 
 def job_settings(settings: Settings) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 The record is an annotation on the object the update is for (record.py), written only if that object
 is unchanged since it was read (Conflict: read again, decide again); the attempt in flight is its Job.
-A poll reads the record; when its last attempt has no outcome it reads that attempt's Job:
+A poll reads the record once (:meth:`JobBackend.in_flight` keeps what it read for the :meth:`~JobBackend.
+load` that follows it when nothing is in flight); when its last attempt has no outcome it reads that
+attempt's Job:
 
 - running: in flight, with the phase the Job's Pod published on itself (``running: ntp``);
 - finished with an outcome in its termination message: that outcome, copied into the record by the
@@ -20,8 +22,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -37,6 +37,7 @@ from inplace_extension.runs import progress
 from inplace_extension.runs.artifacts import Attempt
 from inplace_extension.runs.backend import Launch
 from inplace_extension.runs.local import PlayConfig
+from inplace_extension.runs.memo import Recent
 from inplace_extension.runs.model import RunRequest
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 # before that replica created its Job.
 JOB_APPEARS_SECONDS: Final = 60.0
 WRITE_TRIES: Final = 5  # reads and conditional writes before an object that keeps changing is an error
-CACHED_IDENTS: Final = 4096
 
 
 @dataclass(frozen=True)
@@ -85,18 +85,23 @@ class JobBackend:
         self._job_settings = dict(job_settings)
         self._capabilities_file = capabilities_file
         self._clock = clock
-        self._lock = threading.Lock()
-        self._cache: OrderedDict[str, tuple[Attempt, ...]] = OrderedDict()  # for the status board only
+        # ident -> its attempts as last read, for the status board only (bounded: memo.py)
+        self._cache: Recent[str, tuple[Attempt, ...]] = Recent()
+        # ident -> the record in_flight read and found nothing in flight in: the poll's load answers from
+        # it instead of reading the object again (taken once; bounded, as a poll may end before its load)
+        self._looked: Recent[str, Record] = Recent()
 
     # the record
 
     def cached(self, ident: str) -> Sequence[Attempt]:
-        with self._lock:
-            return self._cache.get(ident, ())
+        return self._cache.get(ident) or ()
 
     async def load(self, request: RunRequest) -> list[Attempt]:
-        look = await anyio.to_thread.run_sync(self._look, request)
-        return look.record.to_attempts()
+        """The record :meth:`in_flight` read just before, in the same poll; else read now."""
+        record = self._looked.pop(request.ident)
+        if record is None:
+            record = (await anyio.to_thread.run_sync(self._look, request)).record
+        return record.to_attempts()
 
     async def wait_began(self, request: RunRequest, check: str, token: str, now: float) -> float:
         def began() -> float:
@@ -126,6 +131,7 @@ class JobBackend:
         if look.earlier is not None:
             return progress.queued(1, 1)
         if look.running is None:
+            self._looked.set(request.ident, look.record)
             return None
         return progress.running(look.running.phase or progress.STARTING)
 
@@ -189,11 +195,7 @@ class JobBackend:
                 record = self._end(request, attempt, outcome)
             else:
                 running = JobState(finished=False, termination_message=None, phase=None)
-        with self._lock:
-            self._cache[request.ident] = tuple(record.to_attempts())
-            self._cache.move_to_end(request.ident)
-            while len(self._cache) > CACHED_IDENTS:
-                self._cache.popitem(last=False)
+        self._cache.set(request.ident, tuple(record.to_attempts()))
         return _Look(record, running)
 
     def _end(self, request: RunRequest, attempt: Recorded, outcome: Any) -> Record:

@@ -41,6 +41,7 @@ from inplace_extension.runs.artifacts import (
     write_json,
 )
 from inplace_extension.runs.backend import Launch
+from inplace_extension.runs.memo import Recent
 from inplace_extension.runs.model import Blocked, ClusterSide, RunRequest
 from inplace_extension.runs.outcomes import classify, load_attempts
 from inplace_extension.runs.registry import Job, RunRegistry
@@ -118,8 +119,9 @@ class LocalBackend:
         self._on_phase = on_phase
         if metrics is not None:
             metrics.bind_run_gauges(self._registry.running_count, self._registry.queued_count)
-        self._cache_lock = threading.Lock()
-        self._attempts: dict[str, list[Attempt]] = {}  # ident -> attempts on disk (cache)
+        # ident -> its attempts as last read from disk: a cache of the updates polled lately, bounded (an
+        # update forgotten is read from disk again on its next poll)
+        self._attempts: Recent[str, tuple[Attempt, ...]] = Recent()
         self._locks: dict[str, HostLock] = {}  # ident -> the host lock given with its launch
         self._ends = EndWaiters()
         self._ended: dict[str, threading.Event] = {}  # ident -> set once its last submitted attempt ended
@@ -127,12 +129,10 @@ class LocalBackend:
     # the record
 
     def cached(self, ident: str) -> Sequence[Attempt]:
-        with self._cache_lock:
-            return tuple(self._attempts.get(ident, ()))
+        return self._attempts.get(ident) or ()
 
     async def load(self, request: RunRequest) -> list[Attempt]:
-        with self._cache_lock:
-            cached = self._attempts.get(request.ident)
+        cached = self._attempts.get(request.ident)
         if cached is not None:
             return list(cached)
         return await anyio.to_thread.run_sync(self._load_now, request)
@@ -146,8 +146,7 @@ class LocalBackend:
 
     def _load_now(self, request: RunRequest) -> list[Attempt]:
         attempts = load_attempts(self._runs_dir / request.ident, request.fingerprint)
-        with self._cache_lock:
-            self._attempts[request.ident] = attempts
+        self._attempts.set(request.ident, tuple(attempts))
         return attempts
 
     # the launcher

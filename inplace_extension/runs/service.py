@@ -25,7 +25,7 @@ from inplace_extension.runs.artifacts import (
 )
 from inplace_extension.runs.backend import Backend, Launch
 from inplace_extension.runs.inventory import InventorySource
-from inplace_extension.runs.memo import Memo
+from inplace_extension.runs.memo import Memo, Recent
 from inplace_extension.runs.model import (
     NO_CLUSTER_SIDE,
     NO_OBJECT_HEALTH,
@@ -93,8 +93,9 @@ class RunService:
         if deps.metrics is not None:
             deps.metrics.bind_update_status(self._board.counts)
         self._windows = deps.windows
-        # ident -> the message of a not-started update last posted as an Event (a wait, a timed-out check)
-        self._announced: dict[str, str] = {}
+        # ident -> the message of a not-started update last posted as an Event (a wait, a timed-out check);
+        # bounded as the memos are: forgetting one posts that Event once more
+        self._announced: Recent[str, str] = Recent()
 
     async def poll(self, request: RunRequest) -> Progress:
         problem = validate.problem(request)
@@ -153,7 +154,7 @@ class RunService:
 
     async def _start_now(self, request: RunRequest, token: str) -> Progress:
         """The attempt starts now: whatever it waited for is over."""
-        self._announced.pop(request.ident, None)  # it starts: its waits are over
+        self._announced.pop(request.ident)  # it starts: its waits are over
         await self._end_health_wait(request)
         return await self._start(request, token)
 
@@ -176,7 +177,7 @@ class RunService:
     def _waiting(self, request: RunRequest, message: str, retry_after: int, why: WaitReason) -> Progress:
         """Not started, and not now: an Event the first time this Machine waits for this."""
         if self._announced.get(request.ident) != message:
-            self._announced[request.ident] = message
+            self._announced.set(request.ident, message)
             self._cluster.state(request, "Waiting", message)
         return Progress(ProgressState.IN_PROGRESS, message, retry_after, waiting=why)
 
@@ -197,7 +198,7 @@ class RunService:
             return self._waiting(request, unhealthy.waiting, self._retry_after, "health_check")
         failure = unhealthy.start_failure(timeout)
         if self._announced.get(request.ident) != failure:  # once; again after a new wait
-            self._announced[request.ident] = failure
+            self._announced.set(request.ident, failure)
             self._cluster.state(request, "Failed", failure, warning=True)
         return Progress(ProgressState.FAILED, failure, transient=True)
 

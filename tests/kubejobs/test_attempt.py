@@ -11,7 +11,7 @@ import pytest
 from kubefake import FakeJobs
 from runs.fakes import FakeRunner, unreachable_events
 
-from inplace_extension.capabilities_file import FileConfig
+from inplace_extension.capabilities_file import FileConfig, load_file
 from inplace_extension.cli import main
 from inplace_extension.engine import ExecutorError, Records, build_engine, job_settings, own_image
 from inplace_extension.inplace.custom import NO_CUSTOM
@@ -144,3 +144,35 @@ def test_the_jobs_play_the_playbooks_of_their_image(tmp_path: Path) -> None:
     outside = settings.model_copy(update={"job_playbooks_dir": "/opt/inplace-extension/playbooks"})
     assert job_settings(outside)["playbooks_dir"] == "/opt/inplace-extension/playbooks"
     assert Settings(**job_settings(outside)).playbooks_dir == Path("/opt/inplace-extension/playbooks")
+
+
+def test_the_kubernetes_executor_refuses_the_capabilities_files_own_roles_at_start_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Jobs run the service's image, which has no roles_path directory of the file's: refused with the
+    capability and its roles_path named, before anything connects (not a play failing on a missing role)."""
+    roles = tmp_path / "roles"
+    (roles / "motd" / "tasks").mkdir(parents=True)
+    (roles / "motd" / "tasks" / "main.yml").write_text("---\n[]\n")
+    caps = tmp_path / "caps.yaml"
+    caps.write_text(
+        f"capabilities:\n  - name: motd\n    role: motd\n    roles_path: {roles}\n    claims:\n"
+        "      - {kind: KubeadmConfig, pointer: /preKubeadmCommands}\n"
+    )
+    argv = ["serve", "--plain-http", "--executor", "kubernetes", "--job-image", "inplace-extension:0.1.0"]
+    argv += [
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--listen",
+        "127.0.0.1:0",
+        "--capabilities-file",
+        str(caps),
+    ]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert "--executor kubernetes cannot play the capabilities file's own roles" in error
+    assert f"motd (roles_path {roles})" in error
+    assert "--executor local" in error
+    # the same file with the local executor is fine: the refusal is the kubernetes executor's
+    settings = Settings(runs_dir=tmp_path / "runs", playbooks_dir=PLAYBOOKS)
+    build_engine(settings, load_file(caps), Metrics()).close()

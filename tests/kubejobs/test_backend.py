@@ -294,3 +294,52 @@ async def test_a_new_desired_state_waits_for_the_job_of_the_earlier_one(
     cluster.finish(job_name(req().ident, 1), None)
     assert await replica(settings, cluster, clock).poll(newer) == STARTING
     assert json.loads(cluster.annotation(MACHINE, RECORD_ANNOTATION) or "{}")["ident"] == newer.ident
+
+
+async def test_a_poll_reads_the_record_once(settings: Settings, cluster: FakeJobs, clock: Clock) -> None:
+    """in_flight reads the record; the load of the same poll answers from that read, not from another
+    GET of the Machine (each poll of each replica is one read, whatever it answers)."""
+    service = replica(settings, cluster, clock)
+    reads = cluster.calls.count["read"]
+    assert await service.poll(req()) == STARTING  # nothing recorded: read, decide, launch
+    # launching reads again, under its own precondition (the write's), and once for the Node
+    launched = cluster.calls.count["read"] - reads
+    job = cluster.only_job()
+    reads = cluster.calls.count["read"]
+    assert await service.poll(req()) == STARTING  # in flight: the load is not called
+    assert cluster.calls.count["read"] == reads + 1
+    cluster.finish(job.manifest["metadata"]["name"], outcome(OutcomeKind.SUCCESSFUL, clock.now))
+    reads, writes = cluster.calls.count["read"], cluster.calls.count["write"]
+    assert await service.poll(req()) == Progress(ProgressState.DONE, "update applied")
+    # the outcome copied into the record: one read to find it, one (under the write's precondition) to
+    # write it; the poll's load then answers from what in_flight read
+    assert cluster.calls.count["write"] == writes + 1
+    assert cluster.calls.count["read"] == reads + 2
+    reads = cluster.calls.count["read"]
+    assert await service.poll(req()) == Progress(ProgressState.DONE, "update applied")
+    assert cluster.calls.count["read"] == reads + 1, "done: one read of the record"
+    assert launched == 3
+
+
+async def test_what_in_flight_read_is_the_next_loads_only(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    """The record in_flight kept is taken by the load that follows it, once: a later load (without an
+    in_flight before it) reads the object again and sees what changed meanwhile."""
+    backend = JobBackend(
+        jobs=cluster,
+        records=cluster,
+        where=lambda request: RecordRef("Machine", request.name, request.namespace),
+        config=CONFIG,
+        play=NO_PLAY_CONFIG,
+        job_settings={},
+        capabilities_file=None,
+        clock=clock,
+    )
+    assert await backend.in_flight(req()) is None
+    assert await backend.load(req()) == []
+    other = replica(settings, cluster, clock)
+    assert await other.poll(req()) == STARTING  # another replica launched meanwhile
+    reads = cluster.calls.count["read"]
+    assert [a.number for a in await backend.load(req())] == [1]
+    assert cluster.calls.count["read"] == reads + 1

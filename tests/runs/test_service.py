@@ -16,9 +16,10 @@ from hostlab.proc import wait_until
 from run_deps import run_service
 
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs import holds
+from inplace_extension.runs import holds, memo
 from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.inventory import InventoryError
+from inplace_extension.runs.local import LocalBackend
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest, Unhealthy
 from inplace_extension.runs.policy import RETRY_ANNOTATION
 from inplace_extension.runs.resolve import ADDRESS_ANNOTATION
@@ -637,3 +638,32 @@ async def test_after_the_play_the_health_gate_waits_for_the_checks_then_fails_na
     finally:
         fake.gate.set()
         service.close()
+
+
+async def test_what_the_service_and_its_local_backend_remember_per_update_is_bounded(
+    settings: Settings, fake: FakeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait last posted as an Event and the attempts read from disk are kept per update polled; past
+    their bound (runs/memo.py) the oldest are forgotten, and a forgotten update answers as before (its
+    attempts read from disk again)."""
+    monkeypatch.setattr(memo, "DEFAULT_BOUND", 2)
+    svc = run_service(settings)
+    try:
+        hold = holds.hold_of("MachineDeployment machines/pool", {holds.PAUSE_ANNOTATION: "true"})
+        assert hold is not None
+        for name in ("m1", "m2", "m3"):
+            answer = await svc.poll(RunRequest(**{**req(name).__dict__, "hold": hold}))
+            assert answer.waiting == "pause"
+        assert len(svc._announced) == 2
+        backend = svc._backend
+        assert isinstance(backend, LocalBackend)
+        assert len(backend._attempts) == 2
+        assert (await settle(svc, req("m1"))).state is ProgressState.DONE
+        assert (await settle(svc, req("m2"))).state is ProgressState.DONE
+        assert (await settle(svc, req("m3"))).state is ProgressState.DONE
+        assert backend.cached(req("m1").ident) == (), "m1's attempts were forgotten: m2 and m3 came later"
+        assert (await svc.poll(req("m1"))).state is ProgressState.DONE, "read from disk again"
+        assert len(backend.cached(req("m1").ident)) == 1
+        assert fake.count("m1") == 1
+    finally:
+        svc.close()
