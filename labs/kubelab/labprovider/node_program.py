@@ -1,0 +1,128 @@
+"""The program the lab provider runs on a node (as root: ``sudo python3 -c <this file>``); standard library.
+
+It reads one JSON request on stdin and writes one JSON answer on stdout; the request's strings are data
+here, never a command line. Two operations:
+
+- ``provision``: what cloud-init does with CABPK's cloud-config, in cloud-init's order: the ``bootcmd``
+  script, then the files of ``write_files`` (parents made, content written or appended, mode and owner
+  set), then the ``runcmd`` script; both scripts run by ``/bin/sh`` with their output in
+  :data:`OUTPUT_LOG` (where cloud-init keeps ``cloud-init-output.log``); then whether CABPK's sentinel
+  file exists. The written paths are recorded in :data:`STATE_DIR` for ``reset``.
+- ``reset``: the node back to the pool: ``kubeadm reset -f`` when kubeadm is installed, then every file
+  ``provision`` wrote, CABPK's directories (``/run/cluster-api``, ``/run/kubeadm``), the scripts, the log
+  and the record removed.
+"""
+
+from __future__ import annotations
+
+import base64
+import grp
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+STATE_DIR = Path("/var/lib/hostlab-lab-provider")
+WRITTEN = STATE_DIR / "written.json"
+OUTPUT_LOG = Path("/var/log/hostlab-lab-provider-output.log")
+CABPK_DIRS = (Path("/run/cluster-api"), Path("/run/kubeadm"))
+TAIL = 2000  # characters of a failed script's output in the answer
+SCRIPT_TIMEOUT = 900  # kubeadm init/join take minutes on a busy machine; a hung command must not hang us
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    try:
+        answer = provision(request) if request["op"] == "provision" else reset()
+    except (OSError, KeyError, ValueError, subprocess.SubprocessError) as exc:
+        answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    json.dump(answer, sys.stdout)
+
+
+def provision(request: dict[str, Any]) -> dict[str, Any]:
+    STATE_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    steps: list[dict[str, Any]] = []
+    if request.get("bootcmd"):
+        steps.append(run_script("bootcmd", request["bootcmd"]))
+        if steps[-1]["exit"] != 0:
+            return {"ok": False, "steps": steps, "error": "bootcmd failed"}
+    written = [str(p) for p in _load_written()]
+    for entry in request["files"]:
+        path = Path(entry["path"])
+        written.append(str(path))
+        WRITTEN.write_text(
+            json.dumps(sorted(set(written)))
+        )  # before the write: reset removes a half-done one
+        write_file(
+            path, base64.b64decode(entry["content"]), entry["permissions"], entry["owner"], entry["append"]
+        )
+    if request.get("runcmd"):
+        steps.append(run_script("runcmd", request["runcmd"]))
+    sentinel = Path(request["sentinel"]).is_file()
+    return {"ok": True, "steps": steps, "sentinel": sentinel}
+
+
+def write_file(path: Path, content: bytes, permissions: int, owner: str, append: bool) -> None:
+    user, _, group = owner.partition(":")
+    uid = pwd.getpwnam(user).pw_uid
+    gid = grp.getgrnam(group).gr_gid if group else pwd.getpwnam(user).pw_gid
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, permissions)
+    try:
+        os.write(fd, content)
+        os.fchmod(fd, permissions)  # the mode of an existing file too (open's mode applies only on create)
+        os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
+
+
+def run_script(name: str, text: str) -> dict[str, Any]:
+    script = STATE_DIR / name
+    script.write_text(text)
+    script.chmod(0o700)
+    with OUTPUT_LOG.open("ab") as log:
+        log.write(f"--- {name}\n".encode())
+        log.flush()
+        result = subprocess.run(
+            ["/bin/sh", str(script)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=SCRIPT_TIMEOUT,
+            check=False,
+        )
+        log.write(result.stdout)
+    return {"name": name, "exit": result.returncode, "output": result.stdout.decode(errors="replace")[-TAIL:]}
+
+
+def reset() -> dict[str, Any]:
+    steps: list[dict[str, Any]] = []
+    kubeadm = shutil.which("kubeadm")
+    if kubeadm:
+        result = subprocess.run(
+            [kubeadm, "reset", "-f"], capture_output=True, text=True, timeout=SCRIPT_TIMEOUT, check=False
+        )
+        steps.append({"name": "kubeadm reset", "exit": result.returncode, "output": result.stdout[-TAIL:]})
+    for path in _load_written():
+        path.unlink(missing_ok=True)
+    for directory in (*CABPK_DIRS, STATE_DIR):
+        shutil.rmtree(directory, ignore_errors=True)
+    OUTPUT_LOG.unlink(missing_ok=True)
+    failed = [s["name"] for s in steps if s["exit"] != 0]
+    return {"ok": not failed, "steps": steps, **({"error": f"{', '.join(failed)} failed"} if failed else {})}
+
+
+def _load_written() -> list[Path]:
+    try:
+        return [Path(p) for p in json.loads(WRITTEN.read_text())]
+    except FileNotFoundError:
+        return []
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Bootstrap data in CABPK's format, for the lab provider's tests: a document laid out exactly as CAPI
+v1.14.2's ``bootstrap/kubeadm/pkg/cloudinit`` templates render a worker's (``nodeCloudInit``: the header,
+the user's files with ``encoding``/``owner``/``permissions``/``append``, the join configuration, the
+``/run/cluster-api`` placeholder, ``runcmd`` with the pre-kubeadm commands quoted by ``%q`` and the
+kubeadm command ``&& echo success > /run/cluster-api/bootstrap-success.complete``), and the Secret CABPK
+stores it in (``data.value``, ``data.format``, type ``cluster.x-k8s.io/secret``). Written by the test,
+not made by the real CABPK; the kubeadm command is the test's own (``kubeadm_command``) until the nodes
+join a cluster this way.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+from typing import Any
+
+SENTINEL_COMMAND = "echo success > /run/cluster-api/bootstrap-success.complete"  # CABPK's sentinelFileCommand
+PLACEHOLDER = (
+    "This placeholder file is used to create the /run/cluster-api sub directory in a way that is compatible"
+    " with both Linux and Windows (mkdir -p /run/cluster-api does not work with Windows)"
+)
+GZIPPED = b"gzip+base64 content\n"
+BASE64 = b"base64 content: \x00\x01 bytes\n"
+
+
+def _indent(text: str, spaces: int) -> str:
+    return "\n".join(" " * spaces + line for line in text.splitlines())
+
+
+def worker_document(kubeadm_command: str, pre_kubeadm: tuple[str, ...] = ()) -> str:
+    """A worker's cloud-config as CABPK renders it, with three user files (plain 0600 owned by nobody with
+    append, base64, gzip+base64) and the join configuration naming the node through the jinja metadata."""
+    gz = base64.b64encode(gzip.compress(GZIPPED, mtime=0)).decode()
+    b64 = base64.b64encode(BASE64).decode()
+    join = (
+        "apiVersion: kubeadm.k8s.io/v1beta4\nkind: JoinConfiguration\nnodeRegistration:\n"
+        "  name: '{{ ds.meta_data.local_hostname }}'\n  kubeletExtraArgs:\n"
+        "  - name: provider-id\n    value: lab://{{ ds.meta_data.local_hostname }}\n"
+    )
+    runcmd = "".join(f'\n  - "{c}"' for c in pre_kubeadm)  # %q of a string without quotes or escapes
+    return f"""## template: jinja
+#cloud-config
+
+write_files:
+-   path: /etc/lab-test/plain.conf
+    owner: nobody:nogroup
+    permissions: '0600'
+    append: true
+    content: |
+      plain line for {{{{ ds.meta_data.hostname }}}}
+-   path: /etc/lab-test/base64.bin
+    encoding: "base64"
+    owner: root:root
+    permissions: '0640'
+    content: |
+      {b64}
+-   path: /etc/lab-test/deep/gzip.txt
+    encoding: "gzip+base64"
+    permissions: '0755'
+    content: |
+      {gz}
+-   path: /run/kubeadm/kubeadm-join-config.yaml
+    owner: root:root
+    permissions: '0640'
+    content: |
+      ---
+{_indent(join, 6)}
+-   path: /run/cluster-api/placeholder
+    owner: root:root
+    permissions: '0640'
+    content: "{PLACEHOLDER}"
+runcmd:{runcmd}
+  - {kubeadm_command} && {SENTINEL_COMMAND}
+"""
+
+
+def secret(name: str, namespace: str, document: str, cluster: str) -> dict[str, Any]:
+    """The bootstrap data Secret as CABPK writes it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "cluster.x-k8s.io/secret",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"cluster.x-k8s.io/cluster-name": cluster},
+        },
+        "data": {
+            "value": base64.b64encode(document.encode()).decode(),
+            "format": base64.b64encode(b"cloud-config").decode(),
+        },
+    }
