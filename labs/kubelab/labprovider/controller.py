@@ -244,13 +244,13 @@ class Provider:
             waiting("WaitingForBootstrapData", what)
             return
         node = lab_machine.get("status", {}).get("nodeName") or self.free_node(all_machines)
-        if node is None:
-            waiting("WaitingForNode", f"every node of the pool ({', '.join(self.pool)}) is taken")
-            return
-        try:
-            bootstrap = cloudconfig.parse(cloudconfig.secret_document(secret), node)
+        try:  # before a node is taken: bad data holds none (read for the first node when none is free)
+            bootstrap = cloudconfig.parse(cloudconfig.secret_document(secret), node or self.pool[0])
         except cloudconfig.BootstrapDataError as exc:
             waiting("BootstrapDataInvalid", f"bootstrap data Secret {secret_name}: {exc}")
+            return
+        if node is None:
+            waiting("WaitingForNode", f"every node of the pool ({', '.join(self.pool)}) is taken")
             return
         host = self.pool_lab.host(node)
         earlier = bool(lab_machine.get("status", {}).get("nodeName")) and uid not in self.started_here

@@ -1,0 +1,242 @@
+"""The lab's infrastructure provider on real nodes (issue #27 item 1), on its own: no CAPI controller runs.
+
+A pool of two hostlab nodes (systemd booted by systemd-nspawn, reached over SSH) and the provider's
+controller, started as a component of the session's kubelab. The CAPI objects the provider reads are
+written by the test as CAPI's controllers leave them: a v1beta2 Cluster (its
+``status.initialization.infrastructureProvisioned`` set through the status subresource, as the Cluster
+controller does once the LabCluster is provisioned) and Machines owning their LabMachines (the
+``ownerReferences`` CAPI's Machine controller sets). The bootstrap data Secrets are written in CABPK's
+exact format by the test (:mod:`labprovider.cabpk`), not made by the real CABPK; their kubeadm command is
+a stand-in (``test -s`` of the join configuration CABPK wrote) until the nodes join a cluster this way.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hostlab import prereqs
+from hostlab.config import Config
+from hostlab.lab import Host
+from hostlab.lab import Lab as HostLab
+from hostlab.proc import wait_until
+from hostlab.pytest_plugin import unavailable
+from hostlab.state import NODE
+from kubelab import labprovider, manifests, objects
+from kubelab.flavours import capi_objects as co
+from kubelab.lab import Lab as KubeLab
+from kubelab.labprovider import crds
+from kubelab.labprovider.controller import FINALIZER
+
+from .cabpk import BASE64, GZIPPED, secret, worker_document
+
+pytestmark = [pytest.mark.lab, pytest.mark.kube]
+
+NAMESPACE = f"lab-provider-{os.getpid()}"
+CLUSTER = "c1"
+LAB_MACHINE = f"labmachine.{crds.GROUP}"
+WAIT = 120.0  # a provisioning is a few SSH round trips; the machine's 2 cores are shared
+STAND_IN_KUBEADM = "test -s /run/kubeadm/kubeadm-join-config.yaml"  # the join configuration was written first
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[HostLab]:
+    cfg = Config.from_env()
+    why = prereqs.missing(cfg, NODE)
+    if why:
+        unavailable(why)
+    lab = HostLab(f"pytest-{os.getpid()}-pool", cfg)
+    try:
+        lab.up(2, owner_pid=os.getpid(), kind=NODE)
+        yield lab
+    finally:
+        lab.down()
+
+
+@pytest.fixture(scope="module")
+def provider(kubelab: KubeLab, pool: HostLab) -> Iterator[KubeLab]:
+    files = [manifests.capi_crd(kubelab, f"cluster.x-k8s.io_{p}.yaml") for p in ("clusters", "machines")]
+    manifests.install_crds(kubelab, files, only_missing=True)
+    labprovider.start(kubelab, pool, [h.name for h in pool.hosts()])
+    objects.ensure_namespace(kubelab, NAMESPACE)
+    try:
+        yield kubelab
+    finally:
+        # the LabMachines' finalizers need the controller: their nodes are reset before it stops
+        kubelab.kubectl("delete", LAB_MACHINE, "--all", "-n", NAMESPACE, "--wait=false", check=False)
+        wait_until(lambda: not _lab_machines(kubelab), WAIT, 0.5)
+        labprovider.stop(kubelab)
+        kubelab.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+def _lab_machines(kube: KubeLab) -> list[dict[str, Any]]:
+    out = kube.kubectl("get", LAB_MACHINE, "-n", NAMESPACE, "-o", "json").stdout
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
+
+
+def _get(kube: KubeLab, name: str) -> dict[str, Any]:
+    found = objects.get(kube, LAB_MACHINE, name, NAMESPACE)
+    assert found is not None, f"LabMachine {name} is gone"
+    return found
+
+
+def _ready(obj: dict[str, Any]) -> dict[str, Any]:
+    return dict(objects.condition(obj, "Ready") or {})
+
+
+def _wait_reason(kube: KubeLab, name: str, reason: str) -> dict[str, Any]:
+    def there() -> bool:
+        return _ready(_get(kube, name)).get("reason") == reason
+
+    assert wait_until(there, WAIT, 0.5), f"LabMachine {name}: {_ready(_get(kube, name))}, not {reason}"
+    return _get(kube, name)
+
+
+def _owner(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj["metadata"]
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"], "uid": meta["uid"]}
+
+
+def _cluster(kube: KubeLab) -> None:
+    """A Cluster whose infrastructure is a LabCluster; its provisioned infrastructure written to the Cluster
+    as CAPI's Cluster controller bubbles it up once the LabCluster says so."""
+    cluster = co.cluster(CLUSTER, NAMESPACE)
+    cluster["spec"]["infrastructureRef"] = co.ref(crds.GROUP, "LabCluster", CLUSTER)
+    objects.apply(kube, cluster)
+    owner = _owner(objects.get(kube, "cluster.cluster.x-k8s.io", CLUSTER, NAMESPACE) or {})
+    lab_cluster = {
+        "apiVersion": crds.API_VERSION,
+        "kind": "LabCluster",
+        "metadata": {"name": CLUSTER, "namespace": NAMESPACE, "ownerReferences": [owner]},
+        "spec": {"controlPlaneEndpoint": {"host": "kubelab-apiserver", "port": 6443}},
+    }
+    objects.apply(kube, lab_cluster)
+    provisioned = lambda c: c.get("status", {}).get("initialization", {}).get("provisioned") is True  # noqa: E731
+    objects.wait_for(kube, f"labcluster.{crds.GROUP}", CLUSTER, NAMESPACE, provisioned, "provisioned", WAIT)
+    status = {"initialization": {"infrastructureProvisioned": True}}
+    objects.set_status(kube, "cluster.cluster.x-k8s.io", CLUSTER, NAMESPACE, status)
+
+
+def _machine(kube: KubeLab, name: str, document: str | None) -> None:
+    """A Machine (bootstrap data Secret ``<name>-bootstrap``, written when ``document`` is given) owning the
+    LabMachine ``name``."""
+    if document is not None:
+        objects.apply(kube, secret(f"{name}-bootstrap", NAMESPACE, document, CLUSTER))
+    machine = {
+        "apiVersion": co.CORE_API,
+        "kind": "Machine",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {co.CLUSTER_LABEL: CLUSTER}},
+        "spec": {
+            "clusterName": CLUSTER,
+            "bootstrap": {"dataSecretName": f"{name}-bootstrap"},
+            "infrastructureRef": co.ref(crds.GROUP, "LabMachine", name),
+        },
+    }
+    objects.apply(kube, machine)
+    owner = _owner(objects.get(kube, "machine.cluster.x-k8s.io", name, NAMESPACE) or {})
+    meta = {
+        "name": name,
+        "namespace": NAMESPACE,
+        "labels": {co.CLUSTER_LABEL: CLUSTER},
+        "ownerReferences": [owner],
+    }
+    objects.apply(kube, {"apiVersion": crds.API_VERSION, "kind": "LabMachine", "metadata": meta, "spec": {}})
+
+
+def _stat(pool: HostLab, host: Host, path: str) -> str:
+    result = pool.exec_in(host, ["stat", "-c", "%a %U:%G", path])
+    return result.stdout.strip() if result.returncode == 0 else "missing"
+
+
+def _clean(pool: HostLab, host: Host) -> bool:
+    """Nothing of a bootstrap is left on the node: CABPK's files and directories, the provider's record."""
+    paths = ["/etc/lab-test/plain.conf", "/etc/lab-test/base64.bin", "/etc/lab-test/deep/gzip.txt"]
+    paths += ["/run/cluster-api", "/run/kubeadm", "/var/lib/hostlab-lab-provider"]
+    return all(_stat(pool, host, p) == "missing" for p in paths)
+
+
+def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_delete_returns_the_node_reset(
+    provider: KubeLab, pool: HostLab
+) -> None:
+    kube = provider
+    crd = objects.get(kube, "crd", f"labmachines.{crds.GROUP}") or {}
+    assert crd["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"] == crds.VERSION  # the contract label
+    _cluster(kube)
+    by_name = {h.name: h for h in pool.hosts()}
+
+    # no bootstrap data yet: the LabMachine waits, holding no node
+    _machine(kube, "m1", None)
+    waiting = _wait_reason(kube, "m1", "WaitingForBootstrapData")
+    assert "Secret m1-bootstrap not found" in _ready(waiting)["message"]
+    assert "nodeName" not in waiting.get("status", {})
+    objects.apply(kube, secret("m1-bootstrap", NAMESPACE, worker_document(STAND_IN_KUBEADM), CLUSTER))
+
+    m1 = _wait_reason(kube, "m1", "Provisioned")
+    node = m1["status"]["nodeName"]
+    host = by_name[node]
+    assert m1["spec"]["providerID"] == f"lab://{node}"
+    assert m1["status"]["initialization"] == {"provisioned": True}
+    assert m1["status"]["addresses"] == [
+        {"type": "Hostname", "address": node},
+        {"type": "InternalIP", "address": host.address},
+    ]
+    assert _ready(m1)["status"] == "True"
+    assert FINALIZER in m1["metadata"]["finalizers"]
+    # the files, as cloud-init writes them: content decoded, mode and owner set, the jinja metadata rendered
+    assert _stat(pool, host, "/etc/lab-test/plain.conf") == "600 nobody:nogroup"
+    assert pool.read_file(host, "/etc/lab-test/plain.conf") == f"plain line for {node}\n"
+    assert _stat(pool, host, "/etc/lab-test/base64.bin") == "640 root:root"
+    assert (
+        pool.exec_in(host, ["base64", "-w0", "/etc/lab-test/base64.bin"]).stdout
+        == base64.b64encode(BASE64).decode()
+    )
+    assert _stat(pool, host, "/etc/lab-test/deep/gzip.txt") == "755 root:root"
+    assert pool.read_file(host, "/etc/lab-test/deep/gzip.txt") == GZIPPED.decode()
+    join = pool.read_file(host, "/run/kubeadm/kubeadm-join-config.yaml")
+    assert f"name: '{node}'" in join and f"value: lab://{node}" in join
+    assert pool.read_file(host, "/run/cluster-api/bootstrap-success.complete") == "success\n"  # runcmd ran
+
+    # bad bootstrap data: a clear condition, and no node taken
+    users = "#cloud-config\nusers:\n- name: alice\nruncmd:\n- echo hi\n"
+    _machine(kube, "m2", users)
+    m2 = _wait_reason(kube, "m2", "BootstrapDataInvalid")
+    assert (
+        "bootstrap data Secret m2-bootstrap: the lab provider does not carry out users"
+        in _ready(m2)["message"]
+    )
+    assert "nodeName" not in m2.get("status", {})
+
+    # a runcmd that fails before CABPK's sentinel: a terminal failure naming the missing sentinel
+    _machine(kube, "m3", worker_document("sh -c 'echo join refused >&2; exit 3'"))
+    m3 = _wait_reason(kube, "m3", "BootstrapFailed")
+    other = m3["status"]["nodeName"]
+    assert other != node
+    message = _ready(m3)["message"]
+    assert "/run/cluster-api/bootstrap-success.complete is missing" in message and "join refused" in message
+    assert not m3["status"].get("initialization", {}).get("provisioned")
+
+    # the pool is empty now: the next LabMachine waits for a node
+    _machine(kube, "m4", worker_document(STAND_IN_KUBEADM))
+    _wait_reason(kube, "m4", "WaitingForNode")
+
+    # deleting m1 resets its node and returns it to the pool, where m4 takes it
+    kube.kubectl("delete", LAB_MACHINE, "m1", "-n", NAMESPACE, "--wait=false")
+    objects.wait_gone(kube, LAB_MACHINE, "m1", NAMESPACE, WAIT)
+    m4 = _wait_reason(kube, "m4", "Provisioned")
+    assert m4["status"]["nodeName"] == node
+    assert (
+        pool.read_file(host, "/etc/lab-test/plain.conf") == f"plain line for {node}\n"
+    )  # not appended twice
+
+    # deleting the failed one resets its node too
+    kube.kubectl("delete", LAB_MACHINE, "m3", "-n", NAMESPACE, "--wait=false")
+    objects.wait_gone(kube, LAB_MACHINE, "m3", NAMESPACE, WAIT)
+    assert _clean(pool, by_name[other])
+    kube.kubectl("delete", LAB_MACHINE, "m4", "-n", NAMESPACE, "--wait=false")
+    objects.wait_gone(kube, LAB_MACHINE, "m4", NAMESPACE, WAIT)
+    assert _clean(pool, host)
