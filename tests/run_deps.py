@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypedDict, Unpack
 
 from inplace_extension.metrics import Metrics
 from inplace_extension.runs.local import NO_PLAY_CONFIG, LocalBackend, PlayConfig
@@ -37,25 +38,18 @@ def run_deps(
     )
 
 
+class DepChoices(TypedDict, total=False):
+    """The dependencies a test may name (each one :func:`run_deps`'s keyword of the same name)."""
+
+    cluster: ClusterSide
+    object_health: ObjectHealth
+    windows: Schedule
+    clock: Callable[[], float]
+    play: PlayConfig
+
+
 def run_service(
-    settings: Settings,
-    metrics: Metrics | None = None,
-    *,
-    cluster: ClusterSide = NO_CLUSTER_SIDE,
-    object_health: ObjectHealth = NO_OBJECT_HEALTH,
-    windows: Schedule = NO_WINDOWS,
-    clock: Callable[[], float] = time.time,
-    play: PlayConfig = NO_PLAY_CONFIG,
+    settings: Settings, metrics: Metrics | None = None, **choices: Unpack[DepChoices]
 ) -> RunService:
     """A local-executor service for ``settings`` and the dependencies a test names."""
-    return RunService(
-        run_deps(
-            settings,
-            metrics,
-            cluster=cluster,
-            object_health=object_health,
-            windows=windows,
-            clock=clock,
-            play=play,
-        )
-    )
+    return RunService(run_deps(settings, metrics, **choices))

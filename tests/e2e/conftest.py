@@ -8,7 +8,6 @@ files, users and configs are real.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -20,7 +19,7 @@ from playbooks.support import ReleaseServer
 
 from inplace_extension.runs.ssh import close_control_masters
 
-from .service import Service
+from .service import Service, serve_argv
 
 REPO = Path(__file__).resolve().parents[2]
 START_VERSION = "v1.30.2"
@@ -71,28 +70,16 @@ def start_service(tmp_path: Path, e2e_capabilities: Path, lab: Lab) -> Iterator[
             own = Path(given[index + 1]).read_text()
             capabilities.write_text(own + e2e_capabilities.read_text())
             extra_args = given[:index] + given[index + 2 :]
-        argv = [
-            sys.executable,
-            "-m",
-            "inplace_extension",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--plain-http",
-            "--inventory",
-            str(inventory),
-            "--allowed-cidrs",
+        argv = serve_argv(
+            inventory,
             str(lab.network),
-            "--runs-dir",
-            str(runs),
+            runs,
             "--capabilities-file",
             str(capabilities),
-            "--retry-after-seconds",
-            "1",
             "--max-parallel-runs",
             str(max_parallel),
             *extra_args,
-        ]
+        )
         service = Service(argv, tmp_path / f"{name}.log", runs)
         started.append(service)
         return service

@@ -6,6 +6,7 @@ import re
 import signal
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,30 @@ SERVING_RE = re.compile(r"serving (https?)://127\.0\.0\.1:(\d+)")
 # the service's imports take about 1 s of CPU, but beside a parallel run's labs on 2 shared cores a cold
 # start was seen to take over 30 s of wall time
 START_TIMEOUT = 120.0
+
+
+def serve_argv(inventory: Path, allowed_cidrs: str, runs_dir: Path, *extra: str) -> list[str]:
+    """``inplace-extension serve`` over plain HTTP on a free loopback port for the lab's hosts: the
+    ``inventory``, the hosts' network as ``--allowed-cidrs``, ``--retry-after-seconds 1`` (a test polls
+    again at once) and the ``extra`` flags."""
+    return [
+        sys.executable,
+        "-m",
+        "inplace_extension",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--plain-http",
+        "--inventory",
+        str(inventory),
+        "--allowed-cidrs",
+        allowed_cidrs,
+        "--runs-dir",
+        str(runs_dir),
+        "--retry-after-seconds",
+        "1",
+        *extra,
+    ]
 
 
 class Service:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from hostlab.pytest_plugin import unavailable
 from inplace_extension.runs.ssh import close_control_masters
 
 from .capi import NodeSpec, update_machine_request
-from .service import Service
+from .service import Service, serve_argv
 
 pytestmark = pytest.mark.lab
 
@@ -159,23 +158,7 @@ def test_the_vagrant_machines_boot_systemd_and_are_updated_by_the_service(
     )
     runs = tmp_path / "runs"
     service = Service(
-        [
-            sys.executable,
-            "-m",
-            "inplace_extension",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--plain-http",
-            "--inventory",
-            str(inventory),
-            "--allowed-cidrs",
-            "127.0.0.1/32",
-            "--runs-dir",
-            str(runs),
-            "--retry-after-seconds",
-            "1",
-        ],
+        serve_argv(inventory, "127.0.0.1/32", runs),
         tmp_path / "service.log",
         runs,
     )
