@@ -24,7 +24,7 @@ from inplace_extension.api.body import parse_json, parse_request
 from inplace_extension.api.common import CommonResponse, ResponseStatus
 from inplace_extension.auth import AuthMiddleware, AuthPolicy
 from inplace_extension.errors import InvalidRequest, RequestTooLarge, answer_for
-from inplace_extension.hooks.context import HookContext
+from inplace_extension.hooks.context import HookContext, InfraTagsPoller
 from inplace_extension.hooks.table import HOOKS, Hook, hook_of_body
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.metrics import HookStatus, Metrics
@@ -145,13 +145,17 @@ def create_app(
     metrics: Metrics | None = None,
     custom: CustomTable = NO_CUSTOM,
     hosts_problem: Callable[[], str | None] = lambda: None,
+    infra_tags: InfraTagsPoller | None = None,
 ) -> Starlette:
     """The ASGI app. ``executor`` runs UpdateMachine; without one UpdateMachine answers a clear Failure.
 
     ``custom``: the user-defined capabilities (``--capabilities-file``), already loaded and checked.
     ``hosts_problem``: why UpdateMachine cannot reach any host now, if so (``/readyz`` says it).
+    ``infra_tags``: the Kubernetes-aware mode's wait for provider-applied infrastructure tags.
     """
-    context = HookContext(settings=settings, hooks=HOOKS, executor=executor, custom=custom)
+    context = HookContext(
+        settings=settings, hooks=HOOKS, executor=executor, custom=custom, infra_tags=infra_tags
+    )
     metrics = metrics or Metrics()
     prefix = normalize_prefix(settings.path_prefix)
     hook_paths = [prefix + hook.path for hook in HOOKS]

@@ -182,6 +182,9 @@ class FakeManagement:
         self.closed = False
         self.annotation_writes = 0  # patches of a Machine's annotations that the API server accepted
         self._version = 0
+        # any other object by (kind, namespace, name), e.g. an AWSMachine; a KubeError to raise instead
+        self.objects_by_name: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+        self.objects_error: KubeError | None = None
 
     def _next_version(self) -> str:
         self._version += 1
@@ -206,6 +209,13 @@ class FakeManagement:
         self.calls("machine")
         found = self.machines.get((namespace, name))
         return replace(found, annotations=dict(found.annotations)) if found else None
+
+    def objects(self, query: ObjectQuery) -> list[dict[str, Any]]:
+        self.calls("objects")
+        if self.objects_error is not None:
+            raise self.objects_error
+        found = self.objects_by_name.get((query.kind, query.namespace, query.name or ""))
+        return [] if found is None else [copy.deepcopy(found)]
 
     def owner_annotations(self, kind: str, namespace: str, name: str) -> Mapping[str, str] | None:
         self.calls("owner_annotations")

@@ -21,6 +21,7 @@ from inplace_extension.cli.command import Command, kubeconfig_from_env
 from inplace_extension.cli.flags import add_settings_flags, given_as, parse_listen, settings_from_args
 from inplace_extension.engine import Records, build_engine, load_config, refuse_url_checks
 from inplace_extension.kubeaware.cluster_side import connect_cluster_side
+from inplace_extension.kubeaware.infra_tags import InfraTagsWait
 from inplace_extension.kubeaware.object_checks import ObjectChecks
 from inplace_extension.logs import configure_logging
 from inplace_extension.metrics import Metrics
@@ -137,7 +138,9 @@ def _serve(settings: Settings, host: str, sock: socket.socket, tls: dict[str, An
     )
     if (problem := executor.hosts_problem()) is not None:
         logger.warning("%s", problem)
-    app = create_app(settings, executor, metrics, custom, executor.hosts_problem)
+    # provider-applied infrastructure tags are claimed, and waited for, only with cluster access
+    infra_tags = InfraTagsWait(cluster.management) if cluster is not None else None
+    app = create_app(settings, executor, metrics, custom, executor.hosts_problem, infra_tags)
     scheme = "https" if tls else "http"
     shown = f"[{host}]" if ":" in host else host
     url = f"{scheme}://{shown}:{sock.getsockname()[1]}{normalize_prefix(settings.path_prefix)}"

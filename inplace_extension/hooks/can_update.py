@@ -75,10 +75,16 @@ def answer_can_update(
 
 
 def judge_machine(
-    request: CanUpdateMachineRequest, custom: CustomTable = NO_CUSTOM, send_affects_availability: bool = True
+    request: CanUpdateMachineRequest,
+    custom: CustomTable = NO_CUSTOM,
+    send_affects_availability: bool = True,
+    kube_aware: bool = False,
 ) -> tuple[Decision, CanUpdateAnswer]:
-    """The decision on a CanUpdateMachine request and the hook's answer (the hook and ``plan`` alike)."""
-    decision = decide_can_update_machine(request.current.to_json(), request.desired.to_json(), custom)
+    """The decision on a CanUpdateMachine request and the hook's answer (the hook and ``plan`` alike).
+    ``kube_aware``: the infrastructure tags the provider applies are claimed (inplace/infra_tags.py)."""
+    decision = decide_can_update_machine(
+        request.current.to_json(), request.desired.to_json(), custom, kube_aware
+    )
     options = HookOptions.from_settings(request.settings)
     return decision, answer_can_update(options, lambda: decision, custom, send_affects_availability)
 
@@ -87,9 +93,12 @@ def judge_machine_set(
     request: CanUpdateMachineSetRequest,
     custom: CustomTable = NO_CUSTOM,
     send_affects_availability: bool = True,
+    kube_aware: bool = False,
 ) -> tuple[Decision, CanUpdateAnswer]:
     """The decision on a CanUpdateMachineSet request and the hook's answer (the hook and ``plan`` alike)."""
-    decision = decide_can_update_machine_set(request.current.to_json(), request.desired.to_json(), custom)
+    decision = decide_can_update_machine_set(
+        request.current.to_json(), request.desired.to_json(), custom, kube_aware
+    )
     options = HookOptions.from_settings(request.settings)
     return decision, answer_can_update(options, lambda: decision, custom, send_affects_availability)
 
@@ -126,7 +135,8 @@ def _log(hook: str, machine: str, answer: CanUpdateAnswer) -> None:
 async def can_update_machine(
     request: CanUpdateMachineRequest, context: HookContext
 ) -> CanUpdateMachineResponse:
-    _, answer = judge_machine(request, context.custom, context.settings.affects_availability)
+    settings = context.settings
+    _, answer = judge_machine(request, context.custom, settings.affects_availability, settings.kube_aware)
     machine, infrastructure, bootstrap = _patches_for(answer, MACHINE_TARGETS)
     _log("CanUpdateMachine", request.desired.machine.key, answer)
     return CanUpdateMachineResponse(
@@ -142,7 +152,8 @@ async def can_update_machine(
 async def can_update_machine_set(
     request: CanUpdateMachineSetRequest, context: HookContext
 ) -> CanUpdateMachineSetResponse:
-    _, answer = judge_machine_set(request, context.custom, context.settings.affects_availability)
+    settings = context.settings
+    _, answer = judge_machine_set(request, context.custom, settings.affects_availability, settings.kube_aware)
     # the old MachineSet is the object CAPI asks about (its Machines would move)
     machine_set, infrastructure, bootstrap = _patches_for(answer, MACHINE_SET_TARGETS)
     _log("CanUpdateMachineSet", request.current.machine_set.key, answer)

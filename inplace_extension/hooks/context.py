@@ -8,14 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
+from inplace_extension.inplace.infra_tags import DesiredTags
 from inplace_extension.settings import Settings
 
 if TYPE_CHECKING:
     from inplace_extension.hooks.table import Hook
-    from inplace_extension.runs.model import Executor
+    from inplace_extension.runs.model import Executor, Progress
+
+
+class InfraTagsPoller(Protocol):
+    """UpdateMachine's wait for the infrastructure provider to apply the desired tags
+    (``kubeaware.infra_tags.InfraTagsWait`` in the Kubernetes-aware mode)."""
+
+    async def poll(self, desired: DesiredTags) -> Progress: ...
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,8 @@ class HookContext:
     hooks: tuple[Hook[Any, Any], ...]  # heterogeneous table: each row has its own models
     executor: Executor | None
     custom: CustomTable = NO_CUSTOM  # user-defined capabilities, loaded once at start-up by the CLI
+    # the Kubernetes-aware mode's wait for provider-applied infrastructure tags; None without cluster access
+    infra_tags: InfraTagsPoller | None = None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 The executor (``inplace_extension.runs.service.RunService``) is injected and reached only through
 :class:`inplace_extension.runs.model.Executor`. Every answer is deterministic for the same desired spec
-(docs/capi-hooks.md §3.2, §7.5).
+(docs/capi-hooks.md §3.2, §7.5). In the Kubernetes-aware mode, desired infrastructure tags that the
+provider applies itself (``inplace.infra_tags``) are waited for beside the host steps: the answer is done
+when both are, a Failure when either fails.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from inplace_extension.api.inplace import UpdateMachineRequest, UpdateMachineRes
 from inplace_extension.errors import InvalidRequest
 from inplace_extension.hooks.context import HookContext, HookOptions
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
+from inplace_extension.inplace.infra_tags import desired_tags
 from inplace_extension.inplace.plan import Plan, PlanError, plan_update
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest, run_request
 
@@ -62,6 +65,22 @@ def to_response(progress: Progress, default_retry_after: int) -> UpdateMachineRe
     )
 
 
+def combined(host: Progress | None, infrastructure: Progress | None) -> Progress:
+    """One answer for the host steps and the infrastructure tags (either may be absent, not both): the
+    first failure, else in progress while either is (both messages), else done."""
+    parts = [p for p in (host, infrastructure) if p is not None]
+    if len(parts) == 1:
+        return parts[0]
+    for part in parts:
+        if part.state is ProgressState.FAILED:
+            return part
+    running = [p for p in parts if p.state is ProgressState.IN_PROGRESS]
+    if running:
+        retry = min((p.retry_after_seconds for p in running if p.retry_after_seconds > 0), default=0)
+        return Progress(ProgressState.IN_PROGRESS, "; ".join(p.message for p in running), retry)
+    return Progress(ProgressState.DONE, "; ".join(p.message for p in parts))
+
+
 async def update_machine(request: UpdateMachineRequest, context: HookContext) -> UpdateMachineResponse:
     machine = request.desired.machine.key
     if HookOptions.from_settings(request.settings).disable_in_place_updates:
@@ -73,7 +92,13 @@ async def update_machine(request: UpdateMachineRequest, context: HookContext) ->
             "hook=UpdateMachine machine=%s run=%s decision=failure reason=no-executor", machine, run.ident
         )
         return UpdateMachineResponse(status=ResponseStatus.FAILURE, message=NO_EXECUTOR_MESSAGE)
-    progress = await context.executor.poll(run)
+    tags = None
+    if context.infra_tags is not None:
+        tags = desired_tags(request.desired.to_json().get("infrastructureMachine"))
+    # a desired state with no host step but tags is only the provider's work: no play, no SSH
+    host = await context.executor.poll(run) if run.capabilities or tags is None else None
+    infrastructure = await context.infra_tags.poll(tags) if context.infra_tags and tags else None
+    progress = combined(host, infrastructure)
     logger.info(
         "hook=UpdateMachine machine=%s run=%s capabilities=%s decision=%s",
         machine,

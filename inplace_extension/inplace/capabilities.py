@@ -24,6 +24,7 @@ from typing import Any, Final
 from inplace_extension.inplace import guards
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable, Disruption
 from inplace_extension.inplace.entries import INIT_ARGS, JOIN_ARGS
+from inplace_extension.inplace.infra_tags import CAPABILITY as INFRA_TAGS
 from inplace_extension.inplace.inputs import (
     DesiredObjects,
     InputSpec,
@@ -165,7 +166,11 @@ def capability_names() -> tuple[str, ...]:
     return tuple(capability.name for capability in CAPABILITIES)
 
 
-_BUILTIN_DISRUPTION: Final = {capability.name: capability.disruption for capability in CAPABILITIES}
+# the infrastructure tags (inplace/infra_tags.py) are no host work at all: the provider applies them
+_BUILTIN_DISRUPTION: Final = {
+    INFRA_TAGS: Disruption.NONE,
+    **{capability.name: capability.disruption for capability in CAPABILITIES},
+}
 
 
 def disruption_of(name: str, custom: CustomTable = NO_CUSTOM) -> Disruption:

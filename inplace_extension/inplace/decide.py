@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Final
 
+from inplace_extension.inplace import infra_tags
 from inplace_extension.inplace.capabilities import (
     CAPABILITIES,
     VERSION_CLAIM,
@@ -42,6 +43,7 @@ from inplace_extension.inplace.pointers import (
     is_object,
     is_under,
     json_equal,
+    parse_pointer,
 )
 
 
@@ -59,7 +61,8 @@ class FieldVerdict:
 class Decision:
     patches: Mapping[str, list[dict[str, Any]]]  # patch field -> RFC 6902 ops (only targets with ops)
     verdicts: tuple[FieldVerdict, ...]  # one per changed field, claimed or not
-    order: tuple[str, ...] = field(default=capability_names())  # run order: built-ins, then custom
+    # run order: the provider's infrastructure tags (no host work), the built-ins, then custom
+    order: tuple[str, ...] = field(default=(infra_tags.CAPABILITY, *capability_names()))
 
     @property
     def fully_claimed(self) -> bool:
@@ -104,31 +107,43 @@ _CLAIMS_BY_KIND: Final[Mapping[ClaimKind, tuple[tuple[Capability, Claim, str], .
 
 
 def decide_can_update_machine(
-    current: Mapping[str, Any], desired: Mapping[str, Any], custom: CustomTable = NO_CUSTOM
+    current: Mapping[str, Any],
+    desired: Mapping[str, Any],
+    custom: CustomTable = NO_CUSTOM,
+    kube_aware: bool = False,
 ) -> Decision:
     """current/desired: {"machine", "infrastructureMachine", "bootstrapConfig" (optional)} JSON objects.
 
     ``custom``: the user-defined capabilities (inplace/custom.py), claimed after the built-ins.
+    ``kube_aware``: the service can read the cluster, so it claims the infrastructure tags that the
+    provider applies itself (inplace/infra_tags.py): UpdateMachine waits for the provider's record.
     """
-    return _decide(current, desired, MACHINE_SLOTS, custom)
+    return _decide(current, desired, MACHINE_SLOTS, custom, kube_aware)
 
 
 def decide_can_update_machine_set(
-    current: Mapping[str, Any], desired: Mapping[str, Any], custom: CustomTable = NO_CUSTOM
+    current: Mapping[str, Any],
+    desired: Mapping[str, Any],
+    custom: CustomTable = NO_CUSTOM,
+    kube_aware: bool = False,
 ) -> Decision:
     """current/desired: {"machineSet", "infrastructureMachineTemplate", "bootstrapConfigTemplate"?}."""
-    return _decide(current, desired, MACHINE_SET_SLOTS, custom)
+    return _decide(current, desired, MACHINE_SET_SLOTS, custom, kube_aware)
 
 
 def _decide(
-    current: Mapping[str, Any], desired: Mapping[str, Any], slots: tuple[Slot, ...], custom: CustomTable
+    current: Mapping[str, Any],
+    desired: Mapping[str, Any],
+    slots: tuple[Slot, ...],
+    custom: CustomTable,
+    kube_aware: bool,
 ) -> Decision:
     patches: dict[str, list[dict[str, Any]]] = {}
     verdicts: list[FieldVerdict] = []
     upgrade_claimed = False
     for slot in slots:
         slot_verdicts, ops = _decide_slot(
-            slot, current.get(slot.key), desired.get(slot.key), upgrade_claimed, custom
+            slot, current.get(slot.key), desired.get(slot.key), upgrade_claimed, custom, kube_aware
         )
         if slot.role is Role.MACHINE:
             upgrade_claimed = any(v.in_place and v.pointer == VERSION_CLAIM.pointer for v in slot_verdicts)
@@ -136,12 +151,17 @@ def _decide(
         if ops:
             patches[slot.target] = ops
     if custom:
-        return Decision(patches, tuple(verdicts), (*capability_names(), *custom.names))
+        return Decision(patches, tuple(verdicts), (infra_tags.CAPABILITY, *capability_names(), *custom.names))
     return Decision(patches, tuple(verdicts))
 
 
 def _decide_slot(
-    slot: Slot, current_obj: Any, desired_obj: Any, upgrade_claimed: bool, custom: CustomTable
+    slot: Slot,
+    current_obj: Any,
+    desired_obj: Any,
+    upgrade_claimed: bool,
+    custom: CustomTable,
+    kube_aware: bool,
 ) -> tuple[list[FieldVerdict], list[dict[str, Any]]]:
     if current_obj is None and desired_obj is None:
         return [], []
@@ -172,6 +192,8 @@ def _decide_slot(
         )
     # User-defined claims match on the kind string alone (any API group and version: the user named the
     # kind, and their role decides what the value means); both sides must be that kind.
+    if slot.role is Role.INFRASTRUCTURE and kind == kind_of(current_obj):
+        verdicts.extend(_claim_infra_tags(slot, desired_obj, patch, current_spec, desired_spec, kube_aware))
     if custom and kind == kind_of(current_obj):
         verdicts.extend(_claim_custom(slot, kind, custom, patch, current_compared, desired_compared, changed))
     # Every changed field outside the claimed pointers is unclaimed. A claim's ops only ever touch its own
@@ -180,9 +202,9 @@ def _decide_slot(
     decided = [verdict.pointer for verdict in verdicts]
     for pointer in changed:
         if not any(is_under(pointer, claimed) for claimed in decided):
-            verdicts.append(
-                _unclaimed(slot, kind, pointer, f"{pointer or '/'}: no capability changes it in place")
-            )
+            declined = infra_tags.declined_reason(kind, pointer, slot.template)
+            why = "no capability changes it in place" if declined is None else declined
+            verdicts.append(_unclaimed(slot, kind, pointer, f"{pointer or '/'}: {why}"))
     verdicts.sort(key=_POINTER)
     return verdicts, patch.ops
 
@@ -216,6 +238,30 @@ def _claim(
         problem = claim.guard(change) or patch.claim(claim.tokens)
         verdicts.append(_verdict(slot, kind, claim.pointer, capability.name, problem))
     return verdicts
+
+
+def _claim_infra_tags(
+    slot: Slot,
+    desired_obj: Mapping[str, Any],
+    patch: SpecPatch,
+    current_spec: Mapping[str, Any],
+    desired_spec: Mapping[str, Any],
+    kube_aware: bool,
+) -> list[FieldVerdict]:
+    """The provider's tags field of an infrastructure machine (template) of the table, when it changed:
+    claimed in the Kubernetes-aware mode when the guard passes, else unclaimed with the reason."""
+    provider = infra_tags.provider_of(desired_obj, slot.template)
+    if provider is None:
+        return []
+    tokens = parse_pointer(provider.pointer)
+    old, new = get_in(current_spec, tokens), get_in(desired_spec, tokens)
+    if _same(old, new):
+        return []
+    problem = infra_tags.tags_problem(old, new)
+    if problem is None and not kube_aware:
+        problem = infra_tags.NOT_KUBE_AWARE
+    problem = problem or patch.claim(tokens)
+    return [_verdict(slot, kind_of(desired_obj), provider.pointer, infra_tags.CAPABILITY, problem)]
 
 
 def _claim_custom(

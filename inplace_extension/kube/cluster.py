@@ -106,6 +106,9 @@ class KubeManagement:
     def record(self, event: KubeEvent) -> None:
         self._events.record(event)
 
+    def objects(self, query: ObjectQuery) -> list[dict[str, Any]]:
+        return objects.read(self._client, query)
+
     def workload(self, namespace: str, cluster: str) -> KubeWorkload:
         return KubeWorkload(self._workloads.get(namespace, cluster))
 

@@ -166,7 +166,10 @@ class WorkloadCluster(ClusterObjects, Protocol):
         ...
 
 
-class ManagementCluster(Protocol):
+class ManagementCluster(ClusterObjects, Protocol):
+    """The management cluster: Machines, their owners, Events, the workload clusters; ``objects`` reads
+    any other object there (the provider's infrastructure machine, for its last-applied tags)."""
+
     def machine(self, namespace: str, name: str) -> MachineFacts | None:
         """The Machine's facts, or None when it does not exist."""
         ...

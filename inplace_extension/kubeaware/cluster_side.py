@@ -207,6 +207,12 @@ class KubeClusterSide:
         self.state(request, "Failed", message, warning=True)
         return Progress(ProgressState.FAILED, message)
 
+    @property
+    def management(self) -> ClusterObjects:
+        """The management cluster's objects (the infrastructure machines whose tags UpdateMachine waits
+        for)."""
+        return self._management
+
     def objects_of(self, request: RunRequest) -> ClusterObjects:
         """The Machine's workload cluster, where the ``kubernetes`` health checks read their objects
         (the Machine's cluster label, else its ``spec.clusterName``); KubeError when it cannot be told."""

@@ -23,6 +23,8 @@ from inplace_extension.hooks.update_machine import plan_request, to_run_request
 from inplace_extension.inplace.capabilities import CAPABILITIES, disruption_of, drain_point
 from inplace_extension.inplace.custom import CustomTable
 from inplace_extension.inplace.decide import Decision
+from inplace_extension.inplace.infra_tags import CAPABILITY as INFRA_TAGS
+from inplace_extension.inplace.infra_tags import DesiredTags, desired_tags
 from inplace_extension.inplace.objects import ClaimKind
 from inplace_extension.inplace.plan import Plan
 from inplace_extension.inplace.pointers import changed_pointers, is_under
@@ -139,7 +141,10 @@ def request_kind(document: Any) -> str:
 def _preview_machine_set(
     request: CanUpdateMachineSetRequest, subject: str, machines: tuple[Machine, ...], context: Context
 ) -> Preview:
-    decision, answer = judge_machine_set(request, context.custom, context.settings.affects_availability)
+    settings = context.settings
+    decision, answer = judge_machine_set(
+        request, context.custom, settings.affects_availability, settings.kube_aware
+    )
     current, desired = request.current.to_json(), request.desired.to_json()
     namespace = request.desired.machine_set.metadata.namespace
     idle = _idle(_version(current["machineSet"], True), _version(desired["machineSet"], True))
@@ -166,7 +171,9 @@ def _preview_machines(
     """CanUpdateMachine for each Machine (the first one's answer is shown: the objects are the same but
     for the Machines' names, labels and annotations), then UpdateMachine of its desired objects."""
     settings = context.settings
-    decision, answer = judge_machine(requests[0], context.custom, settings.affects_availability)
+    decision, answer = judge_machine(
+        requests[0], context.custom, settings.affects_availability, settings.kube_aware
+    )
     current, desired = requests[0].current.to_json(), requests[0].desired.to_json()
     idle = _idle(_version(current["machine"], False), _version(desired["machine"], False))
     updates = [
@@ -187,7 +194,29 @@ def _preview_update(request: UpdateMachineRequest, context: Context) -> Preview:
     drain = _service_drain(plan, frozenset(), context, known_version=False)
     steps = _steps(plan, None, drain, context.custom)
     machine = _machine_preview(run, _machine_of(request), context, in_place=True)
-    return Preview(subject, "capi", "in-place", None, (), steps, plan.fingerprint, drain, (machine,))
+    tags = desired_tags(request.desired.to_json().get("infrastructureMachine"))
+    infrastructure = _infrastructure(tags) if tags is not None and context.settings.kube_aware else None
+    return Preview(
+        subject,
+        "capi",
+        "in-place",
+        None,
+        (),
+        steps,
+        plan.fingerprint,
+        drain,
+        (machine,),
+        infrastructure=infrastructure,
+    )
+
+
+def _infrastructure(tags: DesiredTags) -> str:
+    """What ``plan`` says of provider-applied tags: no step of ours, the provider's work waited for."""
+    row = tags.provider
+    return (
+        f"tags, no host work ({row.provider} applies {row.kind} {row.pointer}; "
+        f"UpdateMachine waits for its annotation {row.annotation})"
+    )
 
 
 def _capi_preview(
@@ -222,6 +251,10 @@ def _capi_preview(
     plan = plans[0]
     steps: tuple[Step, ...] = ()
     drain = None
+    infrastructure = None
+    tags = desired_tags(updates[0].desired.to_json().get("infrastructureMachine"))
+    if in_place and INFRA_TAGS in decision.capabilities and tags is not None:
+        infrastructure = _infrastructure(tags)
     if in_place:
         drain = _service_drain(plan, idle, context, known_version=True)
         steps = _steps(plan, frozenset(decision.capabilities), drain, context.custom)
@@ -242,6 +275,7 @@ def _capi_preview(
         drain,
         machines,
         window,
+        infrastructure=infrastructure,
     )
 
 

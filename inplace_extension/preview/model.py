@@ -104,6 +104,8 @@ class Preview:
     machines: tuple[MachinePreview, ...] = ()
     window: Window | None = None  # of the template's labels, when no machine is named
     failure: str | None = None  # the Failure the service would answer (invalid desired values)
+    # work the infrastructure provider does itself, no host work: "tags, no host work (CAPA ...)"
+    infrastructure: str | None = None
 
     def document(self) -> dict[str, Any]:
         """The machine-readable shape (``-o json|yaml``); keys are stable."""
@@ -146,6 +148,8 @@ class Preview:
             }
             for s in self.steps
         ]
+        if self.infrastructure is not None:
+            document["infrastructure"] = self.infrastructure
         document["fingerprint"] = self.fingerprint
         document["drain"] = (
             None

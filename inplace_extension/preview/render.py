@@ -72,8 +72,10 @@ def _table(preview: Preview) -> list[str]:
             )
         lines += _aligned(("STEP", "CAPABILITY", "DISRUPTION", "CHANGES", "NODE", "INPUTS"), rows)
         lines.append(SKIP_NOTE)
-    elif preview.outcome == "in-place":
+    elif preview.outcome == "in-place" and preview.infrastructure is None:
         lines += ["", "steps: none (nothing to apply)"]
+    if preview.infrastructure is not None:
+        lines.append(f"infrastructure: {preview.infrastructure}")
     if preview.drain is not None:
         lines.append(f"drain: {preview.drain.why}")
     if preview.fingerprint is not None:

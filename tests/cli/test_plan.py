@@ -377,3 +377,38 @@ def test_the_extension_config_settings_of_a_saved_request_are_honoured(
     preview = document(capsys, str(path), "--machine", "m1")
     assert (preview["outcome"], preview["answer"]["status"]) == (outcome, status)
     assert preview["steps"] == [] and preview["machines"][0]["run"] is None
+
+
+def aws_pool(tmp_path: Path, name: str, tags: dict[str, str]) -> str:
+    """capi-old.yaml with an AWSMachineTemplate ``name`` holding ``tags`` (not the DockerMachineTemplate)."""
+    deployment, config, _ = yaml.safe_load_all((EXAMPLES / "capi-old.yaml").read_text())
+    deployment["spec"]["template"]["spec"]["infrastructureRef"].update(kind="AWSMachineTemplate", name=name)
+    infra = {
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+        "kind": "AWSMachineTemplate",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"template": {"spec": {"instanceType": "m5.large", "additionalTags": tags}}},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump_all([deployment, config, infra]))
+    return str(path)
+
+
+def test_a_tags_only_change_is_infrastructure_work_with_no_host_step(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    old = aws_pool(tmp_path, "md-0-v1", {"team": "blue"})
+    new = aws_pool(tmp_path, "md-0-v2", {"team": "green", "cost": "42"})
+    code, out, err = plan(capsys, "--old", old, "--new", new, "--kube")
+    assert code == 0, err
+    assert "MachineDeployment default/md-0: in place" in out
+    assert "affectsAvailability: false" in out
+    assert (
+        "infrastructure: tags, no host work (CAPA applies AWSMachine /additionalTags; UpdateMachine waits "
+        "for its annotation sigs.k8s.io/cluster-api-provider-aws-last-applied-tags)"
+    ) in out.splitlines()
+    # without cluster access the same change rolls out, and says why
+    code, out, err = plan(capsys, "--old", old, "--new", new)
+    assert code == 0, err
+    assert "only the Kubernetes-aware mode (--kube) can see when it has" in out
+    assert "infrastructure:" not in out

@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from inplace_extension.hooks.context import HookOptions
+from inplace_extension.inplace.infra_tags import PROVIDER_TAGS
+from inplace_extension.kube.objects import plural_of
 from inplace_extension.settings import Settings
 
 from .support import (
@@ -401,6 +403,8 @@ def test_kube_aware_component_validates_and_grants_only_what_the_mode_uses(
         ("controlplane.cluster.x-k8s.io", "kubeadmcontrolplanes", "get"),
         ("", "events", "create"),
         ("", "secrets", "get"),
+        # the providers' last-applied tags UpdateMachine waits for (inplace/infra_tags.py's table)
+        *(("infrastructure.cluster.x-k8s.io", plural_of(row.kind), "get") for row in PROVIDER_TAGS),
     }
     subjects = {(s["name"], s["namespace"]) for s in by_kind["ClusterRoleBinding"]["subjects"]}
     # the service, and the attempt Jobs, which drain at the drain point with the kubernetes executor
