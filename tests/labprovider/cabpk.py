@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 from typing import Any
+
+import yaml
 
 SENTINEL_COMMAND = "echo success > /run/cluster-api/bootstrap-success.complete"  # CABPK's sentinelFileCommand
 PLACEHOLDER = (
@@ -27,17 +30,32 @@ def _indent(text: str, spaces: int) -> str:
     return "\n".join(" " * spaces + line for line in text.splitlines())
 
 
-def worker_document(kubeadm_command: str, pre_kubeadm: tuple[str, ...] = ()) -> str:
+def join_configuration(discovery: dict[str, Any] | None = None) -> str:
+    """The JoinConfiguration (kubeadm v1beta4) as CABPK marshals it: the node named and its kubelet given
+    the provider ID through the jinja metadata, as users write them in a KubeadmConfig(Template)."""
+    config: dict[str, Any] = {
+        "apiVersion": "kubeadm.k8s.io/v1beta4",
+        "kind": "JoinConfiguration",
+        "nodeRegistration": {
+            "name": "{{ ds.meta_data.local_hostname }}",
+            "kubeletExtraArgs": [{"name": "provider-id", "value": "lab://{{ ds.meta_data.local_hostname }}"}],
+        },
+    }
+    if discovery is not None:
+        config["discovery"] = discovery
+        config["nodeRegistration"]["criSocket"] = "unix:///var/run/containerd/containerd.sock"
+        # kubeadm preflight fails on a systemd-nspawn node of a cgroup v1 machine (as in kubelab.node_join)
+        config["nodeRegistration"]["ignorePreflightErrors"] = ["all"]
+    return yaml.safe_dump(config, sort_keys=True)
+
+
+def worker_document(kubeadm_command: str, pre_kubeadm: tuple[str, ...] = (), join: str | None = None) -> str:
     """A worker's cloud-config as CABPK renders it, with three user files (plain 0600 owned by nobody with
-    append, base64, gzip+base64) and the join configuration naming the node through the jinja metadata."""
+    append, base64, gzip+base64) and the join configuration (``join``, else :func:`join_configuration`)."""
     gz = base64.b64encode(gzip.compress(GZIPPED, mtime=0)).decode()
     b64 = base64.b64encode(BASE64).decode()
-    join = (
-        "apiVersion: kubeadm.k8s.io/v1beta4\nkind: JoinConfiguration\nnodeRegistration:\n"
-        "  name: '{{ ds.meta_data.local_hostname }}'\n  kubeletExtraArgs:\n"
-        "  - name: provider-id\n    value: lab://{{ ds.meta_data.local_hostname }}\n"
-    )
-    runcmd = "".join(f'\n  - "{c}"' for c in pre_kubeadm)  # %q of a string without quotes or escapes
+    join = join or join_configuration()
+    runcmd = "".join(f"\n  - {json.dumps(c)}" for c in pre_kubeadm)  # Go's %q, for ASCII text
     return f"""## template: jinja
 #cloud-config
 

@@ -6,8 +6,10 @@ written by the test as CAPI's controllers leave them: a v1beta2 Cluster (its
 ``status.initialization.infrastructureProvisioned`` set through the status subresource, as the Cluster
 controller does once the LabCluster is provisioned) and Machines owning their LabMachines (the
 ``ownerReferences`` CAPI's Machine controller sets). The bootstrap data Secrets are written in CABPK's
-exact format by the test (:mod:`labprovider.cabpk`), not made by the real CABPK; their kubeadm command is
-a stand-in (``test -s`` of the join configuration CABPK wrote) until the nodes join a cluster this way.
+exact format by the test (:mod:`labprovider.cabpk`), not made by the real CABPK. In the first test their
+kubeadm command is a stand-in (``test -s`` of the join configuration CABPK wrote); in the second it is
+CABPK's own ``kubeadm join --config /run/kubeadm/kubeadm-join-config.yaml``: the real kubeadm joins the
+node to the session's kubelab (flavour ``nodes``) and the delete runs the real ``kubeadm reset``.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ from hostlab.lab import Lab as HostLab
 from hostlab.proc import wait_until
 from hostlab.pytest_plugin import unavailable
 from hostlab.state import NODE
-from kubelab import labprovider, manifests, objects
+from kubelab import labprovider, manifests, node_join, objects
+from kubelab.config import APISERVER_NAME
 from kubelab.flavours import capi_objects as co
+from kubelab.flavours import nodes
 from kubelab.lab import Lab as KubeLab
 from kubelab.labprovider import crds
 from kubelab.labprovider.controller import FINALIZER
 
-from .cabpk import BASE64, GZIPPED, secret, worker_document
+from .cabpk import BASE64, GZIPPED, join_configuration, secret, worker_document
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
@@ -41,6 +45,8 @@ CLUSTER = "c1"
 LAB_MACHINE = f"labmachine.{crds.GROUP}"
 WAIT = 120.0  # a provisioning is a few SSH round trips; the machine's 2 cores are shared
 STAND_IN_KUBEADM = "test -s /run/kubeadm/kubeadm-join-config.yaml"  # the join configuration was written first
+KUBEADM_JOIN = "kubeadm join --config /run/kubeadm/kubeadm-join-config.yaml "  # CABPK's, no verbosity set
+JOIN_WAIT = 300.0  # kubeadm join and the kubelet's first Ready on 2 shared cores
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +76,7 @@ def provider(kubelab: KubeLab, pool: HostLab) -> Iterator[KubeLab]:
         kubelab.kubectl("delete", LAB_MACHINE, "--all", "-n", NAMESPACE, "--wait=false", check=False)
         wait_until(lambda: not _lab_machines(kubelab), WAIT, 0.5)
         labprovider.stop(kubelab)
+        kubelab.stop_component(f"apiserver-on-{pool.gateway}")  # the join test's forward, if it made one
         kubelab.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 
@@ -240,3 +247,62 @@ def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_del
     kube.kubectl("delete", LAB_MACHINE, "m4", "-n", NAMESPACE, "--wait=false")
     objects.wait_gone(kube, LAB_MACHINE, "m4", NAMESPACE, WAIT)
     assert _clean(pool, host)
+
+
+def _prepare_image(kube: KubeLab, pool: HostLab) -> None:
+    """The pool's nodes as a kubeadm machine image has them (image-builder's): kubelet and kubeadm at the
+    nodes' first version with the packages' units, and the apiserver's name resolvable (kubelab's
+    ``node_join`` does the same before its own join); the apiserver forwarded to the pool's gateway."""
+    node_join.forward_apiserver(kube, pool.gateway)
+    for host in pool.hosts():
+        node_join.install_kubernetes(pool, host, kube, nodes.START_VERSION)
+        hosts_file = host.root() / "etc/hosts"
+        if APISERVER_NAME not in hosts_file.read_text():
+            with hosts_file.open("a") as etc_hosts:
+                etc_hosts.write(f"{pool.gateway} {APISERVER_NAME}\n")
+
+
+def _node(kube: KubeLab, name: str) -> dict[str, Any]:
+    return objects.get(kube, "node", name) or {}
+
+
+def test_cabpks_kubeadm_join_on_a_pool_node_makes_a_ready_node_with_the_provider_id_and_delete_resets_it(
+    provider: KubeLab, kubelab_nodes: KubeLab, pool: HostLab
+) -> None:
+    kube = kubelab_nodes
+    _prepare_image(kube, pool)
+    _cluster(kube)
+    discovery = {
+        "bootstrapToken": {
+            "apiServerEndpoint": nodes.endpoint(kube),
+            "token": nodes.token(kube),
+            "unsafeSkipCAVerification": True,
+        }
+    }
+    document = worker_document(KUBEADM_JOIN, join=join_configuration(discovery))
+    _machine(kube, "w1", document)
+    node = ""
+    try:
+
+        def settled() -> bool:
+            return _ready(_get(kube, "w1")).get("reason") in ("Provisioned", "BootstrapFailed")
+
+        assert wait_until(settled, JOIN_WAIT, 1.0), _ready(_get(kube, "w1"))
+        w1 = _get(kube, "w1")
+        assert _ready(w1)["reason"] == "Provisioned", _ready(w1)
+        node = w1["status"]["nodeName"]
+        host = pool.host(node)
+        # the Node the real kubelet registered carries the LabMachine's provider ID: what CAPI matches them by
+        assert wait_until(lambda: node_join.node_ready(kube, node), JOIN_WAIT, 1.0), f"Node {node} not Ready"
+        assert _node(kube, node)["spec"]["providerID"] == w1["spec"]["providerID"] == f"lab://{node}"
+        assert pool.exec_in(host, ["test", "-s", "/etc/kubernetes/kubelet.conf"]).returncode == 0
+
+        kube.kubectl("delete", LAB_MACHINE, "w1", "-n", NAMESPACE, "--wait=false")
+        objects.wait_gone(kube, LAB_MACHINE, "w1", NAMESPACE, WAIT)
+        # kubeadm reset ran: the kubelet's credentials are gone and the kubelet is stopped
+        assert pool.exec_in(host, ["test", "-e", "/etc/kubernetes/kubelet.conf"]).returncode != 0
+        assert pool.exec_in(host, ["systemctl", "is-active", "kubelet"]).stdout.strip() != "active"
+        assert _clean(pool, host)
+    finally:
+        if node:  # CAPI's Machine controller deletes a deleted Machine's Node; none runs here
+            kube.kubectl("delete", "node", node, "--ignore-not-found", check=False)
