@@ -138,6 +138,22 @@ class Lab:
             current.flavours.append(name)
             state.save(self.dir, current)
 
+    def stop_flavour(self, name: str) -> None:
+        """Stop flavour ``name``'s controllers on this lab unless it is not running (idempotent); what it
+        applied (CRDs, objects) stays, and a later :meth:`ensure_flavour` starts it again. For a test that
+        runs a flavour's controllers for a while on a lab others share (e.g. ``mcm`` on the node lab)."""
+        flavour = flavours.load(name)
+        stop = getattr(flavour, "stop", None)
+        if stop is None:
+            raise LabError(f"kubelab: flavour {name!r} cannot be stopped on its own")
+        with file_lock(self.dir / "flavour.lock", what="kubelab flavour lock", timeout=1800):
+            if name not in self.state().flavours:
+                return
+            stop(self)
+            current = self.state()
+            current.flavours.remove(name)
+            state.save(self.dir, current)
+
     def down(self) -> None:
         """Stop every process (reverse start order, by PID), keep the logs, remove the lab directory."""
         current = state.load(self.dir)

@@ -2,8 +2,9 @@
 
 A flavour is a module with ``name``, ``binaries`` (names in :data:`kubelab.build.BINARIES`) and
 ``start(lab)`` (apply its CRDs, start its controllers with ``lab.start_component``, wait until they
-are ready). The table maps names to module paths and imports a flavour only when it is used, so the
-core never pays for a flavour it does not run.
+are ready); one that may be stopped on a running lab also has ``stop(lab)`` (``Lab.stop_flavour``).
+The table maps names to module paths and imports a flavour only when it is used, so the core never
+pays for a flavour it does not run.
 """
 
 from __future__ import annotations

@@ -121,6 +121,12 @@ def start(lab: Lab) -> None:
     start_machine_controller(lab)
 
 
+def stop(lab: Lab) -> None:
+    """Stop both controllers (by PID, the machine controller first); the CRDs and objects stay."""
+    lab.stop_component(MACHINE_CONTROLLER)
+    lab.stop_component(CONTROLLER)
+
+
 def start_machine_controller(lab: Lab) -> None:
     _start(lab, MACHINE_CONTROLLER, [f"--static-hosts-config={hosts_file(lab)}", *MACHINE_CONTROLLER_FLAGS])
 

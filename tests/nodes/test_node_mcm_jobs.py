@@ -1,0 +1,282 @@
+"""``mcm-agent --executor kubernetes`` under the real machine-controller-manager, each attempt a Job on the
+node lab's real nodes.
+
+The node lab's kubelab runs MCM v0.62.1 and the static-hosts machine controller (flavour ``mcm``, started
+here and stopped again afterwards: the other node tests write MCM's objects by hand and must not meet its
+controllers). A MachineDeployment of 3 is backed by three of the node lab's hosts: the driver picks a
+host by address and makes the Machine's Node, named like the Machine as MCM requires, kept Ready by kwok
+(the real kubelets register the hosts under their own names, so the Nodes MCM rolls out are kwok's).
+The agent runs as two replicas sharing nothing but the API server, its Jobs from the project's image in
+a namespace of the test with the attempt ServiceAccount of deploy/mcm/rbac.yaml. The real Job
+controller, kube-scheduler and kubelets run each Job on a real node (the kwok Nodes have no
+``kubernetes.io/os`` label, which the Job selects), and its Pod plays over SSH to the host that backs the
+Node, whatever real node that host also is: the update is a file, which no Pod minds.
+
+Real: MCM and its machine-controller library (cordon, drain, the in-place states, the move to the new
+MachineSet), the agent, the Jobs, their Pods and the play on the hosts. Stand-ins: the Machines' Nodes
+(kwok), the machines' creation (the driver only picks a host).
+
+A play is held in its health gate by a ``command`` check (``test -e <release file>`` on the host), so
+the test acts while it is known to run: on the first Node MCM hands over it deletes the Job's Pod, on the
+second it SIGKILLs the replica that claimed the Node; the third goes through. Each host is updated once.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hostlab.proc import wait_until
+from kubelab import objects
+from kubelab.flavours import mcm
+from kubelab.lab import Lab as KubeLab
+from mcm_lab.agentproc import AgentProcess, Pool, agent_argv, write_inventory
+
+from inplace_extension.kube.jobs import PHASE_ANNOTATION
+from inplace_extension.kubejobs.manifest import MACHINE_LABEL
+from inplace_extension.kubejobs.record import RECORD_ANNOTATION
+from inplace_extension.mcm import node_state as ns
+from inplace_extension.runs.ssh import close_control_masters
+
+from .conftest import REPO, Cluster, capabilities
+from .images import node_image
+from .test_node_capabilities import on_node, stamp_writes
+
+pytestmark = [pytest.mark.lab, pytest.mark.kube]
+
+ATTEMPT_ACCOUNT = "inplace-extension-mcm-attempt"  # deploy/mcm/rbac.yaml
+SSH_SECRET = "inplace-extension-ssh"
+RELEASE_DIR = "/etc/nodes-test"
+HELD = """\
+health_checks:
+  - name: release
+    command: [test, -e, %s]
+"""
+WITHIN = 300.0  # one Node: MCM's drain and hand-over, the Job's Pod on busy cores, the play over SSH
+MCM_KINDS = (
+    "machinedeployments.machine.sapcloud.io,machinesets.machine.sapcloud.io,machines.machine.sapcloud.io"
+)
+
+
+@pytest.fixture
+def mcm_on_nodes(node_cluster: Cluster) -> Iterator[KubeLab]:
+    """MCM's controllers on the node lab's kubelab for this test, stopped afterwards unless they ran
+    before it (a serial run whose MCM lab tests came first shares the same kubelab)."""
+    kube = node_cluster.kube
+    ran = mcm.name in kube.state().flavours
+    if not ran:
+        # objects the other node tests wrote by hand in MCM's namespace: MCM would act on them
+        kube.kubectl("delete", MCM_KINDS, "-n", mcm.NAMESPACE, "--all", "--wait=false", check=False)
+        kube.ensure_flavour(mcm.name)
+    try:
+        yield kube
+    finally:
+        if not ran:
+            kube.stop_flavour(mcm.name)
+
+
+@pytest.fixture
+def jobs_namespace(node_cluster: Cluster) -> Iterator[str]:
+    """The Jobs' namespace as an operator prepares it: deploy/mcm/rbac.yaml's attempt ServiceAccount,
+    Role and RoleBinding (moved here) and the SSH key's Secret; deleted afterwards, its Jobs with it."""
+    kube = node_cluster.kube
+    name = f"mcm-jobs-{uuid.uuid4().hex[:8]}"
+    objects.ensure_namespace(kube, name)
+    chosen = []
+    for doc in yaml.safe_load_all((REPO / "deploy/mcm/rbac.yaml").read_text()):
+        if doc and doc["metadata"]["name"] == ATTEMPT_ACCOUNT:
+            doc["metadata"]["namespace"] = name
+            for subject in doc.get("subjects", []):
+                subject["namespace"] = name
+            chosen.append(doc)
+    assert sorted(d["kind"] for d in chosen) == ["Role", "RoleBinding", "ServiceAccount"]
+    key = node_cluster.lab.private_key
+    ssh = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": SSH_SECRET, "namespace": name},
+        "type": "Opaque",
+        "stringData": {key.name: key.read_text()},
+    }
+    objects.apply(kube, *chosen, ssh)
+    try:
+        yield name
+    finally:
+        kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@dataclass
+class Replicas:
+    agents: dict[str, AgentProcess]
+
+    def log(self) -> str:
+        return "\n".join(f"--- {name}\n{agent.log()[-3000:]}" for name, agent in self.agents.items())
+
+
+@pytest.fixture
+def replicas(
+    node_cluster: Cluster, mcm_on_nodes: KubeLab, jobs_namespace: str, tmp_path: Path
+) -> Iterator[tuple[Replicas, str]]:
+    """Two agent replicas (``--agent-id a`` and ``b``) with the kubernetes executor, each with its own
+    runs dir and log; and the release file the health check waits for on each host. Stopped by PID."""
+    kube, lab = mcm_on_nodes, node_cluster.lab
+    image = node_image(node_cluster)
+    release = f"{RELEASE_DIR}/mcm-release-{uuid.uuid4().hex[:8]}"
+    caps = tmp_path / "capabilities.yaml"
+    caps.write_text(capabilities(node_cluster) + HELD % release)
+    inventory = write_inventory(lab, tmp_path / "inventory.yaml")  # matched by the driver's host label
+    executor = ["--executor", "kubernetes", "--job-namespace", jobs_namespace, "--job-image", image]
+    executor += ["--job-ssh-secret", SSH_SECRET, "--job-service-account", ATTEMPT_ACCOUNT]
+    # this agent runs from the worktree, its Jobs from the image: the image's playbooks; the Secret
+    # mounted where the inventory's private_key_file is
+    executor += ["--job-playbooks-dir", "/opt/inplace-extension/playbooks"]
+    executor += ["--job-ssh-dir", str(lab.private_key.parent), "--job-deadline-seconds", "600"]
+    started: dict[str, AgentProcess] = {}
+    try:
+        for name in ("a", "b"):
+            runs, port = tmp_path / f"runs-{name}", kube.free_port()
+            argv = agent_argv(kube, lab, inventory, runs, caps, port, [*executor, "--agent-id", name])
+            started[name] = AgentProcess(argv, tmp_path / f"agent-{name}.log", port, runs)
+        yield Replicas(started), release
+    finally:
+        for agent in started.values():
+            agent.stop()
+            close_control_masters(agent.runs_dir)
+
+
+def _pods(kube: KubeLab, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(
+        kube.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout
+    )["items"]
+    return items
+
+
+def _jobs(kube: KubeLab, namespace: str, node: str) -> list[dict[str, Any]]:
+    listed = kube.kubectl("get", "jobs", "-n", namespace, "-l", f"{MACHINE_LABEL}={node}", "-o", "json")
+    items: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+    return sorted(items, key=lambda job: job["metadata"]["name"])
+
+
+def _held(kube: KubeLab, namespace: str, done: set[str]) -> dict[str, Any] | None:
+    """A running Job's Pod whose play waits in its health gate, for a Node not handled yet."""
+    for pod in _pods(kube, namespace):
+        node = pod["metadata"].get("labels", {}).get(MACHINE_LABEL)
+        phase = pod["metadata"].get("annotations", {}).get(PHASE_ANNOTATION, "")
+        if node not in done and pod["status"].get("phase") == "Running" and phase.startswith("health gate"):
+            return pod
+    return None
+
+
+def _record(pool: Pool, node: str) -> dict[str, Any]:
+    annotations = pool.node(node).get("metadata", {}).get("annotations", {})
+    assert RECORD_ANNOTATION in annotations, annotations
+    record: dict[str, Any] = json.loads(annotations[RECORD_ANNOTATION])
+    return record
+
+
+def test_an_mcm_rollout_with_two_agent_replicas_runs_its_attempts_as_jobs_on_real_nodes(
+    node_cluster: Cluster,
+    mcm_on_nodes: KubeLab,
+    jobs_namespace: str,
+    replicas: tuple[Replicas, str],
+) -> None:
+    kube = mcm_on_nodes
+    agents, release = replicas
+    hosts = node_cluster.hosts[:3]
+    tag = uuid.uuid4().hex[:8]
+    path, payload = f"{RELEASE_DIR}/mcm-jobs-{tag}", f"from a Job under MCM {tag}\n"
+    v2 = {"kubeadmConfigSpec": {"files": [{"path": path, "content": payload, "permissions": "0644"}]}}
+    stamps = {host.name: stamp_writes(node_cluster, host) for host in hosts}
+    pool = Pool(kube, f"jobs-{tag}", hosts, {"v1": {}, "v2": v2})
+    try:
+        pool.switch("v2")
+        handled: list[str] = []  # Nodes in the order MCM handed them over
+        killed: str | None = None
+
+        def next_held() -> dict[str, Any]:
+            found: list[dict[str, Any]] = []
+
+            def held() -> bool:
+                pod = _held(kube, jobs_namespace, set(handled))
+                if pod is not None:
+                    found.append(pod)
+                return pod is not None
+
+            assert wait_until(held, WITHIN, 0.5), (
+                f"no play held in its health gate: {pool.deployment().get('status')}\n{agents.log()}"
+            )
+            return found[-1]
+
+        # the first Node: its Job's Pod deleted mid-play (waited for: in its grace period the play still
+        # runs), then released; the next attempt's Job takes over the host lock at once
+        pod = next_held()
+        first = pod["metadata"]["labels"][MACHINE_LABEL]
+        handled.append(first)
+        kube.kubectl(
+            "delete",
+            "pod",
+            pod["metadata"]["name"],
+            "-n",
+            jobs_namespace,
+            "--wait=true",
+            "--timeout=180s",
+            timeout=200,
+        )
+        on_node(node_cluster, pool.host_of(pool.node(first)), "touch", release)
+
+        # the second Node: the replica that claimed it SIGKILLed mid-play; its Job goes on, and the other
+        # replica takes the Node over once the dead one's claim expires (--claim-seconds)
+        pod = next_held()
+        second = pod["metadata"]["labels"][MACHINE_LABEL]
+        handled.append(second)
+        claim = ns.claim_of(pool.node(second))
+        assert claim is not None and claim.holder in agents.agents, pool.node(second)["metadata"]
+        killed = claim.holder
+        agents.agents[killed].kill()
+        on_node(node_cluster, pool.host_of(pool.node(second)), "touch", release)
+
+        # the third Node goes through
+        pod = next_held()
+        third = pod["metadata"]["labels"][MACHINE_LABEL]
+        handled.append(third)
+        on_node(node_cluster, pool.host_of(pool.node(third)), "touch", release)
+
+        assert wait_until(pool.finished, WITHIN, 0.5), f"{pool.deployment().get('status')}\n{agents.log()}"
+
+        assert sorted(handled) == pool.initial
+        # each host updated once: one stamp write, the file as the MachineClass says
+        for host in hosts:
+            assert stamp_writes(node_cluster, host) == stamps[host.name] + 1, host.name
+            assert on_node(node_cluster, host, "cat", path) == payload
+        # the first Node: one interrupted attempt (counted once), the next successful, its lock taken
+        # over at once (not after the stale timeout); two Jobs
+        interrupted, succeeded = _record(pool, first)["attempts"]
+        assert interrupted["o"]["kind"] == "interrupted", interrupted
+        assert succeeded["o"]["kind"] == "successful", succeeded
+        assert succeeded["o"]["finished"] - succeeded["s"] < 120, succeeded
+        jobs = _jobs(kube, jobs_namespace, first)
+        assert {j["metadata"]["name"] for j in jobs} == {interrupted["j"], succeeded["j"]}
+        # the second and third: one attempt, one Job each, whichever replica answered
+        for node in (second, third):
+            [attempt] = _record(pool, node)["attempts"]
+            assert attempt["o"]["kind"] == "successful", (node, attempt)
+            assert [j["metadata"]["name"] for j in _jobs(kube, jobs_namespace, node)] == [attempt["j"]]
+        # every Job's Pod ran on a real node, none on the kwok Nodes MCM rolled out
+        real = {host.name for host in node_cluster.hosts}
+        assert {p["spec"].get("nodeName") for p in _pods(kube, jobs_namespace)} <= real
+        # MCM took the answers: the rollout is done, and no annotation of ours but the record stays (the
+        # dead replica's claim removed by the live one)
+        for node in pool.nodes():
+            annotations = ns.node_annotations(node)
+            assert ns.CLAIM_ANNOTATION not in annotations and ns.ANSWERED_ANNOTATION not in annotations
+            assert ns.RESULT_LABEL not in ns.node_labels(node)
+        (live,) = set(agents.agents) - {killed}
+        assert f"machine={mcm.NAMESPACE}/{third}" in agents.agents[live].log()
+    finally:
+        pool.delete()
