@@ -15,20 +15,14 @@ node to the session's kubelab (flavour ``nodes``) and the delete runs the real `
 from __future__ import annotations
 
 import base64
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hostlab import prereqs
-from hostlab.config import Config
-from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.proc import wait_until
-from hostlab.pytest_plugin import unavailable
-from hostlab.state import NODE
-from kubelab import labprovider, manifests, node_join, objects
+from kubelab import manifests, node_join, objects
 from kubelab.config import APISERVER_NAME
 from kubelab.flavours import capi_objects as co
 from kubelab.flavours import nodes
@@ -37,13 +31,12 @@ from kubelab.labprovider import crds
 from kubelab.labprovider.controller import FINALIZER
 
 from .cabpk import BASE64, GZIPPED, join_configuration, secret, worker_document
+from .pool import LAB_MACHINE, WAIT, LabMachines, clean, pool_lab, provider_running, ready, stat
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
 NAMESPACE = f"lab-provider-{os.getpid()}"
 CLUSTER = "c1"
-LAB_MACHINE = f"labmachine.{crds.GROUP}"
-WAIT = 120.0  # a provisioning is a few SSH round trips; the machine's 2 cores are shared
 STAND_IN_KUBEADM = "test -s /run/kubeadm/kubeadm-join-config.yaml"  # the join configuration was written first
 KUBEADM_JOIN = "kubeadm join --config /run/kubeadm/kubeadm-join-config.yaml "  # CABPK's, no verbosity set
 JOIN_WAIT = 300.0  # kubeadm join and the kubelet's first Ready on 2 shared cores
@@ -51,57 +44,17 @@ JOIN_WAIT = 300.0  # kubeadm join and the kubelet's first Ready on 2 shared core
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[HostLab]:
-    cfg = Config.from_env()
-    why = prereqs.missing(cfg, NODE)
-    if why:
-        unavailable(why)
-    lab = HostLab(f"pytest-{os.getpid()}-pool", cfg)
-    try:
-        lab.up(2, owner_pid=os.getpid(), kind=NODE)
+    with pool_lab("pool") as lab:
         yield lab
-    finally:
-        lab.down()
 
 
 @pytest.fixture(scope="module")
-def provider(kubelab: KubeLab, pool: HostLab) -> Iterator[KubeLab]:
+def machines(kubelab: KubeLab, pool: HostLab) -> Iterator[LabMachines]:
     files = [manifests.capi_crd(kubelab, f"cluster.x-k8s.io_{p}.yaml") for p in ("clusters", "machines")]
     manifests.install_crds(kubelab, files, only_missing=True)
-    labprovider.start(kubelab, pool, [h.name for h in pool.hosts()])
-    objects.ensure_namespace(kubelab, NAMESPACE)
-    try:
-        yield kubelab
-    finally:
-        # the LabMachines' finalizers need the controller: their nodes are reset before it stops
-        kubelab.kubectl("delete", LAB_MACHINE, "--all", "-n", NAMESPACE, "--wait=false", check=False)
-        wait_until(lambda: not _lab_machines(kubelab), WAIT, 0.5)
-        labprovider.stop(kubelab)
-        kubelab.stop_component(f"apiserver-on-{pool.gateway}")  # the join test's forward, if it made one
-        kubelab.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
-
-
-def _lab_machines(kube: KubeLab) -> list[dict[str, Any]]:
-    out = kube.kubectl("get", LAB_MACHINE, "-n", NAMESPACE, "-o", "json").stdout
-    items: list[dict[str, Any]] = json.loads(out)["items"]
-    return items
-
-
-def _get(kube: KubeLab, name: str) -> dict[str, Any]:
-    found = objects.get(kube, LAB_MACHINE, name, NAMESPACE)
-    assert found is not None, f"LabMachine {name} is gone"
-    return found
-
-
-def _ready(obj: dict[str, Any]) -> dict[str, Any]:
-    return dict(objects.condition(obj, "Ready") or {})
-
-
-def _wait_reason(kube: KubeLab, name: str, reason: str) -> dict[str, Any]:
-    def there() -> bool:
-        return _ready(_get(kube, name)).get("reason") == reason
-
-    assert wait_until(there, WAIT, 0.5), f"LabMachine {name}: {_ready(_get(kube, name))}, not {reason}"
-    return _get(kube, name)
+    with provider_running(kubelab, pool, NAMESPACE) as running:
+        yield running
+    kubelab.stop_component(f"apiserver-on-{pool.gateway}")  # the join test's forward, if it made one
 
 
 def _owner(obj: dict[str, Any]) -> dict[str, Any]:
@@ -155,22 +108,10 @@ def _machine(kube: KubeLab, name: str, document: str | None) -> None:
     objects.apply(kube, {"apiVersion": crds.API_VERSION, "kind": "LabMachine", "metadata": meta, "spec": {}})
 
 
-def _stat(pool: HostLab, host: Host, path: str) -> str:
-    result = pool.exec_in(host, ["stat", "-c", "%a %U:%G", path])
-    return result.stdout.strip() if result.returncode == 0 else "missing"
-
-
-def _clean(pool: HostLab, host: Host) -> bool:
-    """Nothing of a bootstrap is left on the node: CABPK's files and directories, the provider's record."""
-    paths = ["/etc/lab-test/plain.conf", "/etc/lab-test/base64.bin", "/etc/lab-test/deep/gzip.txt"]
-    paths += ["/run/cluster-api", "/run/kubeadm", "/var/lib/hostlab-lab-provider"]
-    return all(_stat(pool, host, p) == "missing" for p in paths)
-
-
 def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_delete_returns_the_node_reset(
-    provider: KubeLab, pool: HostLab
+    machines: LabMachines, pool: HostLab
 ) -> None:
-    kube = provider
+    kube = machines.kube
     crd = objects.get(kube, "crd", f"labmachines.{crds.GROUP}") or {}
     assert crd["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"] == crds.VERSION  # the contract label
     _cluster(kube)
@@ -178,12 +119,12 @@ def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_del
 
     # no bootstrap data yet: the LabMachine waits, holding no node
     _machine(kube, "m1", None)
-    waiting = _wait_reason(kube, "m1", "WaitingForBootstrapData")
-    assert "Secret m1-bootstrap not found" in _ready(waiting)["message"]
+    waiting = machines.wait_reason("m1", "WaitingForBootstrapData")
+    assert "Secret m1-bootstrap not found" in ready(waiting)["message"]
     assert "nodeName" not in waiting.get("status", {})
     objects.apply(kube, secret("m1-bootstrap", NAMESPACE, worker_document(STAND_IN_KUBEADM), CLUSTER))
 
-    m1 = _wait_reason(kube, "m1", "Provisioned")
+    m1 = machines.wait_reason("m1", "Provisioned")
     node = m1["status"]["nodeName"]
     host = by_name[node]
     assert m1["spec"]["providerID"] == f"lab://{node}"
@@ -192,17 +133,17 @@ def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_del
         {"type": "Hostname", "address": node},
         {"type": "InternalIP", "address": host.address},
     ]
-    assert _ready(m1)["status"] == "True"
+    assert ready(m1)["status"] == "True"
     assert FINALIZER in m1["metadata"]["finalizers"]
     # the files, as cloud-init writes them: content decoded, mode and owner set, the jinja metadata rendered
-    assert _stat(pool, host, "/etc/lab-test/plain.conf") == "600 nobody:nogroup"
+    assert stat(pool, host, "/etc/lab-test/plain.conf") == "600 nobody:nogroup"
     assert pool.read_file(host, "/etc/lab-test/plain.conf") == f"plain line for {node}\n"
-    assert _stat(pool, host, "/etc/lab-test/base64.bin") == "640 root:root"
+    assert stat(pool, host, "/etc/lab-test/base64.bin") == "640 root:root"
     assert (
         pool.exec_in(host, ["base64", "-w0", "/etc/lab-test/base64.bin"]).stdout
         == base64.b64encode(BASE64).decode()
     )
-    assert _stat(pool, host, "/etc/lab-test/deep/gzip.txt") == "755 root:root"
+    assert stat(pool, host, "/etc/lab-test/deep/gzip.txt") == "755 root:root"
     assert pool.read_file(host, "/etc/lab-test/deep/gzip.txt") == GZIPPED.decode()
     join = pool.read_file(host, "/run/kubeadm/kubeadm-join-config.yaml")
     assert f"name: '{node}'" in join and f"value: lab://{node}" in join
@@ -211,30 +152,30 @@ def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_del
     # bad bootstrap data: a clear condition, and no node taken
     users = "#cloud-config\nusers:\n- name: alice\nruncmd:\n- echo hi\n"
     _machine(kube, "m2", users)
-    m2 = _wait_reason(kube, "m2", "BootstrapDataInvalid")
+    m2 = machines.wait_reason("m2", "BootstrapDataInvalid")
     assert (
         "bootstrap data Secret m2-bootstrap: the lab provider does not carry out users"
-        in _ready(m2)["message"]
+        in ready(m2)["message"]
     )
     assert "nodeName" not in m2.get("status", {})
 
     # a runcmd that fails before CABPK's sentinel: a terminal failure naming the missing sentinel
     _machine(kube, "m3", worker_document("sh -c 'echo join refused >&2; exit 3'"))
-    m3 = _wait_reason(kube, "m3", "BootstrapFailed")
+    m3 = machines.wait_reason("m3", "BootstrapFailed")
     other = m3["status"]["nodeName"]
     assert other != node
-    message = _ready(m3)["message"]
+    message = ready(m3)["message"]
     assert "/run/cluster-api/bootstrap-success.complete is missing" in message and "join refused" in message
     assert not m3["status"].get("initialization", {}).get("provisioned")
 
     # the pool is empty now: the next LabMachine waits for a node
     _machine(kube, "m4", worker_document(STAND_IN_KUBEADM))
-    _wait_reason(kube, "m4", "WaitingForNode")
+    machines.wait_reason("m4", "WaitingForNode")
 
     # deleting m1 resets its node and returns it to the pool, where m4 takes it
     kube.kubectl("delete", LAB_MACHINE, "m1", "-n", NAMESPACE, "--wait=false")
     objects.wait_gone(kube, LAB_MACHINE, "m1", NAMESPACE, WAIT)
-    m4 = _wait_reason(kube, "m4", "Provisioned")
+    m4 = machines.wait_reason("m4", "Provisioned")
     assert m4["status"]["nodeName"] == node
     assert (
         pool.read_file(host, "/etc/lab-test/plain.conf") == f"plain line for {node}\n"
@@ -243,10 +184,10 @@ def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_del
     # deleting the failed one resets its node too
     kube.kubectl("delete", LAB_MACHINE, "m3", "-n", NAMESPACE, "--wait=false")
     objects.wait_gone(kube, LAB_MACHINE, "m3", NAMESPACE, WAIT)
-    assert _clean(pool, by_name[other])
+    assert clean(pool, by_name[other])
     kube.kubectl("delete", LAB_MACHINE, "m4", "-n", NAMESPACE, "--wait=false")
     objects.wait_gone(kube, LAB_MACHINE, "m4", NAMESPACE, WAIT)
-    assert _clean(pool, host)
+    assert clean(pool, host)
 
 
 def _prepare_image(kube: KubeLab, pool: HostLab) -> None:
@@ -267,7 +208,7 @@ def _node(kube: KubeLab, name: str) -> dict[str, Any]:
 
 
 def test_cabpks_kubeadm_join_on_a_pool_node_makes_a_ready_node_with_the_provider_id_and_delete_resets_it(
-    provider: KubeLab, kubelab_nodes: KubeLab, pool: HostLab
+    machines: LabMachines, kubelab_nodes: KubeLab, pool: HostLab
 ) -> None:
     kube = kubelab_nodes
     _prepare_image(kube, pool)
@@ -285,11 +226,11 @@ def test_cabpks_kubeadm_join_on_a_pool_node_makes_a_ready_node_with_the_provider
     try:
 
         def settled() -> bool:
-            return _ready(_get(kube, "w1")).get("reason") in ("Provisioned", "BootstrapFailed")
+            return ready(machines.get("w1")).get("reason") in ("Provisioned", "BootstrapFailed")
 
-        assert wait_until(settled, JOIN_WAIT, 1.0), _ready(_get(kube, "w1"))
-        w1 = _get(kube, "w1")
-        assert _ready(w1)["reason"] == "Provisioned", _ready(w1)
+        assert wait_until(settled, JOIN_WAIT, 1.0), ready(machines.get("w1"))
+        w1 = machines.get("w1")
+        assert ready(w1)["reason"] == "Provisioned", ready(w1)
         node = w1["status"]["nodeName"]
         host = pool.host(node)
         # the Node the real kubelet registered carries the LabMachine's provider ID: what CAPI matches them by
@@ -302,7 +243,7 @@ def test_cabpks_kubeadm_join_on_a_pool_node_makes_a_ready_node_with_the_provider
         # kubeadm reset ran: the kubelet's credentials are gone and the kubelet is stopped
         assert pool.exec_in(host, ["test", "-e", "/etc/kubernetes/kubelet.conf"]).returncode != 0
         assert pool.exec_in(host, ["systemctl", "is-active", "kubelet"]).stdout.strip() != "active"
-        assert _clean(pool, host)
+        assert clean(pool, host)
     finally:
         if node:  # CAPI's Machine controller deletes a deleted Machine's Node; none runs here
             kube.kubectl("delete", "node", node, "--ignore-not-found", check=False)

@@ -9,13 +9,14 @@ here, never a command line. Two operations:
   :data:`OUTPUT_LOG` (where cloud-init keeps ``cloud-init-output.log``); then whether CABPK's sentinel
   file exists. The written paths are recorded in :data:`STATE_DIR` for ``reset``.
 - ``reset``: the node back to the pool: ``kubeadm reset -f`` when kubeadm is installed, then every file
-  ``provision`` wrote, CABPK's directories (``/run/cluster-api``, ``/run/kubeadm``), the scripts, the log
-  and the record removed.
+  ``provision`` wrote and the directories it made (when empty), CABPK's directories (``/run/cluster-api``,
+  ``/run/kubeadm``), the scripts, the log and the record removed.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import grp
 import json
 import os
@@ -50,13 +51,14 @@ def provision(request: dict[str, Any]) -> dict[str, Any]:
         steps.append(run_script("bootcmd", request["bootcmd"]))
         if steps[-1]["exit"] != 0:
             return {"ok": False, "steps": steps, "error": "bootcmd failed"}
-    written = [str(p) for p in _load_written()]
+    written = _load_written()
     for entry in request["files"]:
         path = Path(entry["path"])
         written.append(str(path))
-        WRITTEN.write_text(
-            json.dumps(sorted(set(written)))
-        )  # before the write: reset removes a half-done one
+        written += [
+            f"{parent}/" for parent in path.parents if not parent.exists()
+        ]  # the directories it makes
+        WRITTEN.write_text(json.dumps(sorted(set(written))))  # before the write: reset undoes a half-done one
         write_file(
             path, base64.b64decode(entry["content"]), entry["permissions"], entry["owner"], entry["append"]
         )
@@ -108,8 +110,13 @@ def reset() -> dict[str, Any]:
             [kubeadm, "reset", "-f"], capture_output=True, text=True, timeout=SCRIPT_TIMEOUT, check=False
         )
         steps.append({"name": "kubeadm reset", "exit": result.returncode, "output": result.stdout[-TAIL:]})
-    for path in _load_written():
-        path.unlink(missing_ok=True)
+    written = _load_written()
+    for path in written:
+        if not path.endswith("/"):
+            Path(path).unlink(missing_ok=True)
+    for made in sorted((p for p in written if p.endswith("/")), key=len, reverse=True):
+        with contextlib.suppress(OSError):  # not empty: something else lives there now, it stays
+            Path(made).rmdir()
     for directory in (*CABPK_DIRS, STATE_DIR):
         shutil.rmtree(directory, ignore_errors=True)
     OUTPUT_LOG.unlink(missing_ok=True)
@@ -117,9 +124,10 @@ def reset() -> dict[str, Any]:
     return {"ok": not failed, "steps": steps, **({"error": f"{', '.join(failed)} failed"} if failed else {})}
 
 
-def _load_written() -> list[Path]:
+def _load_written() -> list[str]:
+    """The paths ``provision`` wrote: files, and the directories it made (ending in ``/``)."""
     try:
-        return [Path(p) for p in json.loads(WRITTEN.read_text())]
+        return [str(p) for p in json.loads(WRITTEN.read_text())]
     except FileNotFoundError:
         return []
 
