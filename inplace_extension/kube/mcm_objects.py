@@ -1,5 +1,6 @@
 """machine-controller-manager's objects in the control cluster (``machine.sapcloud.io/v1alpha1``), read
-only, as plain dicts: Machines, MachineSets, MachineDeployments, MachineClasses of one namespace."""
+only, as plain dicts: Machines, MachineSets, MachineDeployments, MachineClasses of one namespace, and
+the Secrets MachineClasses name (the AWS credentials the agent tags instances with)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Final
 
 from lightkube import AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Secret
 
 from inplace_extension.kube.client import list_then_watch, plain, translated
 from inplace_extension.kube.errors import NotFound
@@ -21,11 +23,13 @@ MachineSet = create_namespaced_resource(GROUP, VERSION, "MachineSet", "machinese
 MachineDeployment = create_namespaced_resource(GROUP, VERSION, "MachineDeployment", "machinedeployments")
 MachineClass = create_namespaced_resource(GROUP, VERSION, "MachineClass", "machineclasses")
 
-KINDS: Final = {
+# generic (MCM) and typed (Secret) resources: one lookup for both, lightkube overloads on the type
+KINDS: Final[dict[str, Any]] = {
     "Machine": Machine,
     "MachineSet": MachineSet,
     "MachineDeployment": MachineDeployment,
     "MachineClass": MachineClass,
+    "Secret": Secret,
 }
 
 

@@ -44,10 +44,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from inplace_extension.aws.ec2_tags import Credentials, Ec2TagsError, apply_tags
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.kube.errors import Conflict
 from inplace_extension.kube.events import node_event
 from inplace_extension.kube.port import ControlCluster, TargetCluster
+from inplace_extension.mcm import aws_tags
 from inplace_extension.mcm import node_state as ns
 from inplace_extension.mcm.desired import DesiredStateError
 from inplace_extension.mcm.metrics import AgentMetrics
@@ -248,12 +250,24 @@ class Agent:
             if not ns.answered(node, key):
                 await self._answer(node, successful=False, reason=str(exc), answered_key=key)
             return False
-        key = f"{desired.plan.fingerprint}|{token}"
+        # an AWS MachineClass's tags are part of the desired state: a tags-only change is a new one
+        tags = "" if desired.tags is None else f"+tags:{desired.tags.digest}"
+        key = f"{desired.plan.fingerprint}{tags}|{token}"
         if ns.answered(node, key):  # MCM has not consumed it yet, or it waits for the retry annotation
             result = ns.node_labels(node).get(ns.RESULT_LABEL)
             log.debug("node %s: answered %s already for this desired state", name, result)
             return False
         node = await self._claim(node)
+        if desired.tags is not None:
+            failed = await self._apply_tags(node, desired.tags)
+            node = self._nodes.get(name, node)
+            if failed is not None:
+                reason, retriable = failed
+                if retriable:  # an outage or throttling: answered failed, retried at the next poll
+                    await self._answer(node, successful=False, reason=reason)
+                    return True
+                await self._answer(node, successful=False, reason=reason, answered_key=key)
+                return False
         request = run_request(
             desired.plan,
             ns.node_annotations(node),
@@ -300,6 +314,44 @@ class Agent:
         successful = progress.state is ProgressState.DONE
         await self._answer(node, successful, progress.message, answered_key=key)
         return False
+
+    async def _apply_tags(self, node: dict[str, Any], target: aws_tags.TagsTarget) -> tuple[str, bool] | None:
+        """Set the MachineClass's tags on the Node's instance (mcm/aws_tags.py, aws/ec2_tags.py) unless
+        the Node's record says they are applied; then record them. None when done, else the reason and
+        whether it is retriable. The credentials are read here and handed to boto3 only."""
+        name = ns.name(node)
+        record = aws_tags.last_applied(ns.node_annotations(node))
+        if record == dict(target.tags):
+            return None
+        try:
+            secret = await self._control.get("Secret", target.secret_namespace, target.secret_name)
+            key_id, key_secret = aws_tags.credentials_of(secret, target)
+        except DesiredStateError as exc:
+            return str(exc), False
+        try:
+            applied = await asyncio.to_thread(
+                apply_tags,
+                Credentials(key_id, key_secret),
+                target.region,
+                target.instance_id,
+                target.tags,
+                record,
+            )
+        except Ec2TagsError as exc:
+            log.info("node %s: tags of %s: %s", name, target.instance_id, exc)
+            return f"AwsTags{'Retriable' if exc.retriable else 'Failed'}: {exc}", exc.retriable
+        self._patched(
+            await self._target.patch_node_metadata(
+                name,
+                ns.resource_version(node),
+                annotations={aws_tags.LAST_APPLIED_ANNOTATION: aws_tags.record_value(target.tags)},
+            )
+        )
+        created, deleted = len(applied.created), len(applied.deleted)
+        message = f"tags of instance {target.instance_id}: {created} set, {deleted} removed"
+        log.info("node %s: %s", name, message)
+        await self._target.post_event(node_event(node, "InPlaceTagsApplied", message, COMPONENT))
+        return None
 
     async def _answer(
         self, node: dict[str, Any], successful: bool, reason: str = "", answered_key: str | None = None

@@ -24,6 +24,7 @@ from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.inplace.plan import Plan
 from inplace_extension.kube.errors import Unreachable
 from inplace_extension.kube.port import ControlCluster
+from inplace_extension.mcm.aws_tags import TagsTarget, tags_target
 from inplace_extension.mcm.desired import (
     MACHINE_NAME_LABEL,
     DesiredStateError,
@@ -57,6 +58,7 @@ class Desired:
 
     plan: Plan
     hold: Hold | None = None
+    tags: TagsTarget | None = None  # an AWS MachineClass's tags for the Node's instance (mcm/aws_tags.py)
 
 
 class DesiredStates:
@@ -133,7 +135,8 @@ class DesiredStates:
             self._plans = {k: v for k, v in self._plans.items() if k[0] != key[0] or k[1] == key[1]}
             self._plans[key] = plan
         owner = f"MachineDeployment {self._namespace}/{_name(deployment)}"
-        return Desired(plan, holds.hold_of(owner, deployment.get("metadata", {}).get("annotations")))
+        hold = holds.hold_of(owner, deployment.get("metadata", {}).get("annotations"))
+        return Desired(plan, hold, tags_target(machine_class, machine))
 
     async def _synced(self) -> None:
         try:

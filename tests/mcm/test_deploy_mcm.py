@@ -45,4 +45,5 @@ def test_rbac_is_what_the_agent_needs() -> None:
             (control, r): ("get", "list", "watch")
             for r in ("machines", "machinesets", "machinedeployments", "machineclasses")
         },
+        (control, "secrets"): ("get",),  # an AWS MachineClass's credentials (mcm/aws_tags.py)
     }

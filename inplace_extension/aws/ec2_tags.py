@@ -1,0 +1,155 @@
+"""An EC2 instance's tags set to a desired map through the AWS API (boto3), keeping every tag someone
+else set, and AWS's error codes sorted into retriable and terminal.
+
+The preserve rule (the same as CAPA's ``ensureTags``): only tags named by the desired map are created or
+changed, and only tags the last application set (``last_applied``) and the desired map no longer names
+are deleted, each only while it still holds the value we set. Every other tag of the instance is never
+touched. The instance's attached EBS volumes get the same created and deleted tags.
+
+Credentials reach boto3 only as arguments of its session: they are never part of a message, an
+exception or a log line (:class:`Credentials` hides them from ``repr``). The endpoint is boto3's own
+setting (``AWS_ENDPOINT_URL_EC2`` / ``AWS_ENDPOINT_URL``), so the tests point it at an AWS API emulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+# AWS error codes (EC2's API reference, "Common client errors" and "Server errors") that go away by
+# themselves: throttling and the service's own trouble. Retried by the caller.
+RETRIABLE_CODES: Final = frozenset(
+    {
+        "RequestLimitExceeded",
+        "Throttling",
+        "ThrottlingException",
+        "EC2ThrottledException",
+        "InternalError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "Unavailable",
+        "RequestTimeout",
+        "RequestTimeoutException",
+    }
+)
+# Codes that no retry fixes: credentials, permissions, the instance, the request itself. Any code in
+# neither table is terminal too (said so in the message): a retry loop on an error nobody has classified
+# would hide it.
+TERMINAL_CODES: Final = frozenset(
+    {
+        "AuthFailure",
+        "UnauthorizedOperation",
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "OptInRequired",
+        "Blocked",
+        "InvalidInstanceID.NotFound",
+        "InvalidInstanceID.Malformed",
+        "InvalidID",
+        "InvalidParameterValue",
+        "TagLimitExceeded",
+    }
+)
+# one attempt per call (the caller's poll is the retry, with its own pace); short timeouts: an outage
+# answers a retriable error in seconds instead of holding the agent's step
+_CONFIG: Final = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=20)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """An access key from the MachineClass's credentials Secret; ``repr`` shows neither part."""
+
+    access_key_id: str = field(repr=False)
+    secret_access_key: str = field(repr=False)
+
+
+class Ec2TagsError(Exception):
+    """The AWS API refused or could not be reached; ``code`` is AWS's error code (or ``Unreachable``)
+    and the message is ours, never AWS's text (which may echo a request's parts)."""
+
+    def __init__(self, code: str, retriable: bool, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retriable = retriable
+
+
+@dataclass(frozen=True)
+class TagsApplied:
+    """What one application did: the tags created or changed and the keys deleted (empty: nothing)."""
+
+    created: Mapping[str, str]
+    deleted: tuple[str, ...]
+
+
+def classify(code: str) -> bool:
+    """True when an AWS error ``code`` is retriable (see the two tables)."""
+    return code in RETRIABLE_CODES
+
+
+def apply_tags(
+    credentials: Credentials,
+    region: str,
+    instance_id: str,
+    desired: Mapping[str, str],
+    last_applied: Mapping[str, str],
+) -> TagsApplied:
+    """Make the instance (and its volumes) carry ``desired``, deleting what ``last_applied`` set that
+    ``desired`` no longer names; other tags are kept. Calls CreateTags/DeleteTags only for a difference.
+    Raises :class:`Ec2TagsError`."""
+    what = f"instance {instance_id} in {region}"
+    try:
+        client: Any = boto3.session.Session(
+            aws_access_key_id=credentials.access_key_id,
+            aws_secret_access_key=credentials.secret_access_key,
+            region_name=region,
+        ).client("ec2", config=_CONFIG)
+        reservations = client.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        instances = [i for r in reservations for i in r.get("Instances", [])]
+        if not instances:
+            raise Ec2TagsError("InvalidInstanceID.NotFound", False, f"AWS has no {what}")
+        instance = instances[0]
+        current = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+        volumes = [
+            m["Ebs"]["VolumeId"]
+            for m in instance.get("BlockDeviceMappings", [])
+            if "VolumeId" in m.get("Ebs", {})
+        ]
+        created = {key: value for key, value in desired.items() if current.get(key) != value}
+        # only a tag we set, still holding our value (someone who changed it since made it theirs)
+        deleted = tuple(
+            sorted(
+                key for key, value in last_applied.items() if key not in desired and current.get(key) == value
+            )
+        )
+        resources = [instance_id, *volumes]
+        if created:
+            client.create_tags(Resources=resources, Tags=[{"Key": k, "Value": v} for k, v in created.items()])
+        if deleted:
+            client.delete_tags(
+                Resources=resources, Tags=[{"Key": key, "Value": last_applied[key]} for key in deleted]
+            )
+        return TagsApplied(created, deleted)
+    except botocore.exceptions.ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code") or "Unknown")
+        retriable = classify(code)
+        known = "" if retriable or code in TERMINAL_CODES else " (an error code this service does not know)"
+        kind = "retriable" if retriable else "terminal"
+        raise Ec2TagsError(code, retriable, f"AWS answered {code} for {what}: {kind}{known}") from None
+    except (
+        botocore.exceptions.EndpointConnectionError,
+        botocore.exceptions.ConnectionClosedError,
+        botocore.exceptions.ConnectTimeoutError,
+        botocore.exceptions.ReadTimeoutError,
+    ):
+        raise Ec2TagsError(
+            "Unreachable", True, f"the AWS API could not be reached for {what}: retriable"
+        ) from None
+    except botocore.exceptions.BotoCoreError as exc:  # no region, bad endpoint: nothing a retry changes
+        raise Ec2TagsError(
+            type(exc).__name__, False, f"the AWS client failed for {what} ({type(exc).__name__}): terminal"
+        ) from None

@@ -1,0 +1,116 @@
+"""The MCM agent applying an AWS MachineClass's tags to the Node's instance: the agent over the in-memory
+fake of the kube ports, the AWS side the real moto server. The instance's tags are set once, foreign
+tags kept, the Node keeps the record and is answered successful; an outage is answered failed and
+retried until the API is back; a terminal error is a final failure; no credential is in any answer,
+Event or log line."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import logging
+
+import pytest
+from kubefake import FakeControl, FakeTarget
+from kubelab.ports import free_port
+from mcm.test_agent_fake import NS, Executor, done_after, pool, result, running, until, waiting_node
+
+from inplace_extension.mcm import node_state as ns
+from inplace_extension.mcm.aws_tags import LAST_APPLIED_ANNOTATION, last_applied
+
+from .test_ec2_tags import CREDENTIALS, REGION, SECRET, instance, tags_of
+
+pytestmark = pytest.mark.anyio
+
+
+def aws_pool(control: FakeControl, instance_id: str, tags: dict[str, str]) -> None:
+    """The fake pool, its new MachineClass AWS-shaped with ``tags``, the Machine on ``instance_id``."""
+    pool(control)
+    klass = copy.deepcopy(control.objects["MachineClass"]["pool-v2"])
+    klass["provider"] = "AWS"
+    klass["credentialsSecretRef"] = {"name": "cloud", "namespace": NS}
+    klass["providerSpec"].update(region=REGION, tags=tags, machineType="t3.micro")
+    control.put(klass)
+    machine = copy.deepcopy(control.objects["Machine"]["m1"])
+    machine["spec"] = {"providerID": f"aws:///{REGION}a/{instance_id}"}
+    control.put(machine)
+    data = {
+        "providerAccessKeyId": base64.b64encode(CREDENTIALS.access_key_id.encode()).decode(),
+        "providerSecretAccessKey": base64.b64encode(SECRET.encode()).decode(),
+    }
+    control.put(
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cloud", "namespace": NS}, "data": data}
+    )
+
+
+def reasons_and_messages(target: FakeTarget) -> str:
+    return repr(target.events) + repr(target.nodes)
+
+
+async def test_the_agent_tags_the_instance_once_keeps_foreign_tags_and_answers_successful(
+    ec2_endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    instance_id = instance(ec2_endpoint, {"Name": "n1", "owner": "someone"})
+    target, control = FakeTarget(), FakeControl()
+    executor = Executor(target, done_after(1))
+    aws_pool(control, instance_id, {"team": "blue", "cost": "42"})
+    target.put_node(waiting_node())
+    async for _agent in running(target, control, executor):
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, 60)
+    assert tags_of(ec2_endpoint, instance_id) == {
+        "Name": "n1",
+        "owner": "someone",
+        "team": "blue",
+        "cost": "42",
+    }
+    assert last_applied(ns.node_annotations(target.nodes["n1"])) == {"team": "blue", "cost": "42"}
+    assert target.reasons("n1").count("InPlaceTagsApplied") == 1  # applied once, not on every poll
+    assert SECRET not in caplog.text and SECRET not in reasons_and_messages(target)
+
+
+async def test_our_old_tags_in_the_record_are_removed_and_foreign_ones_kept(
+    ec2_endpoint: str,
+) -> None:
+    instance_id = instance(ec2_endpoint, {"owner": "someone", "team": "blue"})
+    target, control = FakeTarget(), FakeControl()
+    aws_pool(control, instance_id, {"team": "green"})
+    node = waiting_node()
+    node["metadata"]["annotations"] = {LAST_APPLIED_ANNOTATION: '{"team":"blue","old":"x"}'}
+    target.put_node(node)
+    async for _agent in running(target, control, Executor(target, done_after(1))):
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, 60)
+    assert tags_of(ec2_endpoint, instance_id) == {"owner": "someone", "team": "green"}
+
+
+async def test_an_outage_is_answered_failed_and_retried_until_the_api_is_back(
+    ec2_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    instance_id = instance(ec2_endpoint, {})
+    target, control = FakeTarget(), FakeControl()
+    aws_pool(control, instance_id, {"team": "blue"})
+    target.put_node(waiting_node())
+    monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", f"http://127.0.0.1:{free_port()}")  # the API is down
+    async for _agent in running(target, control, Executor(target, done_after(1))):
+        await until(lambda: result(target) == ns.FAILED, target.activity, 60)
+        reason = ns.node_annotations(target.nodes["n1"]).get(ns.FAILED_REASON_ANNOTATION, "")
+        assert reason.startswith("AwsTagsRetriable: the AWS API could not be reached"), reason
+        assert ns.CLAIM_ANNOTATION in ns.node_annotations(target.nodes["n1"])  # not final: still ours
+        monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", ec2_endpoint)  # back
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, 60)
+    assert tags_of(ec2_endpoint, instance_id) == {"team": "blue"}
+
+
+async def test_a_terminal_error_is_a_final_failure(ec2_endpoint: str) -> None:
+    target, control = FakeTarget(), FakeControl()
+    aws_pool(control, "i-0123456789abcdef0", {"team": "blue"})  # no such instance
+    target.put_node(waiting_node())
+    executor = Executor(target, done_after(1))
+    async for _agent in running(target, control, executor):
+        await until(lambda: result(target) == ns.FAILED, target.activity, 60)
+    annotations = ns.node_annotations(target.nodes["n1"])
+    assert annotations[ns.FAILED_REASON_ANNOTATION] == (
+        "AwsTagsFailed: AWS answered InvalidInstanceID.NotFound for instance i-0123456789abcdef0 in "
+        f"{REGION}: terminal"
+    )
+    assert ns.ANSWERED_ANNOTATION in annotations and executor.requests == []  # final, no play
