@@ -100,7 +100,7 @@ OPTIONS = (
     Option(
         "--poll-seconds",
         "INPLACE_POLL_SECONDS",
-        "poll a running update this often",
+        "poll a running update at least this often (and as its play ends)",
         kind=float,
         default=2.0,
         metavar="SECONDS",

@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 # died in between) or was deleted: interrupted. Shorter, a replica could see another's fresh attempt
 # before that replica created its Job.
 JOB_APPEARS_SECONDS: Final = 60.0
+# how often wait_end looks at the Job in flight: the kube ports have no watch of Jobs, and the wait is
+# a few seconds at most (runs/play_time.py), so a look every 0.2 s is ten reads of the record and Job
+JOB_LOOK_SECONDS: Final = 0.2
 WRITE_TRIES: Final = 5  # reads and conditional writes before an object that keeps changing is an error
 
 
@@ -134,6 +137,25 @@ class JobBackend:
             self._looked.set(request.ident, look.record)
             return None
         return progress.running(look.running.phase or progress.STARTING)
+
+    async def wait_end(self, request: RunRequest, seconds: float) -> bool:
+        """Looks at the record and the Job every :data:`JOB_LOOK_SECONDS` until the Job has finished (its
+        outcome then copied into the record by the look) or ``seconds`` passed; an API server away counts
+        as still in flight."""
+        deadline = anyio.current_time() + seconds
+        while True:
+            try:
+                look = await anyio.to_thread.run_sync(self._look, request)
+            except KubeError as exc:
+                log.debug("machine=%s run=%s: waiting for the end: %s", request.machine, request.ident, exc)
+            else:
+                if look.running is None and look.earlier is None:
+                    self._looked.set(request.ident, look.record)  # the poll's load that follows reads it
+                    return True
+            left = deadline - anyio.current_time()
+            if left <= 0:
+                return False
+            await anyio.sleep(min(JOB_LOOK_SECONDS, left))
 
     async def launch(self, launch: Launch) -> str:
         return await anyio.to_thread.run_sync(self._launch, launch)

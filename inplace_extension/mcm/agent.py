@@ -10,7 +10,9 @@ resolution (the Node's annotation, labels and ``status.addresses`` in place of t
 and stamp, and artifacts on disk: a restarted agent resumes without a second apply. A final answer is a
 merge patch of the result label and reason annotation, and of the answered annotation naming the desired
 state it is for: no replica (nor this one restarted) acts on that state again while MCM has not consumed
-the result. Retriable failures are answered ``failed`` and retried with backoff until they succeed or
+the result. While an update's play is in flight the Node's task waits for its end (the run service's
+``wait_end``), at most ``--poll-seconds``: the answer follows the play's end, not the next tick.
+Retriable failures are answered ``failed`` and retried with backoff until they succeed or
 their retry budget is spent (then the ``blocked after ...`` answer is final until the retry annotation).
 A periodic resync looks again at the Nodes whose last watched state calls for the agent (claims of dead
 replicas, backoffs ending, a step that failed): only those, as any change of another Node is a watch
@@ -54,7 +56,7 @@ from inplace_extension.mcm import node_state as ns
 from inplace_extension.mcm.desired import DesiredStateError
 from inplace_extension.mcm.metrics import AgentMetrics
 from inplace_extension.mcm.source import DesiredStates
-from inplace_extension.runs.model import Executor, Progress, ProgressState, run_request
+from inplace_extension.runs.model import EndWaitingExecutor, Progress, ProgressState, RunRequest, run_request
 from inplace_extension.runs.policy import RETRY_ANNOTATION
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,7 @@ class Agent:
         options: AgentOptions,
         target: TargetCluster,
         control: ControlCluster,
-        executor: Executor,
+        executor: EndWaitingExecutor,
         metrics: AgentMetrics,
         custom: CustomTable = NO_CUSTOM,
     ) -> None:
@@ -97,6 +99,7 @@ class Agent:
         self._wake: dict[str, asyncio.Event] = {}
         self._active: set[str] = set()  # Nodes whose last watched state calls for us (resynced)
         self._waiting: dict[str, Progress] = {}  # Node -> what its update waits for (an Event once)
+        self._in_flight: dict[str, RunRequest] = {}  # Node -> its update whose play is in flight
         self._cancelled: set[str] = set()  # Nodes answered "cancelled by ..." (looked at again on a change)
         # Node -> the Node as last watched, or as our last patch of it answered (newer until its watch event)
         self._nodes: dict[str, dict[str, Any]] = {}
@@ -176,8 +179,12 @@ class Agent:
                 delay = self.options.poll_seconds
                 if waiting is not None:
                     delay = min(float(waiting.retry_after_seconds), self.options.resync_seconds)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), delay)
+                flight = self._in_flight.get(name)
+                if flight is not None:  # poll again as its play ends, not at the next tick
+                    await self._until_end(flight, wake, delay)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), delay)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -185,9 +192,27 @@ class Agent:
         finally:
             self._metrics.set_updating(name, False)
             self._waiting.pop(name, None)
+            self._in_flight.pop(name, None)
+
+    async def _until_end(self, request: RunRequest, wake: asyncio.Event, seconds: float) -> None:
+        """Until the play of ``request`` in flight ends, the Node's task is woken, or ``seconds`` pass."""
+        deadline = asyncio.get_running_loop().time() + seconds
+        end = asyncio.create_task(self._executor.wait_end(request, seconds))
+        woken = asyncio.create_task(wake.wait())
+        try:
+            await asyncio.wait({end, woken}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            if end.done() and not woken.done() and (end.exception() is not None or not end.result()):
+                # the executor could not wait (it logged why): sleep out the tick, or a wake, as before
+                left = deadline - asyncio.get_running_loop().time()
+                await asyncio.wait({woken}, timeout=max(0.0, left))
+        finally:
+            for task in (end, woken):
+                task.cancel()
+            await asyncio.gather(end, woken, return_exceptions=True)
 
     async def _step(self, name: str) -> bool:
         """One look at the Node; True while there is more to do for it."""
+        self._in_flight.pop(name, None)
         try:
             node = self._nodes.get(name)
             if node is None:
@@ -303,6 +328,8 @@ class Agent:
             await self._answer(node, successful=False, reason=progress.message)
             return False
         if progress.state is ProgressState.IN_PROGRESS:
+            if progress.in_flight:
+                self._in_flight[name] = request
             if not self._metrics.is_updating(name):
                 self._metrics.set_updating(name, True)
                 await self._target.post_event(

@@ -56,7 +56,13 @@ class Launcher(Protocol):
 
     async def in_flight(self, request: RunRequest) -> str | None:
         """The phase message of ``request``'s attempt in flight (``queued: ...``, ``running: ntp``), or
-        None when none is; may hold the call briefly so that an attempt ending meanwhile is answered now."""
+        None when none is; answers at once."""
+        ...
+
+    async def wait_end(self, request: RunRequest, seconds: float) -> bool:
+        """Wait until ``request``'s attempt in flight has ended and its outcome is in the record, at most
+        ``seconds``: True when none is in flight (any more), False when it still is. Never blocks the
+        event loop; the poll near a play's expected end (runs/play_time.py) and the MCM agent use it."""
         ...
 
     async def launch(self, launch: Launch) -> str:

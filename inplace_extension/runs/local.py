@@ -51,10 +51,6 @@ from inplace_extension.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# How long a poll for a run in flight may wait for it to end before answering "running". Well inside
-# UpdateMachine's timeoutSeconds (10 in the hook table); it turns "done" around without waiting for
-# CAPI's next retryAfterSeconds (at least 1 s) to pass.
-LONG_POLL_SECONDS = 2.0
 # Runs queued within this window share one ansible-playbook (one Ansible start-up, forks): CAPI
 # polls the Machines of a rollout in quick succession.
 BATCH_WINDOW_SECONDS = 0.15
@@ -152,12 +148,13 @@ class LocalBackend:
     # the launcher
 
     async def in_flight(self, request: RunRequest) -> str | None:
-        if self._registry.view(request.ident) is None:
-            return None
-        # hold the call briefly: a run ending meanwhile is answered now, not a retryAfterSeconds later
-        await self._ends.hold(request.ident, LONG_POLL_SECONDS, self._registry.view)
         view = self._registry.view(request.ident)
         return None if view is None else view.message()
+
+    async def wait_end(self, request: RunRequest, seconds: float) -> bool:
+        # woken by the worker thread as the job leaves the registry, after its outcome.json and cache
+        await self._ends.hold(request.ident, seconds, self._registry.view)
+        return self._registry.view(request.ident) is None
 
     async def launch(self, launch: Launch) -> str:
         return self.submit(launch)

@@ -118,6 +118,8 @@ class Progress:
     # FAILED only: an operator's cancel (the pause annotation's ``cancel`` value) failed it before its
     # next attempt started; not remembered: once the annotation is gone, a later call starts it
     cancelled: bool = False
+    # IN_PROGRESS only: an attempt is in flight (queued or playing): Executor.wait_end waits for its end
+    in_flight: bool = False
 
 
 class Executor(Protocol):
@@ -126,7 +128,18 @@ class Executor(Protocol):
     """
 
     async def poll(self, request: RunRequest) -> Progress:
-        """Fast and non-blocking; raises ``errors.ExtensionError`` subclasses for known trouble."""
+        """Fast and non-blocking (a poll near a play's expected end waits for it, a few seconds at most:
+        runs/play_time.py); raises ``errors.ExtensionError`` subclasses for known trouble."""
+        ...
+
+
+class EndWaitingExecutor(Executor, Protocol):
+    """An :class:`Executor` that can also wait for the end of a play in flight: what the MCM agent needs,
+    to poll again as the play ends rather than at its next tick. Implemented by ``RunService``."""
+
+    async def wait_end(self, request: RunRequest, seconds: float) -> bool:
+        """Wait until ``request``'s attempt in flight has ended, at most ``seconds``: True when none is in
+        flight (any more), False when it still is."""
         ...
 
 

@@ -1,9 +1,12 @@
-"""RunService: the UpdateMachine executor. ``await poll(request)`` answers at once and never blocks.
+"""RunService: the UpdateMachine executor. ``await poll(request)`` answers at once (near a play's expected
+end it waits for the end, a few seconds at most) and never blocks the event loop.
 
-Each poll: an attempt in flight -> queued/running; else the recorded attempts decide (policy.py): done,
-remembered failure, backoff wait, or (holds, windows, health checks permitting) resolve the host and
-launch a new attempt. Where the attempts are recorded and how they run is the backend's (backend.py:
-``local`` in this process and on its disk, local.py; ``kubernetes``, one Job per attempt, kubejobs/);
+Each poll: an attempt in flight -> queued/running, with retryAfterSeconds from its expected end, or
+(near that end) the end waited for briefly (play_time.py); else the recorded attempts decide
+(policy.py): done, remembered failure, backoff wait, or (holds, windows, health checks permitting)
+resolve the host and launch a new attempt. Where the attempts are recorded and how they run is the
+backend's (backend.py: ``local`` in this process and on its disk, local.py; ``kubernetes``, one Job per
+attempt, kubejobs/);
 the decisions are the same for both. Request checks: validate.py. Built by ``inplace_extension.engine``
 (for ``serve`` and ``mcm-agent``).
 """
@@ -37,6 +40,7 @@ from inplace_extension.runs.model import (
     RunRequest,
     Unhealthy,
 )
+from inplace_extension.runs.play_time import NEAR_END_SECONDS, PlayTimes, retry_after
 from inplace_extension.runs.policy import RETRY_ANNOTATION, Verdict, decide, retry_token
 from inplace_extension.runs.resolve import (
     HostTarget,
@@ -93,6 +97,7 @@ class RunService:
         if deps.metrics is not None:
             deps.metrics.bind_update_status(self._board.counts)
         self._windows = deps.windows
+        self._play_times = PlayTimes()  # when the plays in flight are expected to end
         # ident -> the message of a not-started update last posted as an Event (a wait, a timed-out check);
         # bounded as the memos are: forgetting one posts that Event once more
         self._announced: Recent[str, str] = Recent()
@@ -107,11 +112,22 @@ class RunService:
         self._board.record(request.ident, answer, started)
         return answer
 
+    async def wait_end(self, request: RunRequest, seconds: float) -> bool:
+        return await self._backend.wait_end(request, seconds)
+
     async def _answer(self, request: RunRequest) -> Progress:
         phase = await self._backend.in_flight(request)
         if phase is not None:
-            return self._in_progress(phase)
+            remaining = self._remaining(request)
+            if remaining > NEAR_END_SECONDS:
+                return self._in_progress(phase, remaining)
+            # near (or past) its expected end: wait for the end, then answer from the record
+            if not await self._backend.wait_end(request, NEAR_END_SECONDS):
+                phase = await self._backend.in_flight(request)
+                if phase is not None:
+                    return self._in_progress(phase, self._remaining(request))
         attempts = await self._backend.load(request)
+        self._play_times.learn(request, attempts)
         token = retry_token(request.annotations.get(RETRY_ANNOTATION))
         now = self._clock()
         standing = decide(attempts, token, now, self._retry_after, self._budget)
@@ -254,8 +270,15 @@ class RunService:
         """Admit no more runs and give the running ones ``timeout`` seconds to end (never killed)."""
         self._backend.close(timeout)
 
-    def _in_progress(self, message: str) -> Progress:
-        return Progress(ProgressState.IN_PROGRESS, message, self._retry_after)
+    def _remaining(self, request: RunRequest) -> float:
+        """Seconds until the play in flight of ``request`` is expected to end."""
+        attempts = self._backend.cached(request.ident)
+        return self._play_times.remaining(request, attempts, self._clock())
+
+    def _in_progress(self, message: str, remaining: float) -> Progress:
+        """An attempt in flight: ask again shortly before its expected end (play_time.py)."""
+        retry = retry_after(remaining, self._retry_after)
+        return Progress(ProgressState.IN_PROGRESS, message, retry, in_flight=True)
 
     async def _start(self, request: RunRequest, token: str) -> Progress:
         inventory = self._inventory.current()
@@ -284,5 +307,6 @@ class RunService:
             log.warning("machine=%s run=%s: %s", request.machine, request.ident, exc)
             return Progress(ProgressState.FAILED, str(exc))
         message = await self._backend.launch(Launch(request, target, token))
+        self._play_times.began(request.ident, self._clock())
         self._cluster.state(request, "Queued", "queued")
-        return self._in_progress(message)
+        return self._in_progress(message, self._remaining(request))

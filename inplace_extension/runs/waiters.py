@@ -1,4 +1,5 @@
-"""Calls held until a run ends: a poll for a run in flight waits briefly instead of answering "running".
+"""Calls held until a run ends: a poll near a play's expected end, and the MCM agent between its polls,
+wait for the end instead of answering "running" or sleeping (runs/play_time.py).
 
 The worker thread that finishes a job wakes every asyncio call held for its ident, on that call's own
 event loop; the holding call never blocks its loop.

@@ -7,6 +7,8 @@ takeover. The real API server's part (Jobs, Pods, termination messages) is for t
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from kubefake import FakeJobs
 from runs.test_service import CEPH_DOWN, INVENTORY, Clock, Health, utc
 
 from inplace_extension.kube.port import RecordRef
-from inplace_extension.kubejobs.backend import JOB_APPEARS_SECONDS, JobBackend
+from inplace_extension.kubejobs.backend import JOB_APPEARS_SECONDS, JOB_LOOK_SECONDS, JobBackend
 from inplace_extension.kubejobs.manifest import JobConfig, job_name
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
 from inplace_extension.kubejobs.spec import AttemptSpec, termination_message
@@ -30,6 +32,7 @@ from inplace_extension.runs.model import (
     ProgressState,
     RunRequest,
 )
+from inplace_extension.runs.play_time import known_cost
 from inplace_extension.runs.policy import RETRY_ANNOTATION
 from inplace_extension.runs.service import RunDeps, RunService
 from inplace_extension.runs.windows import NO_WINDOWS
@@ -47,7 +50,7 @@ CONFIG = JobConfig(
     deadline_seconds=1800,
     ttl_seconds=3600,
 )
-STARTING = Progress(ProgressState.IN_PROGRESS, "running: starting", 1)
+STARTING = Progress(ProgressState.IN_PROGRESS, "running: starting", 1, in_flight=True)
 
 
 @pytest.fixture
@@ -143,7 +146,7 @@ async def test_two_replicas_start_one_job_and_answer_its_phase_and_outcome_alike
     assert spec_of(cluster, 1).lock_token == attempt.lock_token
 
     job.phase = "ntp"  # the Job's Pod published it on itself
-    running = Progress(ProgressState.IN_PROGRESS, "running: ntp", 1)
+    running = Progress(ProgressState.IN_PROGRESS, "running: ntp", 1, in_flight=True)
     assert await a.poll(req()) == running
     assert await b.poll(req()) == running
 
@@ -273,8 +276,13 @@ async def test_while_the_record_cannot_be_read_nothing_starts_and_the_poll_says_
 ) -> None:
     cluster.calls.failing.add("read")
     answer = await replica(settings, cluster, clock).poll(req())
+    # answered as in flight (the record cannot say otherwise): the MCM agent's wait for its end looks
+    # again until its tick is over
     assert answer == Progress(
-        ProgressState.IN_PROGRESS, "record: cannot read Machine default/m1 (the API server is unreachable)", 1
+        ProgressState.IN_PROGRESS,
+        "record: cannot read Machine default/m1 (the API server is unreachable)",
+        1,
+        in_flight=True,
     )
     assert progress.pattern(("ntp",), cluster_steps=True).fullmatch(answer.message)
     assert cluster.jobs == {}
@@ -288,7 +296,7 @@ async def test_a_new_desired_state_waits_for_the_job_of_the_earlier_one(
     service = replica(settings, cluster, clock)
     await service.poll(req())
     newer = req(fp="cd" * 32)
-    queued = Progress(ProgressState.IN_PROGRESS, "queued: position 1 of 1", 1)
+    queued = Progress(ProgressState.IN_PROGRESS, "queued: position 1 of 1", 1, in_flight=True)
     assert await replica(settings, cluster, clock).poll(newer) == queued
     assert len(cluster.jobs) == 1, "one Machine never has two plays at once"
     cluster.finish(job_name(req().ident, 1), None)
@@ -343,3 +351,36 @@ async def test_what_in_flight_read_is_the_next_loads_only(
     reads = cluster.calls.count["read"]
     assert [a.number for a in await backend.load(req())] == [1]
     assert cluster.calls.count["read"] == reads + 1
+
+
+async def test_a_poll_near_the_jobs_expected_end_waits_for_it_and_answers_done(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    """The Job's attempt began (the record's ``started``) long enough ago that its play is near its
+    expected end: the poll looks at the Job until it finishes, copies its outcome and answers done."""
+    service = replica(settings, cluster, clock)
+    assert await service.poll(req()) == STARTING
+    early = time.monotonic()
+    assert await service.poll(req()) == STARTING  # its expected end is seconds away: no wait
+    assert time.monotonic() - early < 0.5
+    clock.now += known_cost(req().capabilities) - 1.0
+    name = job_name(req().ident, 1)
+    threading.Timer(0.5, cluster.finish, (name, outcome(OutcomeKind.SUCCESSFUL, clock.now))).start()
+    started = time.monotonic()
+    done = await service.poll(req())
+    assert (done.state, done.message) == (ProgressState.DONE, "update applied")
+    assert 0.4 < time.monotonic() - started < 0.5 + 2 * JOB_LOOK_SECONDS + 0.5
+    assert record(cluster).attempts[0].outcome is not None  # the outcome copied into the record
+
+
+async def test_wait_end_of_a_job_that_goes_on_gives_up_at_its_deadline(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    service = replica(settings, cluster, clock)
+    await service.poll(req())
+    started = time.monotonic()
+    assert not await service.wait_end(req(), 0.5)
+    assert 0.5 <= time.monotonic() - started < 1.0
+    cluster.finish(job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now))
+    assert await service.wait_end(req(), 5.0)
+    assert await service.wait_end(req(), 5.0)  # none in flight: at once

@@ -32,6 +32,11 @@ class ScriptedExecutor:
             self.requests.append(request)
         return self.answer(request, count)
 
+    async def wait_end(self, request: RunRequest, seconds: float) -> bool:
+        """Scripted answers have no play in flight (they never say ``in_flight``, unless a test's do and
+        it overrides this): nothing to wait for."""
+        return True
+
     def seen(self, node: str) -> list[RunRequest]:
         with self._lock:
             return [r for r in self.requests if r.name == node]

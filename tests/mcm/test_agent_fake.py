@@ -6,6 +6,7 @@ API server and the real MCM."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -415,3 +416,43 @@ async def test_our_annotations_are_removed_once_mcm_is_done_with_the_node() -> N
         await until(lambda: not OURS & set(ns.node_annotations(target.nodes["n1"])), target.activity)
     assert ns.node_labels(target.nodes["n1"])["keep"] == "me"
     assert len(executor.requests) == 1, "no second update"
+
+
+class PlayingExecutor(Executor):
+    """A play in flight until the test ends it: polls answer ``running`` (in flight) until then, and
+    ``wait_end`` waits for that end as the run service does."""
+
+    def __init__(self, target: FakeTarget) -> None:
+        super().__init__(target, self._answer)
+        self.ended = asyncio.Event()
+        self.ended_at = 0.0  # the loop's time when the play ended
+
+    def _answer(self, request: RunRequest, calls: int) -> Progress:
+        if self.ended.is_set():
+            return Progress(ProgressState.DONE, "update applied")
+        return Progress(ProgressState.IN_PROGRESS, "running: ntp", 10, in_flight=True)
+
+    async def wait_end(self, request: RunRequest, seconds: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.ended.wait(), seconds)
+        return self.ended.is_set()
+
+    def end(self) -> None:
+        self.ended_at = asyncio.get_running_loop().time()
+        self.ended.set()
+
+
+async def test_the_agent_answers_as_the_play_ends_not_at_its_next_tick() -> None:
+    """With a poll every 30 s, the Node's result follows the play's end at once: the agent waits for the
+    end (wait_end) between its polls, and polls again when it comes."""
+    target, control = FakeTarget(), FakeControl()
+    executor = PlayingExecutor(target)
+    pool(control)
+    target.put_node(waiting_node())
+    async for _agent in running(target, control, executor, poll_seconds=30.0):
+        await until(lambda: len(executor.requests) >= 1, target.activity)
+        assert result(target) is None
+        executor.end()
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, seconds=5.0)
+        answered = asyncio.get_running_loop().time()
+    assert answered - executor.ended_at < 0.3

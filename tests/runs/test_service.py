@@ -21,6 +21,7 @@ from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.inventory import InventoryError
 from inplace_extension.runs.local import LocalBackend
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest, Unhealthy
+from inplace_extension.runs.play_time import NEAR_END_SECONDS, known_cost
 from inplace_extension.runs.policy import RETRY_ANNOTATION
 from inplace_extension.runs.resolve import ADDRESS_ANNOTATION
 from inplace_extension.runs.runner import RunConfigError
@@ -77,11 +78,11 @@ def req(name: str = "m1", fp: str = FP, annotations: dict[str, str] | None = Non
 
 
 async def settle(svc: RunService, request: RunRequest, within: float = 5.0) -> Progress:
-    """Poll like CAPI (without the waiting) until the answer is no longer 'running'/'queued'."""
+    """Poll like CAPI (without the waiting) until no attempt is in flight (queued, running, draining)."""
     deadline = time.monotonic() + within
     while True:
         progress = await svc.poll(request)
-        if not progress.message.startswith(("running:", "queued:")):
+        if not progress.in_flight:
             return progress
         assert time.monotonic() < deadline, f"still {progress.message}"
         await anyio.sleep(0.01)
@@ -250,21 +251,63 @@ def test_bad_configuration_stops_start_up(settings: Settings, tmp_path: Path) ->
         run_service(settings.model_copy(update={"inventory": None, "playbooks_dir": tmp_path}))
 
 
-async def test_a_poll_during_a_run_is_held_until_it_ends(settings: Settings, fake: FakeRunner) -> None:
+async def test_a_poll_early_in_a_play_answers_at_once_one_near_its_end_waits_for_it(
+    settings: Settings, fake: FakeRunner
+) -> None:
+    """The play's expected duration here is its steps' known cost (nothing learned yet): 2 s of start-up,
+    1 s for ntp, 1 s for kubeadm_files. Early, a poll answers at once with retryAfterSeconds that lands
+    the next poll shortly before the expected end; near the end a poll waits for it and answers done."""
+    clock = Clock(1_000_000.0)
     fake.gate = threading.Event()
-    service = run_service(settings)
+    service = run_service(settings.model_copy(update={"retry_after_seconds": 10}), clock=clock)
     try:
-        assert (await service.poll(req())).state is ProgressState.IN_PROGRESS
+        assert known_cost(req().capabilities) == 4.0
+        first = await service.poll(req())
+        assert (first.message, first.retry_after_seconds, first.in_flight) == (
+            "queued: position 1 of 1",
+            2,
+            True,
+        )
         assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
         started = time.monotonic()
-        still = await service.poll(req())  # the run does not end: answered after the hold
-        assert still.message == "running: kubeadm_files"
-        assert time.monotonic() - started >= 1.5
-        threading.Timer(0.2, fake.gate.set).start()
+        early = await service.poll(req())  # 4 s expected, 0 s gone: no wait
+        assert time.monotonic() - started < 0.5
+        assert (early.message, early.retry_after_seconds) == ("running: kubeadm_files", 2)
+        clock.now += 2.5  # 1.5 s left: within the near-end wait
+        threading.Timer(0.3, fake.gate.set).start()
         started = time.monotonic()
-        done = await service.poll(req())  # the run ends during the hold: "done" at once
-        assert done.state is ProgressState.DONE
-        assert time.monotonic() - started < 1.5
+        done = await service.poll(req())
+        assert (done.state, done.retry_after_seconds) == (ProgressState.DONE, 0)
+        assert 0.2 < time.monotonic() - started < NEAR_END_SECONDS
+    finally:
+        fake.gate.set()
+        service.close()
+
+
+async def test_the_expected_end_is_learned_from_the_machines_last_play_and_an_overrun_waits(
+    settings: Settings, fake: FakeRunner
+) -> None:
+    """A play that took 6.5 s (by the service's clock) sets the next play's expectation: its first answer
+    asks again in 3 s, not the known cost's 2 s. A play past its expected end is answered after a
+    near-end wait with retryAfterSeconds 1."""
+    clock = Clock(1_000_000.0)
+    fake.gate = threading.Event()
+    service = run_service(settings.model_copy(update={"retry_after_seconds": 10}), clock=clock)
+    try:
+        await service.poll(req())
+        assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
+        clock.now += 6.5
+        fake.gate.set()
+        assert (await settle(service, req())).state is ProgressState.DONE  # read from the record: learned
+        fake.gate = threading.Event()
+        newer = req(fp="cd" * 32)
+        assert (await service.poll(newer)).retry_after_seconds == 3  # floor(0.75 * 6.5) - 1
+        assert wait_until(lambda: fake.count("m1") == 2, 5, 0.01)
+        clock.now += 7  # past the expected end, and the play goes on
+        started = time.monotonic()
+        late = await service.poll(newer)
+        assert time.monotonic() - started >= NEAR_END_SECONDS - 0.1  # waited for the end, which did not come
+        assert (late.message, late.retry_after_seconds, late.in_flight) == ("running: kubeadm_files", 1, True)
     finally:
         fake.gate.set()
         service.close()

@@ -1,0 +1,119 @@
+"""When a play in flight is expected to end, and what a poll does about it: the ``retryAfterSeconds``
+rule and the near-end wait (issue 31, "the answer follows the play's end").
+
+A play's expected duration is, first found:
+
+1. the duration of the last play of the same steps on the same Machine that this process saw end
+   successfully (its attempt's ``started`` to its outcome's ``finished``, from the record);
+2. else the last such play of the same steps on any Machine;
+3. else the steps' known costs: :data:`PLAY_START_SECONDS` plus :data:`STEP_SECONDS` per shipped step
+   (:data:`CUSTOM_STEP_SECONDS` for a user-defined one).
+
+The expected remaining time is that duration less the time since the attempt began (the record's
+``started``; else when this process launched it or first saw it in flight). A poll then:
+
+- remaining <= :data:`NEAR_END_SECONDS`: waits for the end, at most :data:`NEAR_END_SECONDS` (well inside
+  CAPI's 10 s call timeout), and answers from the record if the play ended meanwhile (``update applied``);
+- otherwise answers in progress at once, with ``retryAfterSeconds`` = ``floor(0.75 * remaining) - 1``,
+  at least 1 and at most ``--retry-after-seconds``: the next poll lands a quarter of the remaining time
+  plus 1-2 s before the expected end. A short remainder lands it inside the near-end wait; a long one
+  lands it early enough for a play a quarter faster than expected, and that poll asks again the same
+  way, so the answer follows the play's end instead of a whole ``retryAfterSeconds`` later.
+
+A play that overruns its expectation (remaining <= 0) is answered after a near-end wait with
+``retryAfterSeconds`` 1. Everything here is process memory, bounded, and never the record: forgetting
+only falls back to the known costs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Final
+
+from inplace_extension.runs.artifacts import Attempt, OutcomeKind
+from inplace_extension.runs.memo import Recent
+from inplace_extension.runs.model import RunRequest
+
+# a poll this close to a play's expected end waits for the end, at most this long (CAPI's call timeout
+# for UpdateMachine is 10 s: the hook table's timeoutSeconds)
+NEAR_END_SECONDS: Final = 2.0
+# ansible-playbook's start-up, the host lock and stamp read: before the first step's work
+PLAY_START_SECONDS: Final = 2.0
+# what each shipped step costs on a real node (bench/README.md, issue 31: the kubelet's restart and
+# health wait are most of kubelet_args; a version step that really upgrades pulls packages)
+STEP_SECONDS: Final = {
+    "users": 1.0,
+    "ntp": 1.0,
+    "kubeadm_files": 1.0,
+    "kubelet_args": 3.0,
+    "kubernetes_version": 20.0,
+}
+CUSTOM_STEP_SECONDS: Final = 3.0
+
+
+def known_cost(capabilities: Sequence[str]) -> float:
+    """The play's expected duration from its steps' known costs alone."""
+    return PLAY_START_SECONDS + sum(STEP_SECONDS.get(step, CUSTOM_STEP_SECONDS) for step in capabilities)
+
+
+def retry_after(remaining: float, longest: int) -> int:
+    """``retryAfterSeconds`` for a play expected to end in ``remaining`` seconds: the next poll lands a
+    quarter of ``remaining`` plus 1-2 s before the expected end; at least 1, at most ``longest``
+    (``--retry-after-seconds``)."""
+    return max(1, min(longest, math.floor(0.75 * remaining) - 1))
+
+
+class PlayTimes:
+    """The durations of plays this process saw end, and when the plays in flight began."""
+
+    def __init__(self) -> None:
+        # bounded as the memos are: forgetting only falls back to the known costs, or counts from now
+        self._by_machine: Recent[tuple[str, tuple[str, ...]], float] = Recent()
+        self._by_steps: Recent[tuple[str, ...], float] = Recent()
+        self._began: Recent[str, float] = Recent()  # ident -> when this process launched or first saw it
+
+    def learn(self, request: RunRequest, attempts: Sequence[Attempt]) -> None:
+        """Remember the duration of ``request``'s last successful play in ``attempts`` (the record)."""
+        ended = [
+            (a.number, a.outcome.finished - a.started)
+            for a in attempts
+            if a.outcome is not None
+            and a.outcome.kind is OutcomeKind.SUCCESSFUL
+            and 0 < a.started < a.outcome.finished
+        ]
+        if not ended:
+            return
+        _, seconds = max(ended)
+        self._by_machine.set((request.machine, request.capabilities), seconds)
+        self._by_steps.set(request.capabilities, seconds)
+
+    def began(self, ident: str, at: float) -> None:
+        """This process launched a new attempt of ``ident`` at ``at``."""
+        self._began.set(ident, at)
+
+    def expected(self, request: RunRequest) -> float:
+        """The expected duration of ``request``'s play (the rule in the module's docstring)."""
+        for seconds in (
+            self._by_machine.get((request.machine, request.capabilities)),
+            self._by_steps.get(request.capabilities),
+        ):
+            if seconds is not None:
+                return seconds
+        return known_cost(request.capabilities)
+
+    def remaining(self, request: RunRequest, attempts: Sequence[Attempt], now: float) -> float:
+        """Seconds until ``request``'s play in flight is expected to end (negative: it overran).
+        ``attempts``: the record as last read; its last attempt, if without an outcome, says when it began."""
+        return self.expected(request) - (now - self._began_at(request.ident, attempts, now))
+
+    def _began_at(self, ident: str, attempts: Sequence[Attempt], now: float) -> float:
+        last = max(attempts, key=lambda a: a.number, default=None)
+        if last is not None and last.outcome is None and last.started > 0:
+            return last.started
+        # not in the record as read (the local backend's cache is read before the launch)
+        launched = self._began.get(ident)
+        if launched is None:
+            self._began.set(ident, now)
+            return now
+        return launched
