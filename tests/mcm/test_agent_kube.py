@@ -9,9 +9,12 @@ critical-components taint removed once MCM is done, and the watch surviving an A
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -19,6 +22,7 @@ from hostlab.proc import wait_until
 from kubelab import objects
 from kubelab.lab import Lab
 
+from inplace_extension.kube.cluster import connect_control
 from inplace_extension.mcm import node_state as ns
 from inplace_extension.mcm.agent import AgentOptions
 from inplace_extension.mcm.desired import parse_spec, plan_for
@@ -260,3 +264,25 @@ def test_an_agent_stopped_while_its_requests_connect_leaves_no_socket_open(kube:
         thread.stop()
         forwarder.close()
         kube.kubectl("delete", "node", "-l", f"burst={group}", "--wait=false")
+
+
+def test_the_control_cluster_reads_a_machine_classs_credentials_secret(kube: Lab) -> None:
+    """An AWS MachineClass's credentials (mcm/aws_tags.py) come through the same control-cluster port as
+    MCM's objects: a typed Secret of the API server, read as a plain dict, None when it does not exist."""
+    name = unique("cloud")
+    kube.kubectl(
+        "create", "secret", "generic", name, "-n", NAMESPACE, "--from-literal=providerAccessKeyId=AKID"
+    )
+
+    async def read() -> tuple[Any, Any]:
+        control = connect_control(kube.kubeconfig)
+        try:
+            return await control.get("Secret", NAMESPACE, name), await control.get(
+                "Secret", NAMESPACE, "none"
+            )
+        finally:
+            await control.close()
+
+    secret, missing = asyncio.run(read())
+    assert secret["data"] == {"providerAccessKeyId": base64.b64encode(b"AKID").decode()}
+    assert missing is None
