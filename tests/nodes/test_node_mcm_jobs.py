@@ -6,8 +6,9 @@ here and stopped again afterwards: the other node tests write MCM's objects by h
 controllers). A MachineDeployment of 3 is backed by three of the node lab's hosts: the driver picks a
 host by address and makes the Machine's Node, named like the Machine as MCM requires, kept Ready by kwok
 (the real kubelets register the hosts under their own names, so the Nodes MCM rolls out are kwok's).
-The agent runs as two replicas sharing nothing but the API server, its Jobs from the project's image in
-a namespace of the test with the attempt ServiceAccount of deploy/mcm/rbac.yaml. The real Job
+The agent runs as two replicas sharing nothing but the API server, as the ServiceAccount of
+deploy/mcm/rbac.yaml with its rights only (a bound token), its Jobs from the project's image in a
+namespace of the test with that file's attempt ServiceAccount. The real Job
 controller, kube-scheduler and kubelets run each Job on a real node (the kwok Nodes have no
 ``kubernetes.io/os`` label, which the Job selects), and its Pod plays over SSH to the host that backs the
 Node, whatever real node that host also is: the update is a file, which no Pod minds.
@@ -17,8 +18,9 @@ MachineSet), the agent, the Jobs, their Pods and the play on the hosts. Stand-in
 (kwok), the machines' creation (the driver only picks a host).
 
 A play is held in its health gate by a ``command`` check (``test -e <release file>`` on the host), so
-the test acts while it is known to run: on the first Node MCM hands over it deletes the Job's Pod, on the
-second it SIGKILLs the replica that claimed the Node; the third goes through. Each host is updated once.
+the test acts while it is known to run. MCM hands the three Nodes over at once (``maxUnavailable: 3``);
+on the first Node whose play is held the test deletes the Job's Pod, on the second it SIGKILLs the
+replica that claimed the Node; the third goes through. Each host is updated once.
 """
 
 from __future__ import annotations
@@ -79,23 +81,45 @@ def mcm_on_nodes(node_cluster: Cluster) -> Iterator[KubeLab]:
     finally:
         if not ran:
             kube.stop_flavour(mcm.name)
+            stopped = (kube.state().component(c) for c in (mcm.CONTROLLER, mcm.MACHINE_CONTROLLER))
+            assert not any(c is not None and c.running() for c in stopped), "MCM's controllers stopped"
+
+
+AGENT_ACCOUNT = "inplace-extension-mcm-agent"  # deploy/mcm/rbac.yaml
+
+
+def _deploy_rbac(namespace: str) -> list[dict[str, Any]]:
+    """deploy/mcm/rbac.yaml moved into ``namespace`` (the agent's and its Jobs'): its namespaced objects
+    there, its cluster-wide ones and the RoleBinding in MCM's namespace renamed after ``namespace``."""
+    chosen = []
+    for doc in yaml.safe_load_all((REPO / "deploy/mcm/rbac.yaml").read_text()):
+        if not doc:
+            continue
+        meta = doc["metadata"]
+        if doc["kind"] in ("ClusterRole", "ClusterRoleBinding") or meta.get("namespace") == mcm.NAMESPACE:
+            meta["name"] = f"{meta['name']}-{namespace}"
+        else:
+            meta["namespace"] = namespace
+        if doc["kind"] in ("ClusterRoleBinding", "RoleBinding") and doc["roleRef"]["kind"] == "ClusterRole":
+            doc["roleRef"]["name"] = f"{doc['roleRef']['name']}-{namespace}"
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = namespace
+        chosen.append(doc)
+    return chosen
 
 
 @pytest.fixture
 def jobs_namespace(node_cluster: Cluster) -> Iterator[str]:
-    """The Jobs' namespace as an operator prepares it: deploy/mcm/rbac.yaml's attempt ServiceAccount,
-    Role and RoleBinding (moved here) and the SSH key's Secret; deleted afterwards, its Jobs with it."""
+    """The agent's namespace as an operator prepares it: deploy/mcm/rbac.yaml (the agent's ServiceAccount
+    and rights, its Jobs' ServiceAccount and Role) and the SSH key's Secret; deleted afterwards, its Jobs
+    with it."""
     kube = node_cluster.kube
     name = f"mcm-jobs-{uuid.uuid4().hex[:8]}"
     objects.ensure_namespace(kube, name)
-    chosen = []
-    for doc in yaml.safe_load_all((REPO / "deploy/mcm/rbac.yaml").read_text()):
-        if doc and doc["metadata"]["name"] == ATTEMPT_ACCOUNT:
-            doc["metadata"]["namespace"] = name
-            for subject in doc.get("subjects", []):
-                subject["namespace"] = name
-            chosen.append(doc)
-    assert sorted(d["kind"] for d in chosen) == ["Role", "RoleBinding", "ServiceAccount"]
+    objects.ensure_namespace(kube, mcm.NAMESPACE)
+    chosen = _deploy_rbac(name)
+    accounts = sorted(d["metadata"]["name"] for d in chosen if d["kind"] == "ServiceAccount")
+    assert accounts == [AGENT_ACCOUNT, ATTEMPT_ACCOUNT]
     key = node_cluster.lab.private_key
     ssh = {
         "apiVersion": "v1",
@@ -108,7 +132,26 @@ def jobs_namespace(node_cluster: Cluster) -> Iterator[str]:
     try:
         yield name
     finally:
+        for doc in chosen:  # what the namespace's deletion does not take
+            meta = doc["metadata"]
+            if doc["kind"] in ("ClusterRole", "ClusterRoleBinding") or meta.get("namespace") == mcm.NAMESPACE:
+                where = ["-n", meta["namespace"]] if "namespace" in meta else []
+                kube.kubectl(
+                    "delete", doc["kind"].lower(), meta["name"], *where, "--ignore-not-found", check=False
+                )
         kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def agent_kubeconfig(kube: KubeLab, namespace: str, path: Path) -> Path:
+    """A kubeconfig of the lab's API server as the agent's ServiceAccount (a bound token): the agent
+    runs with the rights deploy/mcm/rbac.yaml gives it and nothing more."""
+    token = kube.kubectl("create", "token", AGENT_ACCOUNT, "-n", namespace, "--duration=2h").stdout.strip()
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["users"] = [{"name": AGENT_ACCOUNT, "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = AGENT_ACCOUNT
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
 
 
 @dataclass
@@ -137,11 +180,15 @@ def replicas(
     # mounted where the inventory's private_key_file is
     executor += ["--job-playbooks-dir", "/opt/inplace-extension/playbooks"]
     executor += ["--job-ssh-dir", str(lab.private_key.parent), "--job-deadline-seconds", "600"]
+    account = agent_kubeconfig(kube, jobs_namespace, tmp_path / "agent.kubeconfig")
+    # a dead replica's claim expires soon: the other takes its Node over within the test's patience
+    executor += ["--claim-seconds", "15"]
     started: dict[str, AgentProcess] = {}
     try:
         for name in ("a", "b"):
             runs, port = tmp_path / f"runs-{name}", kube.free_port()
             argv = agent_argv(kube, lab, inventory, runs, caps, port, [*executor, "--agent-id", name])
+            argv += ["--target-kubeconfig", str(account)]  # after agent_argv's admin one: this one holds
             started[name] = AgentProcess(argv, tmp_path / f"agent-{name}.log", port, runs)
         yield Replicas(started), release
     finally:
@@ -193,7 +240,8 @@ def test_an_mcm_rollout_with_two_agent_replicas_runs_its_attempts_as_jobs_on_rea
     path, payload = f"{RELEASE_DIR}/mcm-jobs-{tag}", f"from a Job under MCM {tag}\n"
     v2 = {"kubeadmConfigSpec": {"files": [{"path": path, "content": payload, "permissions": "0644"}]}}
     stamps = {host.name: stamp_writes(node_cluster, host) for host in hosts}
-    pool = Pool(kube, f"jobs-{tag}", hosts, {"v1": {}, "v2": v2})
+    # maxUnavailable 3: MCM hands the three Nodes over at once, and their Jobs run side by side
+    pool = Pool(kube, f"jobs-{tag}", hosts, {"v1": {}, "v2": v2}, max_unavailable=3)
     try:
         pool.switch("v2")
         handled: list[str] = []  # Nodes in the order MCM handed them over
