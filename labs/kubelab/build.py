@@ -76,13 +76,30 @@ class Binary:
     ldflags: tuple[str, ...] = ()
 
 
-def _node_binaries(version: str) -> tuple[Binary, ...]:
-    """``kubelet-<version>`` and ``kubeadm-<version>``, from the wrapper module ``node-<version>``."""
+# The control plane kubeadm runs as static Pods on the lab's nodes (tests/nodes/control_plane.py)
+CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+
+def _node_binaries(version: str, names: Iterable[str] = ("kubelet", "kubeadm")) -> tuple[Binary, ...]:
+    """``<name>-<version>`` of each of ``names``, from the wrapper module ``node-<version>``."""
     flags = _version_vars(("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"), version)
     return tuple(
         Binary(f"{name}-{version}", f"node-{version}", f"k8s.io/kubernetes/cmd/{name}", flags)
-        for name in ("kubelet", "kubeadm")
+        for name in names
     )
+
+
+def control_plane_binary(component: str, version: str) -> str:
+    """The name in :data:`BINARIES` of a control-plane ``component`` at ``version``: at
+    :data:`KUBERNETES_VERSION` kubelab's own (the ``k8s`` module), at the first node version the one
+    built in that version's node module beside its kubelet; never one module compiled twice."""
+    if component not in CONTROL_PLANE:
+        raise LabError(f"kubelab: {component} is not a control-plane component: {CONTROL_PLANE}")
+    if version == KUBERNETES_VERSION:
+        return component
+    if version == NODE_VERSIONS[0]:
+        return f"{component}-{version}"
+    raise LabError(f"kubelab builds no control plane at {version}: {KUBERNETES_VERSION}, {NODE_VERSIONS[0]}")
 
 
 # The one table of everything kubelab builds. Flavours list the names they need (``binaries``).
@@ -129,6 +146,9 @@ BINARIES: dict[str, Binary] = {
             for version in (MINOR_UPGRADE_VERSION, *NODE_VERSIONS)
             for binary in _node_binaries(version)
         ),
+        # the first node version's control plane, from its node module (Go's build cache shared with its
+        # kubelet); the last node version's is kubelab's own (the k8s module, KUBERNETES_VERSION)
+        *_node_binaries(NODE_VERSIONS[0], CONTROL_PLANE),
     )
 }
 NODE_BINARIES = tuple(
@@ -137,6 +157,12 @@ NODE_BINARIES = tuple(
     for name in ("kubelet", "kubeadm")
 )
 CORE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kwok")
+# what the control plane on the lab's nodes needs: both versions' components, etcd, the kubeadm that runs them
+CONTROL_PLANE_BINARIES = (
+    "etcd",
+    *(control_plane_binary(c, v) for v in (NODE_VERSIONS[0], KUBERNETES_VERSION) for c in CONTROL_PLANE),
+    *NODE_BINARIES,
+)
 
 Progress = Callable[[str], None]
 
