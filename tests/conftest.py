@@ -12,8 +12,8 @@ one worker, in order, as in a serial run:
 - the tests marked ``capi`` are in one unit per module (``capi-lab:<module>``): CAPD listens on fixed
   ports, so one CAPI lab runs per machine, and the workers share it (``kubelab_capi``), each module's
   clusters in namespaces of its own; a new CAPI module is a new unit, spread with no list to edit;
-- every test on the real nodes (fixture ``node_cluster``) is in one unit: one node lab (three booted
-  nodes with kubelets) per run;
+- every test on the real nodes (fixtures ``node_cluster`` and ``kubeadm_cluster``) is in one unit: one
+  node lab (four booted nodes with kubelets) per run, and the kubeadm cluster's two nodes;
 - every other test is in the unit of its module, so a module-scoped fixture is made once.
 
 The lab units come first in the collection, then the modules that use a lab, then the rest
@@ -43,6 +43,9 @@ pytest_plugins = ["hostlab.pytest_plugin", "kubelab.pytest_plugin"]
 # for every "capi-lab:<module>" unit
 LAB_UNITS = ("mcm-lab", "capi-lab", "node-lab")
 LAB_MARKERS = ("lab", "kube", "image")  # tests that start hosts, a control plane or a container
+# the fixtures of the real nodes' unit: the shared node lab, and the kubeadm cluster of
+# test_node_control_plane.py (two nodes of its own); one unit, so their tests run one after another
+NODE_LAB_FIXTURES = {"node_cluster", "kubeadm_cluster"}
 
 
 @pytest.fixture
@@ -59,7 +62,7 @@ def _lab_unit(item: pytest.Item) -> str | None:
         return f"capi-lab:{_module(item)}"  # one unit per module: the workers share the CAPI lab
     if item.get_closest_marker("mcm") is not None:
         return "mcm-lab"
-    if "node_cluster" in getattr(item, "fixturenames", ()):
+    if NODE_LAB_FIXTURES & set(getattr(item, "fixturenames", ())):
         return "node-lab"  # the real nodes (tests/nodes/conftest.py): one node lab per run
     return None
 

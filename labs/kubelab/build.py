@@ -157,11 +157,12 @@ NODE_BINARIES = tuple(
     for name in ("kubelet", "kubeadm")
 )
 CORE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kwok")
-# what the control plane on the lab's nodes needs: both versions' components, etcd, the kubeadm that runs them
+# what a kubeadm control plane on the lab's nodes needs, upgraded in place from the first node version to
+# the last: both versions' components, etcd, the kubelets and kubeadms (test_node_control_plane.py)
 CONTROL_PLANE_BINARIES = (
     "etcd",
-    *(control_plane_binary(c, v) for v in (NODE_VERSIONS[0], KUBERNETES_VERSION) for c in CONTROL_PLANE),
-    *NODE_BINARIES,
+    *(control_plane_binary(c, v) for v in (NODE_VERSIONS[0], NODE_VERSIONS[-1]) for c in CONTROL_PLANE),
+    *(f"{name}-{version}" for version in NODE_VERSIONS for name in ("kubelet", "kubeadm")),
 )
 
 Progress = Callable[[str], None]

@@ -32,6 +32,7 @@ import json
 import shutil
 import socket
 from contextlib import suppress
+from pathlib import Path
 
 from hostlab.errors import LabError
 from hostlab.lab import Host
@@ -123,10 +124,16 @@ def forward_apiserver(kube: Lab, gateway: str) -> None:
 
 def install_kubernetes(hosts: HostLab, host: Host, kube: Lab, version: str) -> None:
     """kubelet and kubeadm at ``version`` into the node's /usr/bin, with the packages' kubelet units."""
+    install_kubelet_kubeadm(hosts, host, kube.binary(f"kubelet-{version}"), kube.binary(f"kubeadm-{version}"))
+
+
+def install_kubelet_kubeadm(hosts: HostLab, host: Host, kubelet: Path, kubeadm: Path) -> None:
+    """The ``kubelet`` and ``kubeadm`` binaries given into the node's /usr/bin, with the packages'
+    kubelet units, the unit enabled (not started: kubeadm init or join starts it)."""
     root = host.root()
-    for name in ("kubelet", "kubeadm"):
+    for name, binary in (("kubelet", kubelet), ("kubeadm", kubeadm)):
         target = root / "usr/bin" / name
-        shutil.copyfile(kube.binary(f"{name}-{version}"), target)
+        shutil.copyfile(binary, target)
         target.chmod(0o755)
     (root / "lib/systemd/system/kubelet.service").write_text(KUBELET_SERVICE)
     dropin = root / "etc/systemd/system/kubelet.service.d"

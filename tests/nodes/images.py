@@ -11,7 +11,17 @@ Two images:
   after it. Imported into every node when the node lab starts (tests/nodes/conftest.py);
 - **the project's own image** (:func:`node_image`): the Dockerfile built exactly as the image tests build
   it (:func:`deploy.image.service_image`, one build per content for both), imported into every node of a
-  cluster the first time a test asks for it.
+  cluster the first time a test asks for it;
+- **the control plane kubeadm runs as static Pods** (:func:`import_control_plane`): kube-apiserver,
+  kube-controller-manager and kube-scheduler at each version asked, and etcd, each an image ``FROM
+  scratch`` holding the one static binary kubelab built from the pinned Go modules
+  (:data:`kubelab.build.CONTROL_PLANE_BINARIES`) in ``/usr/local/bin``, where kubeadm's static Pod
+  manifests run it from (``command: [kube-apiserver, ...]``). They are named as kubeadm expects them under
+  the lab's ``imageRepository`` :data:`CONTROL_PLANE_REPOSITORY` (``lab.local/kube-apiserver:v1.36.1``;
+  etcd's tag is kubelab's etcd version, which the ClusterConfiguration names in ``etcd.local.imageTag``),
+  and the stand-in pause image is tagged ``lab.local/pause:<kubeadm's pause version>`` as well, since
+  kubeadm's preflight checks for that image (the nodes' containerd runs its sandbox image,
+  :data:`hostlab.node_base.PAUSE_IMAGE`: the same image).
 
 Each image is saved once per content (``podman save -m --format docker-archive``, cached beside the
 suite's podman storage under the image lock), copied into the node's root filesystem (not its ``/tmp``,
@@ -27,6 +37,7 @@ import hashlib
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,6 +59,11 @@ PAUSE_REPOSITORY = PAUSE_IMAGE.rsplit(":", 1)[0]
 PAUSE_CONTAINERFILE = (
     'FROM scratch\nCOPY busybox /bin/busybox\nENTRYPOINT ["/bin/busybox", "sleep", "2147483647"]\n'
 )
+# kubeadm's imageRepository on the lab's nodes: a name no registry answers to, the images are imported
+CONTROL_PLANE_REPOSITORY = "lab.local"
+KUBEADM_PAUSE_TAG = "3.10.2"  # kubeadm v1.36's constants.PauseVersion: the pause image its preflight checks
+# one static binary (CGO_ENABLED=0, kubelab.build) where kubeadm's static Pods run it from, by name
+BINARY_CONTAINERFILE = "FROM scratch\nCOPY {name} /usr/local/bin/{name}\nENV PATH=/usr/local/bin\n"
 IN_NODE_DIR = "var/lib/hostlab-images"  # in the node's root filesystem (its disk), never its /tmp
 IMPORT_TIMEOUT = 300.0
 LOCK_TIMEOUT = 1800.0  # the service image's build may hold it (about 2 minutes, longer on busy cores)
@@ -59,9 +75,15 @@ def _image_id(podman: Podman, ref: str) -> str:
 
 
 def _archive(podman: Podman, ref: str) -> Path:
-    """The docker-archive of ``ref``, saved once per name and image ID (call under :data:`LOCK`)."""
-    key = hashlib.sha256(f"{ref}\n{_image_id(podman, ref)}".encode()).hexdigest()[:16]
-    path = ARCHIVES / f"{key}.tar"
+    """The docker-archive of ``ref`` (call under :data:`LOCK`)."""
+    return _archive_of(podman, [ref])
+
+
+def _archive_of(podman: Podman, refs: Sequence[str]) -> Path:
+    """The docker-archive of all ``refs`` (one import per node), saved once per names and image IDs
+    (call under :data:`LOCK`)."""
+    ids = "\n".join(f"{ref}\n{_image_id(podman, ref)}" for ref in refs)
+    path = ARCHIVES / f"{hashlib.sha256(ids.encode()).hexdigest()[:16]}.tar"
     if not path.is_file():
         ARCHIVES.mkdir(parents=True, exist_ok=True)
         for old in ARCHIVES.glob("*.tar"):
@@ -70,7 +92,7 @@ def _archive(podman: Podman, ref: str) -> Path:
         with tempfile.TemporaryDirectory(dir=ARCHIVES, prefix="save-") as tmp:
             partial = Path(tmp) / path.name
             # -m: each name keeps its own image (without it every name lands on the first image)
-            podman.run("save", "-m", "--format", "docker-archive", "-o", str(partial), ref, timeout=600)
+            podman.run("save", "-m", "--format", "docker-archive", "-o", str(partial), *refs, timeout=900)
             partial.rename(path)
     return path
 
@@ -93,6 +115,60 @@ def pause_archive(podman: Podman) -> Path:
                 podman.run(*argv, str(context), timeout=300)
         podman.run("tag", built, PAUSE_IMAGE)  # the name containerd's sandbox_image says
         return _archive(podman, PAUSE_IMAGE)
+
+
+def binary_image(podman: Podman, name: str, binary: Path, ref: str) -> None:
+    """``ref``: an image ``FROM scratch`` holding only ``binary`` as ``/usr/local/bin/<name>``, built once
+    per content (the binary's bytes and the Containerfile) and tagged ``ref`` (call under :data:`LOCK`)."""
+    containerfile = BINARY_CONTAINERFILE.format(name=name)
+    digest = hashlib.sha256(containerfile.encode())
+    with binary.open("rb") as data:
+        for chunk in iter(lambda: data.read(1 << 20), b""):
+            digest.update(chunk)
+    built = f"localhost/hostlab/{name}:{digest.hexdigest()[:12]}"
+    if not podman.image_exists(built):
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=CACHE_DIR, prefix=f"{name}-") as tmp:
+            context = Path(tmp)
+            shutil.copyfile(binary, context / name)
+            (context / name).chmod(0o755)
+            (context / "Containerfile").write_text(containerfile)
+            argv = ["build", "--format=docker", f"--tag={built}", "-f", str(context / "Containerfile")]
+            podman.run(*argv, str(context), timeout=600)
+    podman.run("tag", built, ref)
+
+
+def control_plane_archive(podman: Podman, binaries: Mapping[str, tuple[str, Path]]) -> Path:
+    """The control-plane images (``ref -> (binary name, binary)``) and the stand-in pause image under
+    kubeadm's pause name, built where missing, as one docker-archive."""
+    pause = f"{CONTROL_PLANE_REPOSITORY}/pause:{KUBEADM_PAUSE_TAG}"
+    pause_archive(podman)  # builds and tags PAUSE_IMAGE
+    with file_lock(LOCK, timeout=LOCK_TIMEOUT, what="node image lock"):
+        for ref, (name, binary) in binaries.items():
+            binary_image(podman, name, binary, ref)
+        podman.run("tag", PAUSE_IMAGE, pause)
+        return _archive_of(podman, [*binaries, pause])
+
+
+def import_control_plane(
+    lab: HostLab, hosts: Sequence[Host], binaries: Mapping[str, tuple[str, Path]]
+) -> None:
+    """The control-plane images of ``binaries`` (see :func:`control_plane_archive`) into every node of
+    ``hosts``, checked there by name."""
+    try:
+        archive = control_plane_archive(Podman(), binaries)
+    except EngineError as exc:
+        raise LabError(f"the control-plane images for the nodes: {exc}") from exc
+
+    def one(host: Host) -> None:
+        import_archive(lab, host, archive)
+        missing = [ref for ref in binaries if not node_has_image(lab, host, ref)]
+        if missing:
+            raise LabError(f"{host.name}: {', '.join(missing)} not in containerd after the import")
+
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        for done in [pool.submit(one, host) for host in hosts]:
+            done.result()
 
 
 def node_has_image(lab: HostLab, host: Host, ref: str) -> bool:
