@@ -191,3 +191,26 @@ def test_a_capi_alone_waiter_is_not_overtaken_by_tests_starting_after_it(
     for thread in (first, alone, later):
         thread.join(30)
     assert order == ["first", "alone", "later"]
+
+
+class _Item:
+    """What work_unit reads of a collected test: its node id, fixtures and markers (none here)."""
+
+    def __init__(self, nodeid: str, fixturenames: list[str]) -> None:
+        self.nodeid = nodeid
+        self.fixturenames = fixturenames
+
+    def get_closest_marker(self, name: str) -> None:
+        return None
+
+
+def test_the_real_nodes_tests_are_one_unit() -> None:
+    spec = importlib.util.spec_from_file_location("suite_conftest", SUITE_CONFTEST)
+    assert spec is not None and spec.loader is not None
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    shared = _Item("tests/nodes/test_node_pods.py::test_job", ["node_cluster"])
+    own = _Item("tests/nodes/test_node_control_plane.py::test_upgrade", ["kubeadm_cluster"])
+    plain = _Item("tests/nodes/test_other.py::test_it", ["tmp_path"])
+    assert suite.work_unit(shared) == suite.work_unit(own) == "node-lab"
+    assert suite.work_unit(plain) == "tests/nodes/test_other.py"
