@@ -2,13 +2,15 @@
 node's containerd (namespace ``k8s.io``, the one the kubelet's CRI uses), run with
 ``imagePullPolicy: Never``.
 
-Two images:
+Three kinds of image:
 
 - the **stand-in pause image** (:data:`hostlab.node_base.PAUSE_IMAGE`, containerd's ``sandbox_image`` on
   the nodes): not Kubernetes' pause binary but busybox-static from the nodes' own root filesystem, whose
-  entrypoint ``/bin/busybox sleep 2147483647`` does what a sandbox's first process must (hold the Pod's
-  namespaces, do nothing). busybox picks its applet from ``argv[0]``, hence the explicit ``sleep``
-  after it. Imported into every node when the node lab starts (tests/nodes/conftest.py);
+  entrypoint (busybox's ``sh``) ends in ``exec /bin/busybox sleep 2147483647``: it does what a sandbox's
+  first process must (hold the Pod's namespaces, do nothing). busybox picks its applet from ``argv[0]``,
+  hence the explicit applet names after it. With the one argument ``-v`` it prints a line and exits 0,
+  as Kubernetes' pause does (kubeadm's upgrade health check runs a Job of the pause image so).
+  Imported into every node when the node lab starts (tests/nodes/conftest.py);
 - **the project's own image** (:func:`node_image`): the Dockerfile built exactly as the image tests build
   it (:func:`deploy.image.service_image`, one build per content for both), imported into every node of a
   cluster the first time a test asks for it;
@@ -34,6 +36,7 @@ image of 415 MB (measured), hence imported only when a test asks for it.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import tempfile
 import time
@@ -56,8 +59,12 @@ if TYPE_CHECKING:
 ARCHIVES = CACHE_DIR / "archives"
 LOCK = CACHE_DIR / "node-images.lock"
 PAUSE_REPOSITORY = PAUSE_IMAGE.rsplit(":", 1)[0]
+# `-v`: what kubeadm's upgrade health check runs (a Job of the pause image with args ["-v"], which must
+# complete); anything else sleeps, the sandbox
+PAUSE_SCRIPT = '[ "${1:-}" = -v ] && { echo stand-in-pause; exit 0; }; exec /bin/busybox sleep 2147483647'
 PAUSE_CONTAINERFILE = (
-    'FROM scratch\nCOPY busybox /bin/busybox\nENTRYPOINT ["/bin/busybox", "sleep", "2147483647"]\n'
+    "FROM scratch\nCOPY busybox /bin/busybox\n"
+    f'ENTRYPOINT ["/bin/busybox", "sh", "-c", {json.dumps(PAUSE_SCRIPT)}, "stand-in-pause"]\n'
 )
 # kubeadm's imageRepository on the lab's nodes: a name no registry answers to, the images are imported
 CONTROL_PLANE_REPOSITORY = "lab.local"

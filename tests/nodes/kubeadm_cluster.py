@@ -46,6 +46,9 @@ API_PORT = 6443
 IGNORED_PREFLIGHT = (
     "SystemVerification",  # cgroup v1: kubeadm >= v1.35 refuses it unless told (failCgroupV1: false)
 )
+# and at `upgrade apply`: kubeadm v1.36 runs its CoreDNS checks even when the addon is disabled (init's
+# skipPhases set dns.disabled), and without a CoreDNS ConfigMap they fail: "start version '' not supported"
+IGNORED_UPGRADE_APPLY_PREFLIGHT = (*IGNORED_PREFLIGHT, "CoreDNSUnsupportedPlugins", "CoreDNSMigration")
 KUBEADM_TIMEOUT = 600.0  # init or upgrade apply: images are local, the static Pods start on busy cores
 PROBE_INTERVAL = 0.2  # seconds between the API probe's reads
 PROBE_TIMEOUT = 2.0  # one read of the probe: longer counts as no answer
@@ -102,11 +105,14 @@ def join_config(host: Host, endpoint: str, token: str, ca_hash: str) -> str:
 
 
 def upgrade_config(version: str) -> str:
-    """``kubeadm upgrade apply|node --config``: the target version, the same preflight exceptions."""
+    """``kubeadm upgrade apply|node --config``: the target version and the preflight checks to skip."""
     upgrade = {
         "apiVersion": KUBEADM_API,
         "kind": "UpgradeConfiguration",
-        "apply": {"kubernetesVersion": version, "ignorePreflightErrors": list(IGNORED_PREFLIGHT)},
+        "apply": {
+            "kubernetesVersion": version,
+            "ignorePreflightErrors": list(IGNORED_UPGRADE_APPLY_PREFLIGHT),
+        },
         "node": {"ignorePreflightErrors": list(IGNORED_PREFLIGHT)},
     }
     return _yaml_docs(upgrade)
