@@ -34,6 +34,7 @@ ETCD_VERSION = "v3.6.14"
 KWOK_VERSION = "v0.8.0"
 CAPI_VERSION = "v1.14.2"
 MCM_VERSION = "v0.62.1"
+PROMETHEUS_VERSION = "v3.16.0"  # its Go module's version is v0.316.0 (labs/kubelab/go/promtool/go.mod)
 BUILD_FORMAT = 1  # bump when the way binaries are built changes (flags, env)
 BUILD_TIMEOUT = 3600.0  # a cold kube-apiserver build took ~10 min on 2 busy cores
 
@@ -68,12 +69,14 @@ MCM_VERSION_FLAGS = (
 
 @dataclass(frozen=True)
 class Binary:
-    """One binary: built from ``package`` inside the wrapper module ``module`` with extra ``ldflags``."""
+    """One binary: built from ``package`` inside the wrapper module ``module`` with extra ``ldflags`` and
+    Go build ``tags``."""
 
     name: str
     module: str
     package: str
     ldflags: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
 
 
 # The control plane kubeadm runs as static Pods on the lab's nodes (tests/nodes/control_plane.py)
@@ -141,6 +144,16 @@ BINARIES: dict[str, Binary] = {
             "inplace-extension.invalid/kubelab/mcm/cmd/static-hosts-machine-controller",
             MCM_VERSION_FLAGS,
         ),
+        # promtool, Prometheus' rule checker and rule unit tester, for tests/deploy/test_alert_rules.py.
+        # remove_all_sd leaves out every service discovery plugin but file and http (Prometheus'
+        # plugins/plugin_*.go): promtool's rule commands need none of them, and the build is smaller.
+        Binary(
+            "promtool",
+            "promtool",
+            "github.com/prometheus/prometheus/cmd/promtool",
+            (f"-X github.com/prometheus/common/version.Version={PROMETHEUS_VERSION.lstrip('v')}",),
+            ("remove_all_sd",),
+        ),
         *(
             binary
             for version in (MINOR_UPGRADE_VERSION, *NODE_VERSIONS)
@@ -193,7 +206,11 @@ def module_hash(module: str, go_version: str) -> str:
         digest.update(f"{path.relative_to(root)}\n".encode())
         digest.update(path.read_bytes())
     for binary in sorted((b for b in BINARIES.values() if b.module == module), key=lambda b: b.name):
-        digest.update(f"{binary.name} {binary.package} {' '.join(binary.ldflags)}\n".encode())
+        recipe = f"{binary.name} {binary.package} {' '.join(binary.ldflags)}"
+        # tags only when there are any: the hashes of the tagless binaries (and so their caches) stay
+        if binary.tags:
+            recipe += f" tags={','.join(binary.tags)}"
+        digest.update(f"{recipe}\n".encode())
     return digest.hexdigest()[:16]
 
 
@@ -212,6 +229,7 @@ def _build_one(cfg: Config, binary: Binary, target: Path, progress: Progress) ->
         "build",
         "-ldflags",
         " ".join(("-s", "-w", *binary.ldflags)),
+        *(("-tags", ",".join(binary.tags)) if binary.tags else ()),
         "-o",
         str(partial),
         binary.package,

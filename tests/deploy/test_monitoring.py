@@ -1,10 +1,11 @@
 """deploy/monitoring: the PrometheusRule's shape, its PromQL, and that every metric it uses is served.
 
-promtool is not available here: the structure is checked against a model of the PrometheusRule
-resource (monitoring.coreos.com/v1: groups of rules, each an alert or a recording rule with an
-expression, Prometheus durations, string labels and annotations, no unknown fields), every expression
-is parsed by ``promql-parser`` (the Rust PromQL parser's Python binding), and every metric an
-expression selects must be in the exposition of the service's real ``/metrics``.
+The structure is checked against a model of the PrometheusRule resource (monitoring.coreos.com/v1:
+groups of rules, each an alert or a recording rule with an expression, Prometheus durations, string
+labels and annotations, no unknown fields), every expression is parsed by ``promql-parser`` (the Rust
+PromQL parser's Python binding), and every metric an expression selects must be in the exposition of
+the service's real ``/metrics``. What each alert does on the service's series is unit-tested by the
+real promtool in ``test_alert_rules.py``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 import httpx
 import promql_parser
 import pytest
@@ -101,10 +103,8 @@ def rule() -> PrometheusRule:
     return PrometheusRule.model_validate(doc)
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """The sample names of the real service's ``/metrics`` (hooks app + run service, one registry)."""
-    runs_dir: Path = tmp_path_factory.mktemp("runs")
+def exposition(runs_dir: Path) -> str:
+    """The text of the real service's ``/metrics`` (hooks app + run service, one registry), at rest."""
     settings = Settings(plain_http=True, runs_dir=runs_dir)
     metrics = Metrics()
     executor = run_service(settings, metrics)
@@ -116,11 +116,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
             async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
                 return (await client.get("/metrics")).text
 
-        import anyio
-
-        text = anyio.run(scrape)
+        return anyio.run(scrape)
     finally:
         executor.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """The sample names of the real service's ``/metrics``."""
+    text = exposition(tmp_path_factory.mktemp("runs"))
     return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
