@@ -4,6 +4,7 @@ cached by content and a failing build names its step and log.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -80,3 +81,20 @@ def test_a_failing_build_names_the_binary_and_its_log(
     assert "no/such/package" in log.read_text()
     assert lines == ["kubelab build: broken (inplace-extension.invalid/no/such/package) ..."]
     assert not list((cfg.cache_dir / "bin").rglob("broken"))
+
+
+def test_build_tags_are_in_the_recipe_hash_and_on_the_build_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if shutil.which("go") is None:
+        unavailable("no Go toolchain to run a build")
+    plain = build.Binary("broken", "etcd", "inplace-extension.invalid/no/such/package")
+    monkeypatch.setitem(build.BINARIES, "broken", plain)
+    without_tags = build.module_hash("etcd", "go0")
+    monkeypatch.setitem(build.BINARIES, "broken", dataclasses.replace(plain, tags=("remove_all_sd",)))
+    assert build.module_hash("etcd", "go0") != without_tags  # a new tag is a new recipe: rebuilt
+    cfg = Config(cache_dir=tmp_path / "cache", run_dir=tmp_path / "run", go="go")
+    with pytest.raises(LabError, match="go build of broken failed"):
+        build.ensure_built(["broken"], cfg, progress=lambda _: None)
+    command = (cfg.cache_dir / "logs" / "broken.log").read_text().splitlines()[0]
+    assert " -tags remove_all_sd -o " in command
