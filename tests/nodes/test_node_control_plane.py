@@ -54,7 +54,9 @@ pytestmark = [pytest.mark.lab, pytest.mark.kube]
 START, TARGET = build.NODE_VERSIONS[0], build.NODE_VERSIONS[-1]
 STATIC_PODS = ("etcd", *build.CONTROL_PLANE)
 READY_TIMEOUT = 300.0  # static Pods Running and Ready, Nodes Ready, on busy cores
-API_GAP_LIMIT = 120.0  # seconds without an answer: kube-apiserver's static Pod restarting, on busy cores
+# seconds without an answer: kube-apiserver's static Pod restarting (measured 44 s and 80 s on 2 cores at
+# load averages of 13-16 and 16-18)
+API_GAP_LIMIT = 180.0
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,9 @@ def _upgrade_kubelet(cluster: KubeadmCluster, host: Host, version: str) -> None:
     assert result.returncode == 0, f"{host.name}: restarting the kubelet: {result.stderr}"
 
 
-def test_kubeadm_control_plane_upgraded_in_place(kubeadm_cluster: KubeadmCluster) -> None:
+def test_kubeadm_control_plane_upgraded_in_place(
+    kubeadm_cluster: KubeadmCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
     cluster = kubeadm_cluster
     _wait_control_plane_at(cluster, START)
     uids = _wait_nodes_at(cluster, START)
@@ -233,10 +237,11 @@ def test_kubeadm_control_plane_upgraded_in_place(kubeadm_cluster: KubeadmCluster
         after = _wait_nodes_at(cluster, TARGET)
         _wait_control_plane_at(cluster, TARGET)
     took = time.monotonic() - started
-    print(
-        f"\nin place {START} -> {TARGET}: {took:.0f}s; the API's longest gap {probe.longest_gap:.1f}s "
-        f"({probe.unanswered} of {probe.answered + probe.unanswered} reads unanswered)"
-    )
+    with capsys.disabled():  # the measured gap in every run's output, passed or not
+        print(
+            f"\nin place {START} -> {TARGET}: {took:.0f}s; the API's longest gap {probe.longest_gap:.1f}s "
+            f"({probe.unanswered} of {probe.answered + probe.unanswered} reads unanswered)"
+        )
     assert after == uids, "the same Nodes (names and UIDs) after the upgrade"
     assert probe.answered > 0 and probe.longest_gap < API_GAP_LIMIT, (
         f"the API did not answer for {probe.longest_gap:.1f}s"
