@@ -6,14 +6,19 @@ containerd, the lab's kubelet and kubeadm) joined with ``kubeadm join``, starts 
 --plain-http`` and alternates, on the same node with new content every round:
 
 - **service**: a files (three files) + kubelet_args (``max-pods``) update through UpdateMachine, polled
-  like CAPI (retryAfterSeconds 1) until ``Success``: the project's playbook restarts the real kubelet
-  through systemd and waits for its healthz;
+  like CAPI (again after each answer's retryAfterSeconds, which the service chooses from the play's
+  expected end, at most its default 10) until ``Success``: the project's playbook restarts the real
+  kubelet through systemd and waits for its healthz;
 - **floor**: the same change made by one hand-written shell script over one new SSH connection (``sudo
   sh``: write the three files and ``/etc/default/kubelet``, ``systemctl restart kubelet``, poll the
   kubelet's healthz every 0.25 s as the role does), which is what an operator would type.
 
 After each, the time until the apiserver's Node is Ready again with the new ``max-pods`` capacity is taken
 too (the kubelet's own status update, the same for both). Medians, and the service/floor ratio of each.
+For each service round also the time from the play's end (the attempt's outcome in the record:
+``outcome.json``'s ``finished``; and, for information, the play's last job event) to the answer that
+said done, taken when the client received it; and, from the last round's record and job events,
+whether the unchanged Kubernetes version step touched the host (issue 31's four targets: ``main``).
 Needs root and the node lab's prerequisites (docs/development.md); everything is stopped at the end.
 
     .venv/bin/python bench/update.py --real-nodes [--rounds 3]
@@ -21,6 +26,7 @@ Needs root and the node lab's prerequisites (docs/development.md); everything is
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import statistics
@@ -28,9 +34,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +53,22 @@ from hostlab.lab import Host  # noqa: E402
 from hostlab.lab import Lab as HostLab  # noqa: E402
 from hostlab.proc import wait_until  # noqa: E402
 from hostlab.state import NODE  # noqa: E402
-from kubelab import node_join  # noqa: E402
+from kubelab import manifests, node_join, objects  # noqa: E402
+from kubelab.flavours import mcm  # noqa: E402
 from kubelab.flavours import nodes as nodes_flavour  # noqa: E402
 from kubelab.lab import Lab as KubeLab  # noqa: E402
+from mcm.lab_objects import NAMESPACE, make_pool, unique  # noqa: E402
+from mcm_lab.agentproc import AgentProcess  # noqa: E402
 
+from bench import plays  # noqa: E402
+from inplace_extension.mcm import node_state as ns  # noqa: E402
 from inplace_extension.runs.ssh import close_control_masters  # noqa: E402
 
 VERSION = nodes_flavour.START_VERSION
 FILES = ("a", "b", "c")
 HEALTHZ = "http://127.0.0.1:10248/healthz"
 READY_TIMEOUT = 120.0
+MACHINE_NAME_LABEL = "node.gardener.cloud/machine-name"
 
 
 def spec(tag: str, max_pods: int) -> NodeSpec:
@@ -93,6 +106,24 @@ def floor_script(tag: str, max_pods: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class ServiceRound:
+    """One update through the service: until done, until the Node is Ready with it, and from the play's
+    end to the answer that said done (by the record's outcome, and by the play's last job event)."""
+
+    done: float
+    ready: float
+    end_to_answer: float
+    last_event_to_answer: float
+
+
+def event_time(event: dict[str, Any]) -> float:
+    """A job event's ``created`` (ansible-runner: ISO 8601, UTC) as wall-clock seconds."""
+    created = str(event["created"])
+    stamp = datetime.fromisoformat(created if "+" in created[10:] else f"{created}+00:00")
+    return stamp.timestamp()
+
+
 @dataclass
 class NodeBench:
     kube: KubeLab
@@ -100,6 +131,7 @@ class NodeBench:
     host: Host
     service: Service
     api: httpx.Client  # the lab's apiserver, as admin
+    work: Path  # the service's inventory, runs and log, and the mcm-agent's
 
     def node_ready_with(self, max_pods: int) -> bool:
         """The apiserver's Node is Ready and reports the new ``max-pods`` capacity."""
@@ -108,17 +140,52 @@ class NodeBench:
         ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
         return ready and status.get("capacity", {}).get("pods") == str(max_pods)
 
+    def result_label(self) -> tuple[str | None, float]:
+        """The Node's update-result label (None: not answered yet) and when this client received it."""
+        node: dict[str, Any] = self.api.get(f"/api/v1/nodes/{self.host.name}").json()
+        return ns.node_labels(node).get(ns.RESULT_LABEL), time.time()
+
     def until_ready(self, started: float, max_pods: int) -> float:
         if not wait_until(lambda: self.node_ready_with(max_pods), READY_TIMEOUT, 0.1):
             raise SystemExit(f"bench: Node {self.host.name} not Ready with max-pods {max_pods}")
         return time.monotonic() - started
 
-    def through_service(self, tag: str, max_pods: int) -> tuple[float, float]:
+    def through_service(self, tag: str, max_pods: int) -> ServiceRound:
         started = time.monotonic()
         polled = poll_update_machine(self.service.client, self.host.name, spec(tag, max_pods), within=300)
         if (polled.status, polled.message) != ("Success", "update applied"):
             raise SystemExit(f"bench: the service did not converge: {polled.messages}")
-        return time.monotonic() - started, self.until_ready(started, max_pods)
+        done = time.monotonic() - started
+        attempt, meta = self.last_attempt()
+        outcome = json.loads((attempt / "outcome.json").read_text())
+        if outcome["kind"] != "successful":
+            raise SystemExit(f"bench: the last attempt is not the successful one: {outcome}")
+        events = self.events(meta)
+        last_event = max(event_time(e) for e in events)
+        return ServiceRound(
+            done,
+            self.until_ready(started, max_pods),
+            polled.answered - float(outcome["finished"]),
+            polled.answered - last_event,
+        )
+
+    def last_attempt(self) -> tuple[Path, dict[str, Any]]:
+        """The service's newest attempt directory for the node, and its ``meta.json``."""
+        attempts = self.service.runs_dir.glob(f"e2e.{self.host.name}.*/attempt-*")
+        last = max(attempts, key=lambda p: p.stat().st_mtime)
+        return last, json.loads((last / "meta.json").read_text())
+
+    def events(self, meta: dict[str, Any]) -> list[dict[str, Any]]:
+        return plays.read_events(Path(meta["batch_dir"]) / "artifacts" / meta["batch_ident"])
+
+    def version_step(self) -> tuple[bool, int]:
+        """The last service attempt: was ``kubernetes_version`` (unchanged) skipped on the controller, and
+        how many module executions did its role have on the node."""
+        attempt, meta = self.last_attempt()
+        skipped = json.loads((attempt / "outcome.json").read_text()).get("skipped") or []
+        by_role = plays.count(self.events(meta), meta["host"])
+        on_host = by_role["kubernetes_version"].remote if "kubernetes_version" in by_role else 0
+        return "kubernetes_version" in skipped, on_host
 
     def by_script(self, tag: str, max_pods: int) -> tuple[float, float]:
         argv = [*self.lab.ssh_argv(self.host), "--", "sudo", "-n", "sh", "-s"]
@@ -132,8 +199,82 @@ class NodeBench:
         return done, self.until_ready(started, max_pods)
 
 
+def mcm_state(kube: KubeLab, node: str, machine: str | None) -> None:
+    """MCM's half of an in-place update on the Node, as MCM v0.62.1 leaves it for its node-side updater
+    (tests/nodes/test_node_mcm_agent.py): the machine-name and candidate labels, the cordon and the
+    ``InPlaceUpdate=ReadyForUpdate`` condition; None: all of it removed, as MCM does when it is done."""
+    labels = {ns.CANDIDATE_LABEL: "true" if machine else None, MACHINE_NAME_LABEL: machine}
+    if machine is None:
+        labels[ns.RESULT_LABEL] = None
+    patch = {"metadata": {"labels": labels}, "spec": {"unschedulable": True if machine else None}}
+    kube.kubectl("patch", "node", node, "-p", json.dumps(patch))
+    condition: dict[str, Any] = {"type": ns.CONDITION}
+    if machine is None:
+        condition["$patch"] = "delete"
+    else:
+        condition |= {"status": "True", "reason": ns.READY_FOR_UPDATE, "message": "set by bench/nodes.py"}
+    status = json.dumps({"status": {"conditions": [condition]}})
+    kube.kubectl("patch", "node", node, "--subresource=status", "-p", status)
+
+
+def agent_rounds(bench: NodeBench, rounds: int) -> list[float]:
+    """The real ``mcm-agent`` (a subprocess, its default ``--poll-seconds`` 2) updates the node ``rounds``
+    times (a new MachineClass each time: new file content and ``max-pods``); for each, the time from
+    the play's end (the agent's record: ``outcome.json``'s ``finished``) to the Node's result label, as
+    this client sees it (the Node read every 20 ms). The first round warms up and is not counted."""
+    kube, host, work = bench.kube, bench.host, bench.work
+    manifests.install_crds(kube, mcm.crd_files(kube), only_missing=True)
+    objects.ensure_namespace(kube, NAMESPACE)
+    runs, port = work / "agent-runs", kube.free_port()
+    flags = {
+        "--target-kubeconfig": str(kube.kubeconfig),
+        "--namespace": NAMESPACE,
+        "--inventory": str(work / "inventory.yaml"),
+        "--allowed-cidrs": str(bench.lab.network),
+        "--runs-dir": str(runs),
+        "--listen": f"127.0.0.1:{port}",
+        "--log-level": "WARNING",
+    }
+    argv = [sys.executable, "-m", "inplace_extension", "mcm-agent", *(a for f in flags.items() for a in f)]
+    agent = AgentProcess(argv, work / "agent.log", port, runs)
+    lags: list[float] = []
+    try:
+        for r in range(rounds + 1):
+            files = [{"path": "/etc/bench/mcm.conf", "content": f"mcm {r}\n", "permissions": "0644"}]
+            flags_ = {"nodeRegistration": {"kubeletExtraArgs": [{"name": "max-pods", "value": str(150 + r)}]}}
+            new = {
+                "kubernetesVersion": VERSION,
+                "kubeadmConfigSpec": {"files": files, "joinConfiguration": flags_},
+            }
+            machine = unique("m")
+            make_pool(kube, unique("pool"), machine, old={"kubernetesVersion": VERSION}, new=new)
+            mcm_state(kube, host.name, machine)
+            deadline = time.monotonic() + 300
+            while (answer := bench.result_label())[0] is None:  # the Node read every 20 ms
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"bench: the mcm-agent did not answer: {agent.log()[-3000:]}")
+                time.sleep(0.02)
+            result, answered = answer
+            if result != ns.SUCCESSFUL:
+                raise SystemExit(f"bench: the mcm-agent answered failed: {agent.log()[-3000:]}")
+            last = max(runs.glob(f"*.{host.name}.*/attempt-*/outcome.json"), key=lambda p: p.stat().st_mtime)
+            finished = float(json.loads(last.read_text())["finished"])
+            if r > 0:
+                lags.append(answered - finished)
+            mcm_state(kube, host.name, None)  # MCM's end of the update
+            if not wait_until(
+                lambda: not ns.leftovers(bench.api.get(f"/api/v1/nodes/{host.name}").json()), 60, 0.1
+            ):
+                raise SystemExit(f"bench: the mcm-agent left its annotations: {agent.log()[-3000:]}")
+    finally:
+        agent.stop()
+        close_control_masters(runs)
+    return lags
+
+
 @contextmanager
-def node_lab() -> Iterator[NodeBench]:
+def node_lab(retry_after: int | None) -> Iterator[NodeBench]:
+    """``retry_after``: the service's ``--retry-after-seconds`` (None: its default, 10)."""
     kube = KubeLab("bench-nodes")
     lab = HostLab("bench-nodes")
     work = Path(tempfile.mkdtemp(prefix="bench-nodes-"))
@@ -148,10 +289,12 @@ def node_lab() -> Iterator[NodeBench]:
         runs = work / "runs"
         argv = [sys.executable, "-m", "inplace_extension", "serve", "--plain-http", "--listen", "127.0.0.1:0"]
         argv += ["--inventory", str(inventory), "--allowed-cidrs", str(lab.network), "--runs-dir", str(runs)]
-        argv += ["--retry-after-seconds", "1", "--log-level", "WARNING"]
+        argv += ["--log-level", "WARNING"]  # retryAfterSeconds: the service's rule, at most this
+        if retry_after is not None:
+            argv += ["--retry-after-seconds", str(retry_after)]
         service = Service(argv, work / "service.log", runs)
         with kube.http() as api:
-            yield NodeBench(kube, lab, host, service, api)
+            yield NodeBench(kube, lab, host, service, api, work)
     finally:
         if service is not None:
             service.stop()
@@ -160,26 +303,67 @@ def node_lab() -> Iterator[NodeBench]:
         kube.down()
 
 
-def main(rounds: int) -> int:
+@dataclass(frozen=True)
+class Verdict:
+    """One of issue 31's targets: the line that says what was measured, and whether it held."""
+
+    label: str
+    value: str
+    held: bool
+
+    def line(self) -> str:
+        return f"{self.label:<48} {self.value}  {'PASS' if self.held else 'FAIL'}"
+
+
+def ratio_limit(load: float) -> tuple[float, str]:
+    """Issue 31's ratio target for the measured load average: 2.5x on a quiet machine (load < 2), 3.5x at
+    load 5-8; between and above, the issue sets none, and 3.5x is the one judged against (said so)."""
+    if load < 2:
+        return 2.5, "quiet machine (load < 2): <= 2.5x"
+    if 5 <= load <= 8:
+        return 3.5, "load 5-8: <= 3.5x"
+    return 3.5, f"load {load:.1f} (the issue sets a target for < 2 and 5-8 only): judged against <= 3.5x"
+
+
+def main(rounds: int, batch_cpu: Callable[[], float], retry_after: int | None = None) -> int:
+    """``batch_cpu()``: the controller CPU per host of a batch of 10 lab hosts (bench/update.py's);
+    ``retry_after``: the service's ``--retry-after-seconds`` (None: its default)."""
     load_before = os.getloadavg()[0]
+    loads = [load_before]
     started = time.monotonic()
-    with node_lab() as bench:
+    with node_lab(retry_after) as bench:
         lab_up = time.monotonic() - started
-        # warm-up (SSH masters, page cache, the kubelet's first restarts) for both ways, not counted
+        # warm-up (SSH masters, page cache, the kubelet's first restarts, the service's first play of
+        # these steps) for both ways, not counted
         bench.through_service("warm", 100)
         bench.by_script("warm", 101)
-        runs: dict[str, list[tuple[float, float]]] = {"service": [], "floor": []}
-        ways = {"service": bench.through_service, "floor": bench.by_script}
+        service: list[ServiceRound] = []
+        floor: list[tuple[float, float]] = []
         for r in range(rounds):
             # which goes first alternates, so that a slow spell of the machine hits both alike
-            for n, way in enumerate(sorted(ways, reverse=r % 2 == 1)):
-                runs[way].append(ways[way](f"r{r}{way}", 110 + 2 * r + n))
-        service, floor = runs["service"], runs["floor"]
-    svc_done, svc_ready = (statistics.median(t[i] for t in service) for i in (0, 1))
-    floor_done, floor_ready = (statistics.median(t[i] for t in floor) for i in (0, 1))
+            order = ("service", "floor") if r % 2 == 0 else ("floor", "service")
+            for n, way in enumerate(order):
+                if way == "service":
+                    service.append(bench.through_service(f"r{r}{way}", 110 + 2 * r + n))
+                else:
+                    floor.append(bench.by_script(f"r{r}{way}", 110 + 2 * r + n))
+            loads.append(os.getloadavg()[0])
+        skipped, version_on_host = bench.version_step()
+        agent_lags = agent_rounds(bench, rounds)
+    loads.append(os.getloadavg()[0])
+    cpu_per_host = batch_cpu()
+    load = statistics.median(loads)
 
-    def times(runs: list[tuple[float, float]], i: int) -> str:
-        return ", ".join(f"{t[i]:.2f}" for t in runs)
+    svc_done = statistics.median(t.done for t in service)
+    svc_ready = statistics.median(t.ready for t in service)
+    floor_done, floor_ready = (statistics.median(t[i] for t in floor) for i in (0, 1))
+    capi_lag = statistics.median(t.end_to_answer for t in service)
+    agent_lag = statistics.median(agent_lags)
+    limit, which = ratio_limit(load)
+    event_lags = [t.last_event_to_answer for t in service]
+
+    def listed(values: Iterable[float]) -> str:
+        return ", ".join(f"{v:.2f}" for v in values)
 
     report = [
         (
@@ -187,14 +371,60 @@ def main(rounds: int) -> int:
             f"{os.cpu_count()} CPUs shared with the lab, load average {load_before:.1f} at the start",
         ),
         ("node lab up (kubelab, node boot, kubeadm join)", f"{lab_up:6.1f} s"),
-        ("files+kubelet_args, real kubelet: service", f"{svc_done:6.2f} s   median of {times(service, 0)}"),
-        ("  SSH script floor (one connection)", f"{floor_done:6.2f} s   median of {times(floor, 0)}"),
-        ("  service / floor", f"{svc_done / floor_done:6.2f}x"),
-        ("until the Node is Ready again: service", f"{svc_ready:6.2f} s   median of {times(service, 1)}"),
-        ("  SSH script floor", f"{floor_ready:6.2f} s   median of {times(floor, 1)}"),
+        (
+            "files+kubelet_args, real kubelet: service",
+            f"{svc_done:6.2f} s   median of {listed(t.done for t in service)}",
+        ),
+        (
+            "  SSH script floor (one connection)",
+            f"{floor_done:6.2f} s   median of {listed(t[0] for t in floor)}",
+        ),
+        (
+            "until the Node is Ready again: service",
+            f"{svc_ready:6.2f} s   median of {listed(t.ready for t in service)}",
+        ),
+        ("  SSH script floor", f"{floor_ready:6.2f} s   median of {listed(t[1] for t in floor)}"),
         ("  service / floor", f"{svc_ready / floor_ready:6.2f}x"),
-        ("load average at the end", f"{os.getloadavg()[0]:6.1f}"),
+        (
+            "play's last job event -> CAPI's done",
+            f"{statistics.median(event_lags):6.2f} s   median of {listed(event_lags)}",
+        ),
+        ("load average during the rounds", f"{load:6.1f}   median of {listed(loads)}"),
+    ]
+    verdicts = [
+        Verdict(
+            "target 1: service / floor (median of rounds)",
+            f"{svc_done / floor_done:6.2f}x  {which}",
+            svc_done / floor_done <= limit,
+        ),
+        Verdict(
+            "target 2: play end -> CAPI poll's done",
+            f"{capi_lag:6.2f} s  <= 0.3 s (median of {listed(t.end_to_answer for t in service)})",
+            capi_lag <= 0.3,
+        ),
+        Verdict(
+            "target 2: play end -> mcm-agent's answer",
+            f"{agent_lag:6.2f} s  <= 0.3 s (median of {listed(agent_lags)})",
+            agent_lag <= 0.3,
+        ),
+        Verdict(
+            "target 3: controller CPU per host, batch of 10",
+            f"{cpu_per_host:6.2f} s  <= 0.5 s (lab hosts)",
+            cpu_per_host <= 0.5,
+        ),
+        Verdict(
+            "target 4: unchanged Kubernetes version step",
+            f"{'skipped' if skipped else 'RAN'}, {version_on_host} module executions on the node",
+            skipped and version_on_host == 0,
+        ),
     ]
     for label, value in report:
         print(f"{label:<48} {value}".rstrip())
-    return 0
+    for verdict in verdicts:
+        print(verdict.line())
+    missed = [v.label for v in verdicts if not v.held]
+    print(
+        f"targets: {len(verdicts) - len(missed)}/{len(verdicts)} held"
+        + (f"; missed: {'; '.join(missed)}" if missed else "")
+    )
+    return 1 if missed else 0

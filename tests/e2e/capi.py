@@ -99,6 +99,7 @@ class Polled:
     message: str
     calls: int
     messages: list[str]
+    answered: float = 0.0  # wall-clock time (time.time()) when the last answer arrived
 
 
 def poll_update_machine(
@@ -123,6 +124,7 @@ def poll_update_machine(
     calls = 0
     while True:
         response = client.post(_handler("UpdateMachine"), json=request)
+        answered = time.time()
         calls += 1
         assert response.status_code == 200, response.text
         body = response.json()
@@ -131,13 +133,13 @@ def poll_update_machine(
         if not messages or messages[-1] != message:
             messages.append(message)
         if status == "Failure" and stop_on_failure:
-            return Polled(status, message, calls, messages)
+            return Polled(status, message, calls, messages, answered)
         if status == "Success" and retry == 0:
-            return Polled(status, message, calls, messages)
+            return Polled(status, message, calls, messages, answered)
         if max_calls is not None and calls >= max_calls:
-            return Polled(status, message, calls, messages)
+            return Polled(status, message, calls, messages, answered)
         if until is not None and until(message):
-            return Polled(status, message, calls, messages)
+            return Polled(status, message, calls, messages, answered)
         assert time.monotonic() < deadline, f"{name}: no result within {within}s; messages: {messages}"
         # the protocol: CAPI does not call again before retryAfterSeconds (docs/capi-hooks.md §7.5)
         time.sleep(retry if status == "Success" else 1)
