@@ -10,19 +10,19 @@ A play's expected duration is, first found:
    (:data:`CUSTOM_STEP_SECONDS` for a user-defined one).
 
 The expected remaining time is that duration less the time since the attempt began (the record's
-``started``; else when this process launched it or first saw it in flight). A poll then:
+``started``; else when this process launched it or first saw it in flight). The play may end early by
+up to the **end window**: :data:`EARLY_SHARE` of its expected duration, at least
+:data:`NEAR_END_SECONDS` (a play's duration varies with the machine's load). A poll then:
 
-- remaining <= :data:`NEAR_END_SECONDS`: waits for the end, at most :data:`NEAR_END_SECONDS` (well inside
-  CAPI's 10 s call timeout), and answers from the record if the play ended meanwhile (``update applied``);
-- otherwise answers in progress at once, with ``retryAfterSeconds`` = ``floor(0.75 * remaining) - 1``,
-  at least 1 and at most ``--retry-after-seconds``: the next poll lands a quarter of the remaining time
-  plus 1-2 s before the expected end. A short remainder lands it inside the near-end wait; a long one
-  lands it early enough for a play a quarter faster than expected, and that poll asks again the same
-  way, so the answer follows the play's end instead of a whole ``retryAfterSeconds`` later.
+- remaining inside the end window (or past the expected end): waits for the end, at most
+  :data:`NEAR_END_SECONDS` (well inside CAPI's 10 s call timeout), and answers from the record if the
+  play ended meanwhile (``update applied``); a play still going is answered with ``retryAfterSeconds`` 1;
+- before the window: answers in progress at once, with ``retryAfterSeconds`` = ``ceil(remaining -
+  window)``, at least 1 and at most ``--retry-after-seconds``: the next poll lands at the window's start,
+  so the answer follows the play's end instead of a whole ``retryAfterSeconds`` later.
 
-A play that overruns its expectation (remaining <= 0) is answered after a near-end wait with
-``retryAfterSeconds`` 1. Everything here is process memory, bounded, and never the record: forgetting
-only falls back to the known costs.
+Everything here is process memory, bounded, and never the record: forgetting only falls back to the
+known costs.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from inplace_extension.runs.model import RunRequest
 # a poll this close to a play's expected end waits for the end, at most this long (CAPI's call timeout
 # for UpdateMachine is 10 s: the hook table's timeoutSeconds)
 NEAR_END_SECONDS: Final = 2.0
+# a play may end this share of its expected duration early: its polls wait for the end from then on
+EARLY_SHARE: Final = 0.25
 # ansible-playbook's start-up, the host lock and stamp read: before the first step's work
 PLAY_START_SECONDS: Final = 2.0
 # what each shipped step costs on a real node (bench/README.md, issue 31: the kubelet's restart and
@@ -57,11 +59,16 @@ def known_cost(capabilities: Sequence[str]) -> float:
     return PLAY_START_SECONDS + sum(STEP_SECONDS.get(step, CUSTOM_STEP_SECONDS) for step in capabilities)
 
 
-def retry_after(remaining: float, longest: int) -> int:
-    """``retryAfterSeconds`` for a play expected to end in ``remaining`` seconds: the next poll lands a
-    quarter of ``remaining`` plus 1-2 s before the expected end; at least 1, at most ``longest``
+def end_window(expected: float) -> float:
+    """How long before its expected end a play of ``expected`` seconds may end: polls wait for it then."""
+    return max(NEAR_END_SECONDS, EARLY_SHARE * expected)
+
+
+def retry_after(remaining: float, window: float, longest: int) -> int:
+    """``retryAfterSeconds`` for a play expected to end in ``remaining`` seconds with its end window
+    ``window``: the next poll lands at the window's start; at least 1, at most ``longest``
     (``--retry-after-seconds``)."""
-    return max(1, min(longest, math.floor(0.75 * remaining) - 1))
+    return max(1, min(longest, math.ceil(remaining - window)))
 
 
 class PlayTimes:
@@ -101,6 +108,10 @@ class PlayTimes:
             if seconds is not None:
                 return seconds
         return known_cost(request.capabilities)
+
+    def window(self, request: RunRequest) -> float:
+        """The end window of ``request``'s play (the module's docstring)."""
+        return end_window(self.expected(request))
 
     def remaining(self, request: RunRequest, attempts: Sequence[Attempt], now: float) -> float:
         """Seconds until ``request``'s play in flight is expected to end (negative: it overran).

@@ -118,14 +118,13 @@ class RunService:
     async def _answer(self, request: RunRequest) -> Progress:
         phase = await self._backend.in_flight(request)
         if phase is not None:
-            remaining = self._remaining(request)
-            if remaining > NEAR_END_SECONDS:
-                return self._in_progress(phase, remaining)
-            # near (or past) its expected end: wait for the end, then answer from the record
+            if self._remaining(request) > self._play_times.window(request):
+                return self._in_progress(request, phase)
+            # in its end window (or past its expected end): wait for the end, then answer from the record
             if not await self._backend.wait_end(request, NEAR_END_SECONDS):
                 phase = await self._backend.in_flight(request)
                 if phase is not None:
-                    return self._in_progress(phase, self._remaining(request))
+                    return self._in_progress(request, phase)
         attempts = await self._backend.load(request)
         self._play_times.learn(request, attempts)
         token = retry_token(request.annotations.get(RETRY_ANNOTATION))
@@ -275,9 +274,10 @@ class RunService:
         attempts = self._backend.cached(request.ident)
         return self._play_times.remaining(request, attempts, self._clock())
 
-    def _in_progress(self, message: str, remaining: float) -> Progress:
-        """An attempt in flight: ask again shortly before its expected end (play_time.py)."""
-        retry = retry_after(remaining, self._retry_after)
+    def _in_progress(self, request: RunRequest, message: str) -> Progress:
+        """An attempt in flight: ask again as its end window opens (play_time.py)."""
+        window = self._play_times.window(request)
+        retry = retry_after(self._remaining(request), window, self._retry_after)
         return Progress(ProgressState.IN_PROGRESS, message, retry, in_flight=True)
 
     async def _start(self, request: RunRequest, token: str) -> Progress:
@@ -309,4 +309,4 @@ class RunService:
         message = await self._backend.launch(Launch(request, target, token))
         self._play_times.began(request.ident, self._clock())
         self._cluster.state(request, "Queued", "queued")
-        return self._in_progress(message, self._remaining(request))
+        return self._in_progress(request, message)

@@ -7,7 +7,7 @@ from dataclasses import replace
 from inplace_extension.runs import play_time
 from inplace_extension.runs.artifacts import Attempt, Outcome, OutcomeKind
 from inplace_extension.runs.memo import DEFAULT_BOUND
-from inplace_extension.runs.play_time import PlayTimes, known_cost, retry_after
+from inplace_extension.runs.play_time import PlayTimes, end_window, known_cost, retry_after
 
 from .test_service import req
 
@@ -19,14 +19,21 @@ def attempt(
     return Attempt(number=number, path=None, retry_token="", outcome=outcome, started=started)
 
 
-def test_retry_after_lands_the_next_poll_shortly_before_the_expected_end_within_bounds() -> None:
-    assert retry_after(3.0, 10) == 1  # the next poll 2 s before the end: inside the near-end wait
-    assert retry_after(4.0, 10) == 2
-    assert retry_after(6.9, 10) == 4  # 2.9 s before: early enough for a play 25% faster than expected
-    assert retry_after(2.5, 10) == 1
-    assert retry_after(-4.0, 10) == 1  # overran: soon, never 0 (CAPI would read 0 as done)
-    assert retry_after(120.0, 10) == 10  # never longer than --retry-after-seconds
-    assert retry_after(120.0, 1) == 1
+def test_retry_after_lands_the_next_poll_as_the_end_window_opens_within_bounds() -> None:
+    assert retry_after(7.0, 2.0, 10) == 5  # at the window's start: 2 s before the expected end
+    assert retry_after(7.2, 2.0, 10) == 6  # 0.8 s inside it, never before it
+    assert retry_after(3.0, 2.0, 10) == 1
+    assert retry_after(-4.0, 2.0, 10) == 1  # overran: soon, never 0 (CAPI would read 0 as done)
+    assert retry_after(120.0, 2.0, 10) == 10  # never longer than --retry-after-seconds
+    assert retry_after(120.0, 2.0, 1) == 1
+
+
+def test_the_end_window_is_a_share_of_the_expected_duration_at_least_the_near_end_wait() -> None:
+    assert end_window(4.0) == play_time.NEAR_END_SECONDS
+    assert end_window(40.0) == 10.0  # a play a quarter faster than expected still ends inside it
+    times = PlayTimes()
+    times.learn(req("m1"), [attempt(1, 100.0, 140.0)])
+    assert times.window(req("m1")) == 10.0
 
 
 def test_known_costs_count_the_start_and_each_step() -> None:

@@ -255,8 +255,9 @@ async def test_a_poll_early_in_a_play_answers_at_once_one_near_its_end_waits_for
     settings: Settings, fake: FakeRunner
 ) -> None:
     """The play's expected duration here is its steps' known cost (nothing learned yet): 2 s of start-up,
-    1 s for ntp, 1 s for kubeadm_files. Early, a poll answers at once with retryAfterSeconds that lands
-    the next poll shortly before the expected end; near the end a poll waits for it and answers done."""
+    1 s for ntp, 1 s for kubeadm_files; its end window the last 2 s. Early, a poll answers at once with
+    retryAfterSeconds that lands the next poll as that window opens; in it, a poll waits for the end and
+    answers done."""
     clock = Clock(1_000_000.0)
     fake.gate = threading.Event()
     service = run_service(settings.model_copy(update={"retry_after_seconds": 10}), clock=clock)
@@ -288,8 +289,8 @@ async def test_the_expected_end_is_learned_from_the_machines_last_play_and_an_ov
     settings: Settings, fake: FakeRunner
 ) -> None:
     """A play that took 6.5 s (by the service's clock) sets the next play's expectation: its first answer
-    asks again in 3 s, not the known cost's 2 s. A play past its expected end is answered after a
-    near-end wait with retryAfterSeconds 1."""
+    asks again in 5 s (as its end window opens, 2 s before), not the known cost's 2 s. A play past its
+    expected end is answered after a near-end wait with retryAfterSeconds 1."""
     clock = Clock(1_000_000.0)
     fake.gate = threading.Event()
     service = run_service(settings.model_copy(update={"retry_after_seconds": 10}), clock=clock)
@@ -301,7 +302,7 @@ async def test_the_expected_end_is_learned_from_the_machines_last_play_and_an_ov
         assert (await settle(service, req())).state is ProgressState.DONE  # read from the record: learned
         fake.gate = threading.Event()
         newer = req(fp="cd" * 32)
-        assert (await service.poll(newer)).retry_after_seconds == 3  # floor(0.75 * 6.5) - 1
+        assert (await service.poll(newer)).retry_after_seconds == 5  # ceil(6.5 - 2)
         assert wait_until(lambda: fake.count("m1") == 2, 5, 0.01)
         clock.now += 7  # past the expected end, and the play goes on
         started = time.monotonic()
