@@ -20,9 +20,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.proc import wait_until
-from kubelab import manifests, node_join, objects
+from kubelab import labprovider, manifests, node_join, objects
 from kubelab.config import APISERVER_NAME
 from kubelab.flavours import capi_objects as co
 from kubelab.flavours import nodes
@@ -187,6 +188,47 @@ def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_del
     assert clean(pool, by_name[other])
     kube.kubectl("delete", LAB_MACHINE, "m4", "-n", NAMESPACE, "--wait=false")
     objects.wait_gone(kube, LAB_MACHINE, "m4", NAMESPACE, WAIT)
+    assert clean(pool, host)
+
+
+GO = "/run/lab-test-go"  # the interrupted bootstrap's runcmd waits for the test to write it
+
+
+def _group(pool: HostLab, host: Host) -> str:
+    """The process group of the runcmd script running on the node ("" when none runs)."""
+    found = pool.exec_in(host, ["cat", "/var/lib/hostlab-lab-provider/runcmd.pgid"])
+    return found.stdout.strip() if found.returncode == 0 else ""
+
+
+def test_a_bootstrap_interrupted_by_a_controller_restart_runs_again_on_a_reset_node(
+    machines: LabMachines, pool: HostLab
+) -> None:
+    kube = machines.kube
+    _cluster(kube)
+    wait_for_go = f"until [ -e {GO} ]; do sleep 0.2; done; {STAND_IN_KUBEADM}"
+    _machine(kube, "r1", worker_document(wait_for_go))
+    r1 = machines.wait_reason("r1", "Provisioning")
+    host = pool.host(r1["status"]["nodeName"])
+    assert wait_until(lambda: _group(pool, host) != "", WAIT, 0.2)
+    first = _group(pool, host)
+
+    # the controller is lost mid-bootstrap (stopped by PID) and started again
+    labprovider.stop(kube)
+    labprovider.start(kube, pool, [h.name for h in pool.hosts()])
+    # the new one found the node claimed but not provisioned: it reset the node (the earlier script's
+    # process group ended) and runs the bootstrap again
+    assert wait_until(lambda: _group(pool, host) not in ("", first), WAIT, 0.2)
+    group_alive = pool.exec_in(host, ["python3", "-c", f"import os; os.killpg({int(first)}, 0)"])
+    assert group_alive.returncode != 0 and "ProcessLookupError" in group_alive.stderr
+    pool.exec_in(host, ["touch", GO])
+    try:
+        machines.wait_reason("r1", "Provisioned")
+        # written once: the reset removed the first run's file, so the append did not add a second line
+        assert pool.read_file(host, "/etc/lab-test/plain.conf") == f"plain line for {host.name}\n"
+    finally:
+        pool.exec_in(host, ["rm", "-f", GO])
+    kube.kubectl("delete", LAB_MACHINE, "r1", "-n", NAMESPACE, "--wait=false")
+    objects.wait_gone(kube, LAB_MACHINE, "r1", NAMESPACE, WAIT)
     assert clean(pool, host)
 
 

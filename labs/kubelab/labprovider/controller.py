@@ -268,6 +268,9 @@ class Provider:
         self, host: Host, bootstrap: cloudconfig.Bootstrap, reset_first: bool
     ) -> remote.Outcome:
         if reset_first:  # an earlier controller left this node mid-bootstrap
+            self.log(
+                f"node {host.name}: claimed by an earlier run of the controller, reset before its bootstrap"
+            )
             outcome = remote.reset(self.pool_lab, host)
             if not outcome.ok:
                 return outcome

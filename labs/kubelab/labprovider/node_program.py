@@ -8,7 +8,8 @@ here, never a command line. Two operations:
   set), then the ``runcmd`` script; both scripts run by ``/bin/sh`` with their output in
   :data:`OUTPUT_LOG` (where cloud-init keeps ``cloud-init-output.log``); then whether CABPK's sentinel
   file exists. The written paths are recorded in :data:`STATE_DIR` for ``reset``.
-- ``reset``: the node back to the pool: ``kubeadm reset -f`` when kubeadm is installed, then every file
+- ``reset``: the node back to the pool: the scripts of an earlier ``provision`` still running ended (their
+  process groups), ``kubeadm reset -f`` when kubeadm is installed, then every file
   ``provision`` wrote and the directories it made (when empty), CABPK's directories (``/run/cluster-api``,
   ``/run/kubeadm``), the scripts, the log and the record removed.
 """
@@ -22,6 +23,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -84,26 +86,51 @@ def write_file(path: Path, content: bytes, permissions: int, owner: str, append:
 
 
 def run_script(name: str, text: str) -> dict[str, Any]:
+    """Run the script in a session of its own, its group recorded (``<name>.pgid``) so that a ``reset``
+    after a lost controller ends it and whatever it started (a kubeadm still running)."""
     script = STATE_DIR / name
     script.write_text(text)
     script.chmod(0o700)
+    group = STATE_DIR / f"{name}.pgid"
     with OUTPUT_LOG.open("ab") as log:
         log.write(f"--- {name}\n".encode())
         log.flush()
-        result = subprocess.run(
+        with subprocess.Popen(
             ["/bin/sh", str(script)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            timeout=SCRIPT_TIMEOUT,
-            check=False,
-        )
-        log.write(result.stdout)
-    return {"name": name, "exit": result.returncode, "output": result.stdout.decode(errors="replace")[-TAIL:]}
+            start_new_session=True,
+        ) as proc:
+            group.write_text(str(proc.pid))
+            try:
+                output, _ = proc.communicate(timeout=SCRIPT_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                output, _ = proc.communicate()
+        group.unlink(missing_ok=True)
+        log.write(output)
+    return {"name": name, "exit": proc.returncode, "output": output.decode(errors="replace")[-TAIL:]}
+
+
+def end_scripts() -> None:
+    """End the process groups of scripts an earlier ``provision`` left running (its controller was lost)."""
+    for group in STATE_DIR.glob("*.pgid"):
+        pgid = int(group.read_text())
+        script = str(group.with_suffix(""))
+        try:
+            leader = Path(f"/proc/{pgid}/cmdline").read_bytes().split(b"\0")[:2]
+        except FileNotFoundError:
+            leader = None  # the script ended; what it started may still run in its group
+        if leader is None or leader == [b"/bin/sh", script.encode()]:  # not a PID reused by another
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
 
 
 def reset() -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
+    if STATE_DIR.is_dir():
+        end_scripts()
     kubeadm = shutil.which("kubeadm")
     if kubeadm:
         result = subprocess.run(
