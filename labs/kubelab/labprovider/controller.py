@@ -124,6 +124,14 @@ def _condition(obj: Mapping[str, Any], status: bool, reason: str, message: str) 
     }
 
 
+def _guarded(work: Callable[..., remote.Outcome], *args: Any) -> remote.Outcome:
+    """``work`` in a worker thread: an exception is a failed outcome with its message, never a lost thread."""
+    try:
+        return work(*args)
+    except (OSError, LabError, ValueError) as exc:
+        return remote.Outcome(False, False, f"{type(exc).__name__}: {exc}")
+
+
 class Provider:
     def __init__(self, api: Api, pool_lab: HostLab, pool: list[str], log: Log = log) -> None:
         self.api = api
@@ -261,7 +269,10 @@ class Provider:
         self.started_here.add(uid)
         for line in cloudconfig.describe(bootstrap):
             self.log(f"labmachines {_key(lab_machine)} on {node}: {line}")
-        self.jobs[uid] = ("provision", self.workers.submit(self.bootstrap_node, host, bootstrap, earlier))
+        self.jobs[uid] = (
+            "provision",
+            self.workers.submit(_guarded, self.bootstrap_node, host, bootstrap, earlier),
+        )
         waiting("Provisioning", f"carrying out the bootstrap data on node {node}")
 
     def bootstrap_node(
@@ -308,7 +319,7 @@ class Provider:
             self.set_ready(lab_machine, "labmachines", False, "Deleting", f"resetting node {node}")
             self.jobs[uid] = (
                 "reset",
-                self.workers.submit(remote.reset, self.pool_lab, self.pool_lab.host(node)),
+                self.workers.submit(_guarded, remote.reset, self.pool_lab, self.pool_lab.host(node)),
             )
             return
         if node and job is not None:
@@ -355,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         while not stopping.is_set():
             try:
                 provider.reconcile()
-            except httpx.HTTPError as exc:  # the API server restarting, a conflict: the next pass tries again
+            # the API server restarting, a conflict, a node's lab gone: the next pass tries again
+            except (httpx.HTTPError, LabError) as exc:
                 log(f"lab provider: pass failed, trying again: {exc}")
             args.ready_file.touch()
             stopping.wait(INTERVAL)
