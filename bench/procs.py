@@ -1,4 +1,4 @@
-"""Process measurements for bench/update.py: peak PSS of each play's process tree, CPU and RSS from /proc.
+"""Process measurements for the benches: peak PSS of each play's process tree, CPU and RSS from /proc.
 
 ``MemorySampler`` walks /proc every 100 ms and keeps, per play, the peak PSS of the process tree under
 each ``ansible-playbook-detached`` (the service's plays) or raw ``ansible-playbook`` (the bench's own).
@@ -112,3 +112,14 @@ def peak_rss_mb(pid: int) -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def tree_pss_kb(pid: int) -> int:
+    """PSS (KiB) of ``pid`` and all its descendants now."""
+    return sum(_pss_kb(p) for p in _tree(pid, _children()))
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of ``pid`` itself and of its waited-for descendants."""
+    fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime

@@ -1,0 +1,455 @@
+"""Benchmark: the two executors side by side, ten Machines updated at once with each, in one run.
+
+Brings up its own labs: a kubelab (flavour ``nodes``: kube-scheduler and the Job controller), two real
+nodes (hostlab nodes joined with ``kubeadm join``, the project's image and the stand-in pause image
+imported into their containerd, as tests/nodes does) where the Jobs run, and ten lab SSH hosts (the
+Kubernetes stand-ins of tests/playbooks/standins.py) that are the Machines' hosts. Each Machine is
+written as CAPI's Machine controller leaves one (``status.addresses``, ``status.nodeRef``) and its Node is
+a kwok Node (a stand-in: no kubelet behind it, kwok keeps it Ready and reports the stand-in kubelet's
+version); kwok Nodes carry no ``kubernetes.io/os`` label, so the Jobs (``nodeSelector`` on it) land only
+on the real nodes. The targets are the same ten hosts for both executors.
+
+For each executor in turn, the real ``inplace-extension serve`` as a process in the Kubernetes-aware mode
+(``--kubeconfig``: the ``kubernetes`` executor needs cluster access) with the same flags but
+``--executor``: ``local`` (plays in worker threads of the service) and ``kubernetes`` (each attempt a Job
+from the image, its record an annotation on the Machine). One warm-up update (not counted), then a
+files update of all ten Machines at once, each polled like CAPI (retryAfterSeconds 1) until done. It
+prints per executor:
+
+- the service's CPU seconds (its own and its waited-for children's, the local executor's plays, from
+  ``/proc/<pid>/stat``), its peak RSS (``VmHWM``) and the peak PSS of its whole process tree (sampled every
+  100 ms) above the tree's PSS before the ten started, and both per in-flight update;
+- for ``kubernetes``, the Jobs' cost apart, from the real nodes' ``kubepods`` cgroups (cgroup v1:
+  ``cpuacct.usage`` before and after, ``memory.max_usage_in_bytes`` reset before): every Pod on those
+  nodes is one of the bench's Jobs;
+- the time to the last Machine done, and the UpdateMachine calls;
+- the API requests the service made: the service authenticates as its own ServiceAccount, and a
+  FlowSchema of the bench matches exactly that account (another the Jobs' account), so the API server's
+  ``apiserver_flowcontrol_dispatched_requests_total`` of that FlowSchema, before and after, is the
+  service's requests (watches counted once, at their start); beside it ``apiserver_request_total`` of
+  all clients (controllers, kube-scheduler, kubelets, kwok) in the same window;
+- the objects left in the API per update (Jobs, their Pods and Secrets, Events).
+
+Exits 1 only when a run is broken (a Machine not updated, a lab or service that does not start). Needs
+root (the labs); everything it started is stopped at the end, the services by PID.
+
+    .venv/bin/python bench/executors.py [--machines 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the CAPI driver, the labs' helpers and the stand-ins
+sys.path.append(str(ROOT))  # bench.procs (appended: tests/playbooks must win over playbooks/)
+
+from e2e.capi import NodeSpec, poll_update_machine  # noqa: E402
+from e2e.service import Service  # noqa: E402
+from hostlab.config import Config  # noqa: E402
+from hostlab.errors import LabError  # noqa: E402
+from hostlab.inventory import render  # noqa: E402
+from hostlab.lab import Host  # noqa: E402
+from hostlab.lab import Lab as HostLab  # noqa: E402
+from hostlab.state import NODE  # noqa: E402
+from kubelab import manifests, node_join, objects  # noqa: E402
+from kubelab.flavours import capi_objects as co  # noqa: E402
+from kubelab.lab import Lab as KubeLab  # noqa: E402
+from nodes.conftest import Cluster  # noqa: E402
+from nodes.images import import_pause, node_image  # noqa: E402
+from nodes.test_node_jobs import ATTEMPT_ACCOUNT, _operator_objects  # noqa: E402
+from playbooks.standins import install_standins, lab_run_on_host  # noqa: E402
+
+from bench.procs import cpu_seconds, peak_rss_mb, tree_pss_kb  # noqa: E402
+from inplace_extension.kubejobs.record import RECORD_ANNOTATION  # noqa: E402
+from inplace_extension.runs.ssh import close_control_masters  # noqa: E402
+
+VERSION = "v1.30.2"  # the stand-ins' kubelet on the hosts, and what their kwok Nodes report
+NAMESPACE = "e2e"  # tests/e2e/capi.py's UpdateMachine requests name this namespace
+JOB_NODES = 2
+WITHIN = 900.0  # one Machine's polls: ten Jobs start on two busy cores
+SSH_SECRET = "inplace-extension-ssh"  # noqa: S105 (a Secret's name, not a password)
+SERVICE_NAMESPACE = "bench-service"
+SERVICE_ACCOUNT = "inplace-extension"
+SAMPLE_SECONDS = 0.1
+# cgroup v1 inside a node: the kubelet's pod cgroups (cgroupfs driver) under these hierarchies
+KUBEPODS_CPU = "/sys/fs/cgroup/cpu,cpuacct/kubepods"
+KUBEPODS_MEMORY = "/sys/fs/cgroup/memory/kubepods"
+FLOW_METRIC = re.compile(
+    r'^apiserver_flowcontrol_dispatched_requests_total\{[^}]*flow_schema="([^"]+)"[^}]*\} ([0-9.e+]+)$'
+)
+REQUEST_METRIC = re.compile(r"^apiserver_request_total\{[^}]*\} ([0-9.e+]+)$")
+
+
+def files_spec(tag: str) -> NodeSpec:
+    """Three files; ``tag`` makes the content (and the fingerprint) new for each executor's run."""
+    file = {"owner": "root:root", "permissions": "0644"}
+    files = [{**file, "path": f"/etc/bench/{n}.conf", "content": f"{n} {tag}\n"} for n in ("a", "b", "c")]
+    return NodeSpec(VERSION, {"files": files})
+
+
+def flow_schema(name: str, account: str, namespace: str) -> dict[str, Any]:
+    """A FlowSchema matching exactly one ServiceAccount's requests, so its dispatched count is theirs."""
+    everything = {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "clusterScope": True}
+    subject = {"kind": "ServiceAccount", "serviceAccount": {"name": account, "namespace": namespace}}
+    return {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "FlowSchema",
+        "metadata": {"name": name},
+        "spec": {
+            "priorityLevelConfiguration": {"name": "workload-high"},
+            "matchingPrecedence": 100,  # before the suggested schemas (service-accounts: 9000)
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [
+                {
+                    "subjects": [subject],
+                    "resourceRules": [{**everything, "namespaces": ["*"]}],
+                    "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                }
+            ],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class ApiCounts:
+    flows: dict[str, float]  # dispatched requests per FlowSchema
+    all_requests: float  # apiserver_request_total, every client
+
+    def minus(self, before: ApiCounts, schema: str) -> int:
+        return round(self.flows.get(schema, 0.0) - before.flows.get(schema, 0.0))
+
+
+def api_counts(kube: KubeLab) -> ApiCounts:
+    with kube.http() as client:
+        text = client.get("/metrics").text
+    flows: dict[str, float] = {}
+    total = 0.0
+    for line in text.splitlines():
+        if match := FLOW_METRIC.match(line):
+            flows[match.group(1)] = flows.get(match.group(1), 0.0) + float(match.group(2))
+        elif match := REQUEST_METRIC.match(line):
+            total += float(match.group(1))
+    return ApiCounts(flows, total)
+
+
+class TreeSampler:
+    """The peak PSS of a process and its descendants, sampled every 100 ms in a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> TreeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_SECONDS):
+            self.peak_kb = max(self.peak_kb, tree_pss_kb(self.pid))
+
+
+@dataclass
+class Rig:
+    kube: KubeLab
+    hosts_lab: HostLab
+    nodes_lab: HostLab
+    job_nodes: list[Host]
+    names: list[str]
+    image: str
+    jobs_namespace: str
+    kubeconfig: Path  # the service's ServiceAccount
+    work: Path
+
+    def cgroup(self, host: Host, path: str) -> int:
+        done = self.nodes_lab.exec_in(host, ["cat", path])
+        if done.returncode != 0:
+            raise SystemExit(f"bench: {host.name}: cannot read {path}: {done.stderr.strip()}")
+        return int(done.stdout.strip())
+
+    def jobs_cpu_seconds(self) -> float:
+        return sum(self.cgroup(h, f"{KUBEPODS_CPU}/cpuacct.usage") for h in self.job_nodes) / 1e9
+
+    def reset_jobs_memory_peak(self) -> None:
+        for host in self.job_nodes:
+            argv = ["sh", "-c", f"echo 0 > {KUBEPODS_MEMORY}/memory.max_usage_in_bytes"]
+            if self.nodes_lab.exec_in(host, argv).returncode != 0:
+                raise SystemExit(f"bench: {host.name}: cannot reset the kubepods memory peak")
+
+    def jobs_memory_peaks_mb(self) -> list[float]:
+        path = f"{KUBEPODS_MEMORY}/memory.max_usage_in_bytes"
+        return [self.cgroup(h, path) / 2**20 for h in self.job_nodes]
+
+    def record_bytes(self) -> list[int]:
+        """The size of the kubernetes executor's record annotation on each Machine."""
+        sizes = []
+        for name in self.names:
+            machine = objects.get(self.kube, "machine.cluster.x-k8s.io", name, NAMESPACE) or {}
+            annotations = machine.get("metadata", {}).get("annotations", {})
+            sizes.append(len(annotations.get(RECORD_ANNOTATION, "").encode()))
+        return sizes
+
+    def count(self, kind: str, namespace: str) -> int:
+        listed = self.kube.kubectl("get", kind, "-n", namespace, "-o", "name", check=False).stdout
+        return len(listed.split())
+
+
+def _machine(kube: KubeLab, name: str, host: Host) -> None:
+    """``name``: a Machine as CAPI leaves one, its Node a kwok Node reporting the stand-ins' version."""
+    objects.create_kwok_node(kube, name)
+    status = {"status": {"nodeInfo": {"kubeletVersion": VERSION}}}
+    kube.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps(status))
+    addresses = [{"type": "Hostname", "address": name}, {"type": "InternalIP", "address": host.address}]
+    co.machine_with_status(kube, NAMESPACE, name, addresses, name)
+
+
+def _service_kubeconfig(kube: KubeLab, path: Path) -> None:
+    """A kubeconfig of the service's own ServiceAccount (bound to cluster-admin: the bench measures
+    requests, not rights), so that its FlowSchema counts its requests and nobody else's."""
+    objects.ensure_namespace(kube, SERVICE_NAMESPACE)
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": SERVICE_ACCOUNT, "namespace": SERVICE_NAMESPACE},
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"{SERVICE_NAMESPACE}-admin"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": SERVICE_NAMESPACE}],
+    }
+    objects.apply(kube, account, binding)
+    token = kube.kubectl(
+        "create", "token", SERVICE_ACCOUNT, "-n", SERVICE_NAMESPACE, "--duration=4h"
+    ).stdout.strip()
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["users"] = [{"name": "service", "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = "service"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+
+
+@contextmanager
+def rig(machines: int) -> Iterator[Rig]:
+    kube = KubeLab("bench-executors")
+    hosts_lab = HostLab("bench-exec-hosts", Config.from_env())
+    nodes_lab = HostLab("bench-exec-nodes", Config.from_env())
+    work = Path(tempfile.mkdtemp(prefix="bench-executors-"))
+    try:
+        kube.up(owner_pid=os.getpid(), progress=lambda _: None)
+        kube.ensure_flavour("nodes")
+        job_nodes = nodes_lab.up(JOB_NODES, owner_pid=os.getpid(), kind=NODE)
+        for host in job_nodes:
+            node_join.join(kube, nodes_lab, host)
+        import_pause(nodes_lab, job_nodes)
+        image = node_image(Cluster(kube, nodes_lab, job_nodes, release_url=""))
+        hosts = hosts_lab.up(machines, owner_pid=os.getpid())
+        for host in hosts:
+            install_standins(lab_run_on_host(hosts_lab, host), version=VERSION)
+        names = [f"bench-{n:02d}" for n in range(1, machines + 1)]
+        crd_names = ("machines", "machinedeployments", "clusters")
+        crds = [manifests.capi_crd(kube, f"cluster.x-k8s.io_{name}.yaml") for name in crd_names]
+        manifests.install_crds(kube, crds, only_missing=True)
+        objects.ensure_namespace(kube, NAMESPACE)
+        for name, host in zip(names, hosts, strict=True):
+            _machine(kube, name, host)
+        # the Jobs' namespace as an operator prepares it: their account and rights, the SSH key's Secret
+        jobs_namespace = "bench-jobs"
+        objects.ensure_namespace(kube, jobs_namespace)
+        key = hosts_lab.private_key
+        ssh = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": SSH_SECRET, "namespace": jobs_namespace},
+            "type": "Opaque",
+            "stringData": {key.name: key.read_text()},
+        }
+        objects.apply(kube, *_operator_objects(jobs_namespace), ssh)
+        kubeconfig = work / "service.kubeconfig"
+        _service_kubeconfig(kube, kubeconfig)
+        objects.apply(
+            kube,
+            flow_schema("bench-service", SERVICE_ACCOUNT, SERVICE_NAMESPACE),
+            flow_schema("bench-jobs", ATTEMPT_ACCOUNT, jobs_namespace),
+        )
+        yield Rig(kube, hosts_lab, nodes_lab, job_nodes, names, image, jobs_namespace, kubeconfig, work)
+    finally:
+        hosts_lab.down()
+        nodes_lab.down()
+        kube.down()
+
+
+def start_service(rig: Rig, executor: str) -> Service:
+    """The real ``serve``, Kubernetes-aware, with ``executor``; the same flags for both but the Jobs'."""
+    home = rig.work / executor
+    home.mkdir()
+    inventory = home / "inventory.yaml"
+    inventory.write_text(render(rig.hosts_lab, "service", rig.names))
+    runs = home / "runs"
+    argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
+    argv += ["--inventory", str(inventory), "--allowed-cidrs", str(rig.hosts_lab.network)]
+    argv += ["--runs-dir", str(runs), "--playbooks-dir", str(ROOT / "playbooks")]
+    argv += ["--retry-after-seconds", "1", "--max-parallel-runs", "10", "--log-level", "WARNING"]
+    argv += ["--kubeconfig", str(rig.kubeconfig), "--workload-kubeconfig", "management"]
+    argv += ["--executor", executor]
+    if executor == "kubernetes":
+        argv += ["--job-namespace", rig.jobs_namespace, "--job-image", rig.image]
+        argv += ["--job-ssh-secret", SSH_SECRET, "--job-ssh-dir", str(rig.hosts_lab.private_key.parent)]
+        argv += ["--job-playbooks-dir", "/opt/inplace-extension/playbooks", "--job-deadline-seconds", "900"]
+    return Service(argv, home / "service.log", runs)
+
+
+@dataclass
+class Figures:
+    executor: str
+    load_before: float
+    load_after: float
+    wall: float  # to the last Machine done
+    calls: int  # UpdateMachine calls, all ten
+    cpu: float  # the service's own + its waited-for children's
+    rss_mb: float  # the service's peak RSS (VmHWM), whole life
+    tree_mb: float  # peak PSS of the service's tree above its PSS before the ten
+    requests: int  # the service's API requests (its FlowSchema)
+    all_requests: int  # every client's, in the same window
+    events: int  # Events the ten updates posted on their Machines
+    job_requests: int = 0
+    jobs_cpu: float | None = None
+    jobs_memory_mb: list[float] | None = None
+    objects: dict[str, int] | None = None
+    record_bytes: list[int] | None = None
+
+
+def update(service: Service, name: str, spec: NodeSpec) -> int:
+    polled = poll_update_machine(service.client, name, spec, within=WITHIN)
+    if (polled.status, polled.message) != ("Success", "update applied"):
+        raise SystemExit(f"bench: {name} was not updated: {polled.messages}\n{service.log()[-4000:]}")
+    calls: int = polled.calls
+    return calls
+
+
+def measure(rig: Rig, executor: str) -> Figures:
+    service = start_service(rig, executor)
+    try:
+        update(service, rig.names[0], files_spec(f"warm-{executor}"))  # not counted
+        pid = service.proc.pid
+        kubernetes = executor == "kubernetes"
+        load_before = os.getloadavg()[0]
+        cpu, tree_before, api = cpu_seconds(pid), tree_pss_kb(pid), api_counts(rig.kube)
+        events = rig.count("events", NAMESPACE)
+        if kubernetes:
+            rig.reset_jobs_memory_peak()
+            jobs_cpu = rig.jobs_cpu_seconds()
+        spec = files_spec(f"ten-{executor}")
+        started = time.monotonic()
+        with TreeSampler(pid) as tree, ThreadPoolExecutor(len(rig.names)) as pool:
+            calls = sum(pool.map(lambda name: update(service, name, spec), rig.names))
+        wall = time.monotonic() - started
+        after = api_counts(rig.kube)
+        figures = Figures(
+            executor=executor,
+            load_before=load_before,
+            load_after=os.getloadavg()[0],
+            wall=wall,
+            calls=calls,
+            cpu=cpu_seconds(pid) - cpu,
+            rss_mb=peak_rss_mb(pid),
+            tree_mb=max(0, tree.peak_kb - tree_before) / 1024,
+            requests=after.minus(api, "bench-service"),
+            all_requests=round(after.all_requests - api.all_requests),
+            events=rig.count("events", NAMESPACE) - events,
+        )
+        if kubernetes:
+            figures.job_requests = after.minus(api, "bench-jobs")
+            figures.jobs_cpu = rig.jobs_cpu_seconds() - jobs_cpu
+            figures.jobs_memory_mb = rig.jobs_memory_peaks_mb()
+            figures.objects = {
+                "Jobs": rig.count("jobs", rig.jobs_namespace),
+                "Pods": rig.count("pods", rig.jobs_namespace),
+                "Secrets": rig.count("secrets", rig.jobs_namespace) - 1,  # less the SSH key's
+            }
+            figures.record_bytes = rig.record_bytes()
+        return figures
+    finally:
+        service.stop()
+        close_control_masters(service.runs_dir)
+
+
+def report(machines: int, runs: list[Figures]) -> list[str]:
+    lines = [
+        f"bench/executors.py: {machines} Machines at once per executor, files update, "
+        f"{os.cpu_count()} CPUs shared with the labs (and other work on the machine)"
+    ]
+    for f in runs:
+        n = machines
+        lines += [
+            f"{f.executor}   (load average {f.load_before:.1f} -> {f.load_after:.1f})",
+            f"  time to the last Machine done        {f.wall:7.2f} s   ({f.calls} UpdateMachine calls)",
+            f"  service CPU (own + plays)            {f.cpu:7.2f} s   {f.cpu / n:.2f} s per update in flight",
+            f"  service peak RSS (VmHWM)             {f.rss_mb:7.1f} MB",
+            f"  service tree peak PSS above idle     {f.tree_mb:7.1f} MB  {f.tree_mb / n:.1f} MB per update",
+            f"  service API requests                 {f.requests:7d}     {f.requests / n:.1f} per update, "
+            f"{f.requests / f.wall:.1f}/s",
+            f"  all clients' API requests, same time {f.all_requests:7d}     {f.all_requests / f.wall:.1f}/s",
+            f"  Events posted on the Machines        {f.events:7d}     {f.events / n:.1f} per update",
+        ]
+        if f.jobs_cpu is not None and f.jobs_memory_mb is not None:
+            peaks = ", ".join(f"{m:.0f}" for m in f.jobs_memory_mb)
+            per_job = f.job_requests / n
+            lines += [
+                f"  Jobs' CPU (kubepods cgroups)         {f.jobs_cpu:7.2f} s   {f.jobs_cpu / n:.2f} s/Job",
+                f"  Jobs' peak memory, per node          {peaks} MB (kubepods)",
+                f"  Jobs' API requests                   {f.job_requests:7d}     {per_job:.1f} per Job",
+            ]
+        if f.objects:
+            left = ", ".join(f"{k} {v}" for k, v in f.objects.items())
+            lines.append(f"  objects left in the API              {left} (warm-up included)")
+        if f.record_bytes:
+            sizes = f.record_bytes
+            lines.append(f"  record annotation per Machine        {min(sizes)}-{max(sizes)} bytes")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--machines", type=int, default=10, help="Machines updated at once (1..50)")
+    opts = parser.parse_args()
+    if not 1 <= opts.machines <= 50:
+        parser.error("--machines must be 1..50")
+    try:
+        with rig(opts.machines) as bench:
+            runs = [measure(bench, executor) for executor in ("local", "kubernetes")]
+    except LabError as exc:
+        print(f"bench: a lab did not start: {exc}", file=sys.stderr)
+        return 1
+    for line in report(opts.machines, runs):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
