@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -72,7 +73,7 @@ from kubelab.flavours import capi_objects as co  # noqa: E402
 from kubelab.lab import Lab as KubeLab  # noqa: E402
 from nodes.conftest import Cluster  # noqa: E402
 from nodes.images import import_pause, node_image  # noqa: E402
-from nodes.test_node_jobs import ATTEMPT_ACCOUNT, _operator_objects  # noqa: E402
+from nodes.test_node_jobs import ATTEMPT_ACCOUNT, _diagnosis, _operator_objects  # noqa: E402
 from playbooks.standins import install_standins, lab_run_on_host  # noqa: E402
 
 from bench.procs import cpu_seconds, peak_rss_mb, tree_pss_kb  # noqa: E402
@@ -87,9 +88,18 @@ SSH_SECRET = "inplace-extension-ssh"  # noqa: S105 (a Secret's name, not a passw
 SERVICE_NAMESPACE = "bench-service"
 SERVICE_ACCOUNT = "inplace-extension"
 SAMPLE_SECONDS = 0.1
-# cgroup v1 inside a node: the kubelet's pod cgroups (cgroupfs driver) under these hierarchies
-KUBEPODS_CPU = "/sys/fs/cgroup/cpu,cpuacct/kubepods"
-KUBEPODS_MEMORY = "/sys/fs/cgroup/memory/kubepods"
+# cgroup v1: the nodes share this machine's hierarchies (systemd-nspawn, no cgroup namespace), and their
+# containerd (cgroupfs driver, the kubelet without QoS cgroups) makes each container's cgroup
+# k8s.io/<container id> below these roots (at most CGROUP_DEPTH levels down)
+CGROUP_ROOTS = {"cpu": Path("/sys/fs/cgroup/cpuacct"), "memory": Path("/sys/fs/cgroup/memory")}
+CGROUP_DEPTH = 3
+CGROUP_SECONDS = 0.2  # a container's cgroup goes when it exits: its last value is read this often
+LIST_SECONDS = 2.0  # the Jobs' Pods listed this often, for their containers' ids
+SAMPLE_SECONDS = 0.1
+# cgroup v1: the nodes share this machine's hierarchies (systemd-nspawn, no cgroup namespace), and their
+# kubelets (cgroupfs driver, no QoS cgroups) make each Pod's cgroup pod<uid> somewhere below these roots
+CGROUP_ROOTS = {"cpu": Path("/sys/fs/cgroup/cpuacct"), "memory": Path("/sys/fs/cgroup/memory")}
+CGROUP_DEPTH = 4
 FLOW_METRIC = re.compile(
     r'^apiserver_flowcontrol_dispatched_requests_total\{[^}]*flow_schema="([^"]+)"[^}]*\} ([0-9.e+]+)$'
 )
@@ -148,6 +158,104 @@ def api_counts(kube: KubeLab) -> ApiCounts:
     return ApiCounts(flows, total)
 
 
+def _containerd_dirs(root: Path) -> list[Path]:
+    """The ``k8s.io`` cgroups (containerd's namespace of the kubelet) below ``root``."""
+    found, level = [], [root]
+    for _ in range(CGROUP_DEPTH):
+        found += [d / "k8s.io" for d in level if (d / "k8s.io").is_dir()]
+        level = [child for d in level for child in _subdirs(d) if child.name != "k8s.io"]
+    return found
+
+
+def _subdirs(path: Path) -> list[Path]:
+    """The cgroups right below ``path`` (none if it went meanwhile: other work makes and removes some)."""
+    try:
+        return [child for child in path.iterdir() if child.is_dir()]
+    except OSError:
+        return []
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class JobsSampler:
+    """The Jobs' own cost, from their containers' cgroups: each container's CPU (``cpuacct.usage``, its
+    last value before the cgroup goes at the exit), its memory peak (``memory.max_usage_in_bytes``, page
+    cache included) and the peak of all of them at once (``memory.usage_in_bytes``, summed). The Jobs'
+    Pods are listed from the API for their containers' ids (as admin: not the service's FlowSchema;
+    counted in :attr:`requests`, to be taken off the all-clients count); the pause containers are left
+    out."""
+
+    def __init__(self, kube: KubeLab, namespace: str) -> None:
+        self.kube, self.namespace = kube, namespace
+        self.requests = 0
+        self.cpu_ns: dict[str, int] = {}
+        self.memory_peak: dict[str, int] = {}
+        self.together_peak = 0
+        self.running_peak = 0  # Pods Running at once
+        self._ids: set[str] = set()
+        self._roots = {kind: _containerd_dirs(root) for kind, root in CGROUP_ROOTS.items()}
+        self._scanned = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> JobsSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _loop(self) -> None:
+        listed = 0.0
+        with self.kube.http() as api:
+            while True:
+                if time.monotonic() - listed >= LIST_SECONDS:
+                    self._list(api)
+                    listed = time.monotonic()
+                self._sample()
+                if self._stop.wait(CGROUP_SECONDS):
+                    return
+
+    def _list(self, api: Any) -> None:
+        pods = api.get(f"/api/v1/namespaces/{self.namespace}/pods").json().get("items", [])
+        self.requests += 1
+        running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+        self.running_peak = max(self.running_peak, len(running))
+        for pod in pods:
+            for status in pod.get("status", {}).get("containerStatuses") or []:
+                if status.get("containerID", "").startswith("containerd://"):
+                    self._ids.add(status["containerID"].removeprefix("containerd://"))
+
+    def _find(self, kind: str, ident: str) -> Path | None:
+        found = next((d / ident for d in self._roots[kind] if (d / ident).is_dir()), None)
+        if found is None and time.monotonic() - self._scanned >= 1.0:
+            # a containerd that made its first cgroup since (the memory hierarchy: one per process tree)
+            self._roots = {kind: _containerd_dirs(root) for kind, root in CGROUP_ROOTS.items()}
+            self._scanned = time.monotonic()
+            found = next((d / ident for d in self._roots[kind] if (d / ident).is_dir()), None)
+        return found
+
+    def _sample(self) -> None:
+        together = 0
+        for ident in self._ids:
+            if (cpu := self._find("cpu", ident)) is not None:
+                used = _read_int(cpu / "cpuacct.usage")
+                if used is not None:
+                    self.cpu_ns[ident] = max(self.cpu_ns.get(ident, 0), used)
+            if (memory := self._find("memory", ident)) is not None:
+                peak = _read_int(memory / "memory.max_usage_in_bytes")
+                if peak is not None:
+                    self.memory_peak[ident] = max(self.memory_peak.get(ident, 0), peak)
+                together += _read_int(memory / "memory.usage_in_bytes") or 0
+        self.together_peak = max(self.together_peak, together)
+
+
 class TreeSampler:
     """The peak PSS of a process and its descendants, sampled every 100 ms in a thread."""
 
@@ -182,25 +290,6 @@ class Rig:
     kubeconfig: Path  # the service's ServiceAccount
     work: Path
 
-    def cgroup(self, host: Host, path: str) -> int:
-        done = self.nodes_lab.exec_in(host, ["cat", path])
-        if done.returncode != 0:
-            raise SystemExit(f"bench: {host.name}: cannot read {path}: {done.stderr.strip()}")
-        return int(done.stdout.strip())
-
-    def jobs_cpu_seconds(self) -> float:
-        return sum(self.cgroup(h, f"{KUBEPODS_CPU}/cpuacct.usage") for h in self.job_nodes) / 1e9
-
-    def reset_jobs_memory_peak(self) -> None:
-        for host in self.job_nodes:
-            argv = ["sh", "-c", f"echo 0 > {KUBEPODS_MEMORY}/memory.max_usage_in_bytes"]
-            if self.nodes_lab.exec_in(host, argv).returncode != 0:
-                raise SystemExit(f"bench: {host.name}: cannot reset the kubepods memory peak")
-
-    def jobs_memory_peaks_mb(self) -> list[float]:
-        path = f"{KUBEPODS_MEMORY}/memory.max_usage_in_bytes"
-        return [self.cgroup(h, path) / 2**20 for h in self.job_nodes]
-
     def record_bytes(self) -> list[int]:
         """The size of the kubernetes executor's record annotation on each Machine."""
         sizes = []
@@ -213,6 +302,31 @@ class Rig:
     def count(self, kind: str, namespace: str) -> int:
         listed = self.kube.kubectl("get", kind, "-n", namespace, "-o", "name", check=False).stdout
         return len(listed.split())
+
+    def largest_json(self, kind: str, namespace: str) -> int:
+        """The largest object of ``kind`` in ``namespace`` as compact JSON, in bytes (etcd keeps the
+        built-in kinds as protobuf, smaller)."""
+        listed = self.kube.kubectl("get", kind, "-n", namespace, "-o", "json", check=False).stdout
+        items = json.loads(listed or "{}").get("items", [])
+        return max((len(json.dumps(item, separators=(",", ":"))) for item in items), default=0)
+
+
+@contextmanager
+def jobs_reach_hosts(nodes_lab: HostLab, hosts_lab: HostLab) -> Iterator[None]:
+    """The Jobs' Pods (masqueraded by their node) reach the other lab's hosts: a route in each node to
+    the hosts' /24 through the nodes' gateway, and this machine masquerading that traffic to the hosts'
+    gateway, the one address a lab host answers (it has no default route); both removed afterwards."""
+    rule = ["POSTROUTING", "-s", str(nodes_lab.network), "-d", str(hosts_lab.network)]
+    rule += ["-m", "comment", "--comment", f"bench:{nodes_lab.name}->{hosts_lab.name}", "-j", "MASQUERADE"]
+    subprocess.run(["iptables", "-w", "-t", "nat", "-A", *rule], check=True, capture_output=True)
+    try:
+        for node in nodes_lab.hosts():
+            argv = ["ip", "route", "replace", str(hosts_lab.network), "via", nodes_lab.gateway]
+            if nodes_lab.exec_in(node, argv).returncode != 0:
+                raise SystemExit(f"bench: {node.name}: {' '.join(argv)} failed")
+        yield
+    finally:
+        subprocess.run(["iptables", "-w", "-t", "nat", "-D", *rule], check=False, capture_output=True)
 
 
 def _machine(kube: KubeLab, name: str, host: Host) -> None:
@@ -295,7 +409,8 @@ def rig(machines: int) -> Iterator[Rig]:
             flow_schema("bench-service", SERVICE_ACCOUNT, SERVICE_NAMESPACE),
             flow_schema("bench-jobs", ATTEMPT_ACCOUNT, jobs_namespace),
         )
-        yield Rig(kube, hosts_lab, nodes_lab, job_nodes, names, image, jobs_namespace, kubeconfig, work)
+        with jobs_reach_hosts(nodes_lab, hosts_lab):
+            yield Rig(kube, hosts_lab, nodes_lab, job_nodes, names, image, jobs_namespace, kubeconfig, work)
     finally:
         hosts_lab.down()
         nodes_lab.down()
@@ -312,7 +427,7 @@ def start_service(rig: Rig, executor: str) -> Service:
     argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
     argv += ["--inventory", str(inventory), "--allowed-cidrs", str(rig.hosts_lab.network)]
     argv += ["--runs-dir", str(runs), "--playbooks-dir", str(ROOT / "playbooks")]
-    argv += ["--retry-after-seconds", "1", "--max-parallel-runs", "10", "--log-level", "WARNING"]
+    argv += ["--retry-after-seconds", "1", "--max-parallel-runs", "10", "--log-level", "INFO"]
     argv += ["--kubeconfig", str(rig.kubeconfig), "--workload-kubeconfig", "management"]
     argv += ["--executor", executor]
     if executor == "kubernetes":
@@ -337,14 +452,18 @@ class Figures:
     events: int  # Events the ten updates posted on their Machines
     job_requests: int = 0
     jobs_cpu: float | None = None
-    jobs_memory_mb: list[float] | None = None
+    jobs_memory_mb: list[float] | None = None  # one Job's peak, all Jobs' at once
+    jobs_running: int = 0
     objects: dict[str, int] | None = None
     record_bytes: list[int] | None = None
+    sizes: dict[str, int] | None = None  # the largest Job, Pod, Secret as JSON
 
 
-def update(service: Service, name: str, spec: NodeSpec) -> int:
+def update(rig: Rig, service: Service, name: str, spec: NodeSpec) -> int:
     polled = poll_update_machine(service.client, name, spec, within=WITHIN)
     if (polled.status, polled.message) != ("Success", "update applied"):
+        # the Jobs' Pods and their logs (printed in full), the service's log: what broke the run
+        _diagnosis(Cluster(rig.kube, rig.nodes_lab, rig.job_nodes, release_url=""), rig.jobs_namespace)
         raise SystemExit(f"bench: {name} was not updated: {polled.messages}\n{service.log()[-4000:]}")
     calls: int = polled.calls
     return calls
@@ -353,21 +472,24 @@ def update(service: Service, name: str, spec: NodeSpec) -> int:
 def measure(rig: Rig, executor: str) -> Figures:
     service = start_service(rig, executor)
     try:
-        update(service, rig.names[0], files_spec(f"warm-{executor}"))  # not counted
+        update(rig, service, rig.names[0], files_spec(f"warm-{executor}"))  # not counted
         pid = service.proc.pid
         kubernetes = executor == "kubernetes"
         load_before = os.getloadavg()[0]
         cpu, tree_before, api = cpu_seconds(pid), tree_pss_kb(pid), api_counts(rig.kube)
         events = rig.count("events", NAMESPACE)
-        if kubernetes:
-            rig.reset_jobs_memory_peak()
-            jobs_cpu = rig.jobs_cpu_seconds()
         spec = files_spec(f"ten-{executor}")
         started = time.monotonic()
-        with TreeSampler(pid) as tree, ThreadPoolExecutor(len(rig.names)) as pool:
-            calls = sum(pool.map(lambda name: update(service, name, spec), rig.names))
-        wall = time.monotonic() - started
+        with (
+            TreeSampler(pid) as tree,
+            JobsSampler(rig.kube, rig.jobs_namespace) as jobs,
+            ThreadPoolExecutor(len(rig.names)) as pool,
+        ):
+            calls = sum(pool.map(lambda name: update(rig, service, name, spec), rig.names))
+            wall = time.monotonic() - started
         after = api_counts(rig.kube)
+        if "bench-service" not in after.flows:  # the service's requests went uncounted: a broken run
+            raise SystemExit("bench: the API server counted no request of the service's FlowSchema")
         figures = Figures(
             executor=executor,
             load_before=load_before,
@@ -378,19 +500,25 @@ def measure(rig: Rig, executor: str) -> Figures:
             rss_mb=peak_rss_mb(pid),
             tree_mb=max(0, tree.peak_kb - tree_before) / 1024,
             requests=after.minus(api, "bench-service"),
-            all_requests=round(after.all_requests - api.all_requests),
+            all_requests=round(after.all_requests - api.all_requests) - jobs.requests,
             events=rig.count("events", NAMESPACE) - events,
         )
         if kubernetes:
             figures.job_requests = after.minus(api, "bench-jobs")
-            figures.jobs_cpu = rig.jobs_cpu_seconds() - jobs_cpu
-            figures.jobs_memory_mb = rig.jobs_memory_peaks_mb()
+            if len(jobs.cpu_ns) < len(rig.names):  # a Job's cgroup never seen: its cost would be missing
+                raise SystemExit(f"bench: the cgroups of {len(jobs.cpu_ns)} of the Jobs' Pods were found")
+            figures.jobs_cpu = sum(jobs.cpu_ns.values()) / 1e9
+            figures.jobs_memory_mb = [max(jobs.memory_peak.values()) / 2**20, jobs.together_peak / 2**20]
+            figures.jobs_running = jobs.running_peak
             figures.objects = {
                 "Jobs": rig.count("jobs", rig.jobs_namespace),
                 "Pods": rig.count("pods", rig.jobs_namespace),
                 "Secrets": rig.count("secrets", rig.jobs_namespace) - 1,  # less the SSH key's
             }
             figures.record_bytes = rig.record_bytes()
+            figures.sizes = {
+                kind: rig.largest_json(kind, rig.jobs_namespace) for kind in ("jobs", "pods", "secrets")
+            }
         return figures
     finally:
         service.stop()
@@ -398,10 +526,7 @@ def measure(rig: Rig, executor: str) -> Figures:
 
 
 def report(machines: int, runs: list[Figures]) -> list[str]:
-    lines = [
-        f"bench/executors.py: {machines} Machines at once per executor, files update, "
-        f"{os.cpu_count()} CPUs shared with the labs (and other work on the machine)"
-    ]
+    lines = []
     for f in runs:
         n = machines
         lines += [
@@ -416,11 +541,12 @@ def report(machines: int, runs: list[Figures]) -> list[str]:
             f"  Events posted on the Machines        {f.events:7d}     {f.events / n:.1f} per update",
         ]
         if f.jobs_cpu is not None and f.jobs_memory_mb is not None:
-            peaks = ", ".join(f"{m:.0f}" for m in f.jobs_memory_mb)
+            one, together = f.jobs_memory_mb
             per_job = f.job_requests / n
             lines += [
-                f"  Jobs' CPU (kubepods cgroups)         {f.jobs_cpu:7.2f} s   {f.jobs_cpu / n:.2f} s/Job",
-                f"  Jobs' peak memory, per node          {peaks} MB (kubepods)",
+                f"  Jobs' CPU (their Pods' cgroups)      {f.jobs_cpu:7.2f} s   {f.jobs_cpu / n:.2f} s a Job",
+                f"  Jobs' peak memory                    {one:7.1f} MB  one Job, {together:.0f} MB at once",
+                f"  Jobs' Pods Running at once (peak)    {f.jobs_running:7d}",
                 f"  Jobs' API requests                   {f.job_requests:7d}     {per_job:.1f} per Job",
             ]
         if f.objects:
@@ -429,6 +555,9 @@ def report(machines: int, runs: list[Figures]) -> list[str]:
         if f.record_bytes:
             sizes = f.record_bytes
             lines.append(f"  record annotation per Machine        {min(sizes)}-{max(sizes)} bytes")
+        if f.sizes:
+            largest = ", ".join(f"{k} {v}" for k, v in f.sizes.items())
+            lines.append(f"  largest object as JSON, bytes        {largest}")
     return lines
 
 
@@ -440,14 +569,20 @@ def main() -> int:
     opts = parser.parse_args()
     if not 1 <= opts.machines <= 50:
         parser.error("--machines must be 1..50")
+    started = time.monotonic()
     try:
         with rig(opts.machines) as bench:
-            runs = [measure(bench, executor) for executor in ("local", "kubernetes")]
+            print(
+                f"bench/executors.py: {opts.machines} Machines at once per executor, files update, "
+                f"{os.cpu_count()} CPUs shared with the labs (and other work on the machine); "
+                f"labs up in {time.monotonic() - started:.0f} s",
+                flush=True,
+            )
+            for executor in ("local", "kubernetes"):  # each printed as soon as measured
+                print("\n".join(report(opts.machines, [measure(bench, executor)])), flush=True)
     except LabError as exc:
         print(f"bench: a lab did not start: {exc}", file=sys.stderr)
         return 1
-    for line in report(opts.machines, runs):
-        print(line)
     return 0
 
 
