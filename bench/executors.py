@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -415,6 +416,7 @@ def rig(machines: int) -> Iterator[Rig]:
         hosts_lab.down()
         nodes_lab.down()
         kube.down()
+        shutil.rmtree(work, ignore_errors=True)  # the services' logs and runs dirs
 
 
 def start_service(rig: Rig, executor: str) -> Service:
