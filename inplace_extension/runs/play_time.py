@@ -3,9 +3,10 @@ rule and the near-end wait (issue 31, "the answer follows the play's end").
 
 A play's expected duration is, first found:
 
-1. the duration of the last play of the same steps on the same Machine that this process saw end
-   successfully (its attempt's ``started`` to its outcome's ``finished``, from the record);
-2. else the last such play of the same steps on any Machine;
+1. the shortest of the last :data:`PLAYS_KEPT` plays of the same steps on the same Machine that this
+   process saw end successfully (each its attempt's ``started`` to its outcome's ``finished``, from the
+   record);
+2. else the shortest of the last :data:`PLAYS_KEPT` such plays on any Machine;
 3. else the steps' known costs: :data:`PLAY_START_SECONDS` plus :data:`STEP_SECONDS` per shipped step
    (:data:`CUSTOM_STEP_SECONDS` for a user-defined one).
 
@@ -40,6 +41,10 @@ from inplace_extension.runs.model import RunRequest
 NEAR_END_SECONDS: Final = 2.0
 # a play may end this share of its expected duration early: its polls wait for the end from then on
 EARLY_SHARE: Final = 0.25
+# how many ended plays the expectation looks at; the shortest wins: a play longer than expected costs
+# at most a second (in its end window polls are held 2 s of every 3), one far shorter than expected up
+# to a whole retryAfterSeconds (measured: bench/README.md, issue 31 item 3)
+PLAYS_KEPT: Final = 3
 # ansible-playbook's start-up, the host lock and stamp read: before the first step's work
 PLAY_START_SECONDS: Final = 2.0
 # what each shipped step costs on a real node (bench/README.md, issue 31: the kubelet's restart and
@@ -71,13 +76,26 @@ def retry_after(remaining: float, window: float, longest: int) -> int:
     return max(1, min(longest, math.ceil(remaining - window)))
 
 
+# a play that ended: its attempt (run ident, attempt number) and its duration in seconds
+_Play = tuple[tuple[str, int], float]
+
+
+def _kept(plays: tuple[_Play, ...] | None, play: _Play) -> tuple[_Play, ...]:
+    """The last :data:`PLAYS_KEPT` plays with ``play``, once (every poll of a done update reads it)."""
+    plays = plays or ()
+    if any(attempt == play[0] for attempt, _ in plays):
+        return plays
+    return (*plays, play)[-PLAYS_KEPT:]
+
+
 class PlayTimes:
     """The durations of plays this process saw end, and when the plays in flight began."""
 
     def __init__(self) -> None:
         # bounded as the memos are: forgetting only falls back to the known costs, or counts from now
-        self._by_machine: Recent[tuple[str, tuple[str, ...]], float] = Recent()
-        self._by_steps: Recent[tuple[str, ...], float] = Recent()
+        # each: the last PLAYS_KEPT plays, as (attempt, seconds)
+        self._by_machine: Recent[tuple[str, tuple[str, ...]], tuple[_Play, ...]] = Recent()
+        self._by_steps: Recent[tuple[str, ...], tuple[_Play, ...]] = Recent()
         self._began: Recent[str, float] = Recent()  # ident -> when this process launched or first saw it
 
     def learn(self, request: RunRequest, attempts: Sequence[Attempt]) -> None:
@@ -91,9 +109,11 @@ class PlayTimes:
         ]
         if not ended:
             return
-        _, seconds = max(ended)
-        self._by_machine.set((request.machine, request.capabilities), seconds)
-        self._by_steps.set(request.capabilities, seconds)
+        number, seconds = max(ended)
+        play = ((request.ident, number), seconds)
+        machine_key = (request.machine, request.capabilities)
+        self._by_machine.set(machine_key, _kept(self._by_machine.get(machine_key), play))
+        self._by_steps.set(request.capabilities, _kept(self._by_steps.get(request.capabilities), play))
 
     def began(self, ident: str, at: float) -> None:
         """This process launched a new attempt of ``ident`` at ``at``."""
@@ -101,12 +121,12 @@ class PlayTimes:
 
     def expected(self, request: RunRequest) -> float:
         """The expected duration of ``request``'s play (the rule in the module's docstring)."""
-        for seconds in (
+        for plays in (
             self._by_machine.get((request.machine, request.capabilities)),
             self._by_steps.get(request.capabilities),
         ):
-            if seconds is not None:
-                return seconds
+            if plays:
+                return min(seconds for _, seconds in plays)
         return known_cost(request.capabilities)
 
     def window(self, request: RunRequest) -> float:

@@ -57,6 +57,22 @@ def test_the_machines_last_play_then_any_machines_then_the_known_cost() -> None:
     assert times.expected(other_steps) == known_cost(("ntp",))
 
 
+def test_the_shortest_of_the_last_three_plays_is_expected_each_play_counted_once() -> None:
+    """A play far shorter than expected is answered a whole retryAfterSeconds late, one longer costs at
+    most a second: the expectation is the shortest of the Machine's last three plays."""
+    times = PlayTimes()
+    m1 = req("m1")
+    for number, seconds in enumerate((9.0, 20.0, 12.0), 1):
+        times.learn(m1, [attempt(number, 100.0, 100.0 + seconds)])
+        times.learn(m1, [attempt(number, 100.0, 100.0 + seconds)])  # the next poll reads it again
+    assert times.expected(m1) == 9.0
+    times.learn(m1, [attempt(4, 100.0, 115.0)])  # 9 s is no longer among the last three
+    assert times.expected(m1) == 12.0
+    for fingerprint in ("cd", "ef"):  # the Machine's next updates (new idents, their attempt 1)
+        times.learn(replace(m1, fingerprint=fingerprint * 32), [attempt(1, 100.0, 130.0)])
+    assert times.expected(m1) == 15.0  # of 15, 30, 30
+
+
 def test_remaining_counts_from_the_records_attempt_in_flight_else_from_the_launch() -> None:
     times = PlayTimes()
     request = req("m1")
