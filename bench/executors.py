@@ -19,19 +19,22 @@ prints per executor:
 - the service's CPU seconds (its own and its waited-for children's, the local executor's plays, from
   ``/proc/<pid>/stat``), its peak RSS (``VmHWM``) and the peak PSS of its whole process tree (sampled every
   100 ms) above the tree's PSS before the ten started, and both per in-flight update;
-- for ``kubernetes``, the Jobs' cost apart, from the real nodes' ``kubepods`` cgroups (cgroup v1:
-  ``cpuacct.usage`` before and after, ``memory.max_usage_in_bytes`` reset before): every Pod on those
-  nodes is one of the bench's Jobs;
+- for ``kubernetes``, the Jobs' cost apart, from each Job container's cgroup (:class:`JobsSampler`:
+  CPU, its memory peak, the peak of all of them at once), the Pods Running at once and the Jobs' own
+  API requests;
 - the time to the last Machine done, and the UpdateMachine calls;
 - the API requests the service made: the service authenticates as its own ServiceAccount, and a
   FlowSchema of the bench matches exactly that account (another the Jobs' account), so the API server's
   ``apiserver_flowcontrol_dispatched_requests_total`` of that FlowSchema, before and after, is the
   service's requests (watches counted once, at their start); beside it ``apiserver_request_total`` of
   all clients (controllers, kube-scheduler, kubelets, kwok) in the same window;
-- the objects left in the API per update (Jobs, their Pods and Secrets, Events).
+- the Events the updates posted, the objects left in the API (Jobs, their Pods and Secrets), the
+  record's size on each Machine and the largest Job, Pod and Secret as JSON.
 
-Exits 1 only when a run is broken (a Machine not updated, a lab or service that does not start). Needs
-root (the labs); everything it started is stopped at the end, the services by PID.
+The Jobs' Pods reach the hosts' lab through a route in each node and a masquerade rule on this machine
+(:func:`jobs_reach_hosts`). Exits 1 only when a run is broken (a Machine not updated, a lab or service
+that does not start, the service's requests or a Job's cgroup not found). Needs root (the labs);
+everything it started is stopped at the end (the services by PID, the labs, the rule, the work dir).
 
     .venv/bin/python bench/executors.py [--machines 10]
 """
