@@ -210,6 +210,28 @@ def _jobs(kube: KubeLab, namespace: str, node: str) -> list[dict[str, Any]]:
     return sorted(items, key=lambda job: job["metadata"]["name"])
 
 
+def _active_jobs(kube: KubeLab, namespace: str) -> list[str]:
+    listed = json.loads(kube.kubectl("get", "jobs", "-n", namespace, "-o", "json").stdout)["items"]
+    return [job["metadata"]["name"] for job in listed if job.get("status", {}).get("active")]
+
+
+def _diagnosis(cluster: Cluster, namespace: str) -> str:
+    """The Jobs' Pods (node, phase annotation, container states) and the end of their logs, read on the
+    node (the API server cannot reach the lab's kubelets by name), for an assertion's message."""
+    seen = []
+    for pod in _pods(cluster.kube, namespace):
+        name, node = pod["metadata"]["name"], pod["spec"].get("nodeName")
+        hosts = [h for h in cluster.hosts if h.name == node]
+        argv = ["sh", "-c", f"cat /var/log/pods/{namespace}_{name}_*/*/*.log"]
+        log = cluster.lab.exec_in(hosts[0], argv).stdout[-2000:] if hosts else ""
+        phase = pod["metadata"].get("annotations", {}).get(PHASE_ANNOTATION)
+        states = [c.get("state") for c in pod.get("status", {}).get("containerStatuses", [])]
+        seen.append({"pod": name, "node": node, "phase": phase, "states": states, "log": log})
+    text = json.dumps(seen, indent=1)
+    print(text)  # in full in pytest's captured output (the assertion's message is cut)
+    return text
+
+
 def _held(kube: KubeLab, namespace: str, done: set[str]) -> dict[str, Any] | None:
     """A running Job's Pod whose play waits in its health gate, for a Node not handled yet."""
     for pod in _pods(kube, namespace):
@@ -257,7 +279,8 @@ def test_an_mcm_rollout_with_two_agent_replicas_runs_its_attempts_as_jobs_on_rea
                 return pod is not None
 
             assert wait_until(held, WITHIN, 0.5), (
-                f"no play held in its health gate: {pool.deployment().get('status')}\n{agents.log()}"
+                f"no play held in its health gate: {pool.deployment().get('status')}\n{agents.log()}\n"
+                f"{_diagnosis(node_cluster, jobs_namespace)}"
             )
             return found[-1]
 
@@ -327,4 +350,9 @@ def test_an_mcm_rollout_with_two_agent_replicas_runs_its_attempts_as_jobs_on_rea
         (live,) = set(agents.agents) - {killed}
         assert f"machine={mcm.NAMESPACE}/{third}" in agents.agents[live].log()
     finally:
+        # a play still held (the test failed before releasing it) ends now: a Job deleted mid-play would
+        # leave its host lock to the next test until it goes stale
+        for host in hosts:
+            node_cluster.lab.exec_in(host, ["sh", "-c", f"mkdir -p {RELEASE_DIR} && touch {release}"])
+        wait_until(lambda: not _active_jobs(kube, jobs_namespace), WITHIN, 1.0)
         pool.delete()
