@@ -45,6 +45,7 @@ from hostlab.network import banner_ready, claim_slot, ensure_bridge, ensure_prox
 from hostlab.node_base import ensure_node_base, node_base_dir
 from hostlab.nodes import DEFAULT_NODE_DISK_MB, reboot_node, start_node, stop_node
 from hostlab.proc import alive, file_lock, is_ours, kill_and_wait, run
+from hostlab.routes import remove_rules
 from hostlab.state import HOST, NODE, Host, HostState, LabState, host_of, slot_network
 
 __all__ = ["Host", "Lab", "Log", "all_labs", "banner_ready", "link_exists", "reap_stale", "slot_network"]
@@ -357,6 +358,7 @@ class Lab:
                 bridge = f"hlb{state.slot}"
                 if state.bridge_created and link_exists(bridge):
                     run(["ip", "link", "del", bridge])
+            remove_rules(self.name)  # a route to another lab's hosts (hostlab.routes) goes with the lab
             shutil.rmtree(self.dir)
             # the lock file too (still held, so a concurrent waiter on this name re-checks the state)
             self._lock_path.unlink(missing_ok=True)

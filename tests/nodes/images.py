@@ -212,10 +212,16 @@ def import_pause(lab: HostLab, hosts: list[Host]) -> None:
 def node_image(cluster: Cluster) -> str:
     """The project's image, imported into every node of ``cluster`` (once: a node that has it is
     skipped); returns its reference for a Pod's ``image`` (with ``imagePullPolicy: Never``)."""
+    return import_service_image(cluster.lab, cluster.hosts)
+
+
+def import_service_image(lab: HostLab, hosts: list[Host]) -> str:
+    """The project's image, imported into each node of ``hosts`` in ``lab`` that does not have it yet;
+    returns its reference."""
     podman = Podman()
     try:
         ref = service_image(podman)
-        missing = [h for h in cluster.hosts if not node_has_image(cluster.lab, h, ref)]
+        missing = [h for h in hosts if not node_has_image(lab, h, ref)]
         if not missing:
             return ref
         with file_lock(LOCK, timeout=LOCK_TIMEOUT, what="node image lock"):
@@ -224,8 +230,8 @@ def node_image(cluster: Cluster) -> str:
         raise LabError(f"the project's image for the nodes: {exc}") from exc
 
     def one(host: Host) -> None:
-        import_archive(cluster.lab, host, archive)
-        if not node_has_image(cluster.lab, host, ref):
+        import_archive(lab, host, archive)
+        if not node_has_image(lab, host, ref):
             raise LabError(f"{host.name}: {ref} not in containerd after the import")
 
     # the nodes unpack at once (about 15 s each alone): each waits mostly on its own tmpfs writes

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from e2e.capi import NodeSpec, poll_update_machine
 from e2e.service import Service
 from hostlab.lab import Host
@@ -36,19 +35,18 @@ from inplace_extension.runs.ssh import close_control_masters
 
 from .conftest import (
     MACHINES_NAMESPACE,
-    REPO,
     Cluster,
     kube_aware_args,
     provisioned_machine,
     serve_service,
 )
 from .images import node_image
+from .operator import SSH_SECRET
+from .operator import jobs_namespace as prepared_namespace
 from .test_node_capabilities import node, on_node, stamp_writes
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
-ATTEMPT_ACCOUNT = "inplace-extension-attempt"
-SSH_SECRET = "inplace-extension-ssh"
 RELEASE_DIR = "/etc/nodes-test"
 # the hold: the health gate waits (up to its timeout) for a file the test writes on the updated node
 HELD = """\
@@ -59,75 +57,11 @@ health_checks:
 WITHIN = 300.0  # an update's polls: the Job's Pod starts on busy cores, the play runs over SSH
 
 
-def _rbac(kind: str, name: str) -> dict[str, Any]:
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": {"name": name}}
-
-
-def _operator_objects(namespace: str) -> list[dict[str, Any]]:
-    """The Jobs' ServiceAccount, Role and RoleBinding from deploy/rbac.yaml, and its drain rights from
-    deploy/components/kube-aware/rbac.yaml (a binding of this namespace), moved into ``namespace``."""
-    chosen: list[dict[str, Any]] = []
-    for doc in yaml.safe_load_all((REPO / "deploy/rbac.yaml").read_text()):
-        if doc and doc["metadata"]["name"] == ATTEMPT_ACCOUNT:
-            doc["metadata"]["namespace"] = namespace
-            for subject in doc.get("subjects", []):
-                subject["namespace"] = namespace
-            chosen.append(doc)
-    for doc in yaml.safe_load_all((REPO / "deploy/components/kube-aware/rbac.yaml").read_text()):
-        if doc and doc["kind"] == "ClusterRole":
-            chosen.append(doc)
-        elif doc and doc["kind"] == "ClusterRoleBinding":
-            doc["metadata"]["name"] = f"{doc['metadata']['name']}-{namespace}"
-            doc["subjects"] = [{"kind": "ServiceAccount", "name": ATTEMPT_ACCOUNT, "namespace": namespace}]
-            chosen.append(doc)
-    # --workload-kubeconfig management: the Jobs' own account drains, with the rights docs/kube-aware.md
-    # lists for it (not in the component)
-    workload = f"inplace-extension-workload-{namespace}"
-    rules = [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list"]},
-    ]
-    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": workload}
-    subject = {"kind": "ServiceAccount", "name": ATTEMPT_ACCOUNT, "namespace": namespace}
-    chosen.append({**_rbac("ClusterRole", workload), "rules": rules})
-    chosen.append({**_rbac("ClusterRoleBinding", workload), "roleRef": role_ref, "subjects": [subject]})
-    assert {d["kind"] for d in chosen} == {
-        "ServiceAccount",
-        "Role",
-        "RoleBinding",
-        "ClusterRole",
-        "ClusterRoleBinding",
-    }
-    return chosen
-
-
 @pytest.fixture
 def jobs_namespace(node_cluster: Cluster) -> Iterator[str]:
     """A namespace for the Jobs, prepared as an operator would; deleted afterwards (its Jobs with it)."""
-    kube = node_cluster.kube
-    name = f"jobs-{uuid.uuid4().hex[:8]}"
-    objects.ensure_namespace(kube, name)
-    operator = _operator_objects(name)
-    key = node_cluster.lab.private_key
-    ssh = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": SSH_SECRET, "namespace": name},
-        "type": "Opaque",
-        "stringData": {key.name: key.read_text()},
-    }
-    objects.apply(kube, *operator, ssh)
-    try:
+    with prepared_namespace(node_cluster.kube, node_cluster.lab.private_key) as name:
         yield name
-    finally:
-        for doc in operator:  # the cluster-wide ones of this namespace (the namespace takes the rest)
-            kind, named = doc["kind"], doc["metadata"]["name"]
-            if kind in ("ClusterRoleBinding", "ClusterRole") and named.endswith(name):
-                kube.kubectl("delete", kind.lower(), named, "--ignore-not-found", check=False)
-        kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 Start = Callable[..., Service]
