@@ -60,6 +60,7 @@ from inplace_extension.kubejobs.manifest import (
 )
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION
 from inplace_extension.runs.ssh import close_control_masters
+from inplace_extension.runs.windows import WINDOW_RETRY_CAP_SECONDS
 
 from .balancer import Balancer
 from .conftest import SELECTOR_KEY, Extension, registered, serve_argv, worker_id
@@ -275,8 +276,13 @@ def md(module: Module) -> Cluster:
 
 @pytest.fixture(scope="module")
 def held(module: Module) -> Cluster:
-    """A MachineDeployment of 1 whose Machine the module's maintenance window holds."""
-    return with_nodes(create_cluster(module.ext, WINDOW_CLUSTER, START_VERSION, md_replicas=1))
+    """A MachineDeployment of 1 whose Machine the module's maintenance window holds: its new template is
+    given at once, so it waits through the whole module. A wait is answered with retryAfterSeconds up to
+    the opening, at most 300 s (``WINDOW_RETRY_CAP_SECONDS``), and CAPI calls no sooner: started first,
+    its next call falls sooner into the test that replaces the replicas."""
+    cluster = with_nodes(create_cluster(module.ext, WINDOW_CLUSTER, START_VERSION, md_replicas=1))
+    cluster.new_bootstrap_template(files_and_user("in its window", "capiwin"))
+    return cluster
 
 
 def jobs(kube: Lab, namespace: str, selector: str) -> list[dict[str, Any]]:
@@ -329,8 +335,9 @@ def explain(replicas: Replicas, *clusters: Cluster) -> Callable[[], str]:
 
 
 def test_a_rollout_of_3_through_2_replicas_survives_one_sigkilled_and_updates_each_host_once(
-    module: Module, md: Cluster, hosts: list[Host], lab: HostLab
+    module: Module, md: Cluster, held: Cluster, hosts: list[Host], lab: HostLab
 ) -> None:
+    """(``held`` is made here: its Machine starts waiting for its window while this test runs.)"""
     replicas = module.replicas
     names = sorted(md.identities(md.md_machines()))
     md.ext.map_machines(names)
@@ -399,13 +406,12 @@ def test_fresh_replicas_with_empty_state_keep_a_failed_machine_blocked_and_a_hel
     names = sorted(md.identities(md.md_machines()))
     [waiting] = held.identities(held.md_machines())
     # the MachineDeployment's Machines on the three hosts; the held Machine on the first (it never plays)
-    inventory = service_inventory(lab, [*names, waiting])
-    inventory["hosts"][3:] = [{**inventory["hosts"][0], "match": {"name": waiting}}]
+    inventory = service_inventory(lab, names)
+    inventory["hosts"].append({**inventory["hosts"][0], "match": {"name": waiting}})
     replicas.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
     stamps = {host.name: len(stamp_writes(lab, host)) for host in hosts}
     before_jobs = {n: job_names(replicas, f"{MACHINE_LABEL}={n}") for n in names}
     md.new_bootstrap_template({"format": "cloud-config", "files": [{"path": BROKEN_FILE, "content": "x\n"}]})
-    held.new_bootstrap_template(files_and_user("in its window", "capiwin"))
     expected_wait = f'waiting for maintenance window "{WINDOW}" (opens {module.window_opens:%Y-%m-%dT%H:%M}Z)'
     why = explain(replicas, md, held)
 
@@ -413,7 +419,7 @@ def test_fresh_replicas_with_empty_state_keep_a_failed_machine_blocked_and_a_hel
         for name in names:
             found = record(md, name)
             attempts = found["attempts"] if found else []
-            ended = attempts[-1].get("o", {}).get("kind") if attempts else None
+            ended = (attempts[-1].get("o") or {}).get("kind") if attempts else None
             if ended not in (None, "successful") and failed_events(md, name):
                 return name
         return None
@@ -442,8 +448,12 @@ def test_fresh_replicas_with_empty_state_keep_a_failed_machine_blocked_and_a_hel
         return any(decision in hook_calls(replicas.log(n), cluster, machine) for n in ("e", "f"))
 
     wait(lambda: answered_by_fresh("failed", md, blocked), ROLLOUT_TIMEOUT, "a fresh replica answered", why)
+    # CAPI asks about the held Machine again when the last answer's retryAfterSeconds (at most 300 s) ends
     wait(
-        lambda: answered_by_fresh("in_progress", held, waiting), ROLLOUT_TIMEOUT, "a fresh replica held", why
+        lambda: answered_by_fresh("in_progress", held, waiting),
+        WINDOW_RETRY_CAP_SECONDS + 60,
+        "a fresh replica answered the held Machine",
+        why,
     )
     # blocked: the same failure, the same record, no new attempt or Job; the same message told again
     assert record(md, blocked) == before
@@ -455,7 +465,7 @@ def test_fresh_replicas_with_empty_state_keep_a_failed_machine_blocked_and_a_hel
     assert jobs(held.lab, replicas.namespace, f"{MACHINE_LABEL}={waiting}") == []
     assert {host.name: len(stamp_writes(lab, host)) for host in hosts} == stamps
     for host in hosts:
-        assert run_on(lab, host, ["cat", HOST_FILE]) != "in its window\n"
+        assert lab.exec_in(host, ["cat", HOST_FILE]).stdout != "in its window\n", host.name
     # the others of the MachineDeployment never got a Job for it (CAPI stops at the failed one)
     for name in names:
         if name != blocked:
