@@ -82,7 +82,8 @@ TTL_SECONDS = 3600  # --job-ttl-seconds: long enough that the tests count every 
 DEADLINE_SECONDS = 600  # --job-deadline-seconds
 WINDOW = "jobs-window"
 WINDOW_CLUSTER = "jobwin"
-JOBS_TIMEOUT = 420.0  # a rollout of 3 Jobs: each Pod starts on busy cores, its play runs over SSH
+# a rollout of 3 Jobs: each Pod starts on busy cores (minutes at a load average of 30), plays over SSH
+JOBS_TIMEOUT = 900.0
 # a file whose parent is a regular file: the files capability fails on every host, a terminal failure
 BROKEN_FILE = "/etc/hostname/in-place.conf"
 
@@ -354,38 +355,50 @@ def test_a_rollout_of_3_through_2_replicas_survives_one_sigkilled_and_updates_ea
 
     wait(lambda: rolled_out(md, template), JOBS_TIMEOUT, "the rollout finished through one replica", why)
 
-    # the other replica answered CAPI after the kill, and it was never the same process as the killed one
+    # the other replica answered CAPI after the kill (and said done)
     assert len(re.findall("hook=UpdateMachine", replicas.log(survivor))) > answered_before
     assert any("decision=done" in line for line in replicas.log(survivor).splitlines()), why()
-    # each host updated exactly once (one stamp write), by one attempt, one Job, one Pod on the real node
+    # each host updated exactly once (one stamp write), by one successful attempt: its last. An attempt
+    # before it may have ended unreachable (SSH timing out on a busy machine): retried, nothing applied
     listed = jobs(md.lab, replicas.namespace, selector)
-    assert len(listed) == 3, [j["metadata"]["name"] for j in listed]
+    node = replicas_node(module)
+    per_machine: set[str] = set()
     for name, host in zip(names, hosts, strict=True):
         assert run_on(lab, host, ["cat", HOST_FILE]) == "from a Job\n", name
         assert len(stamp_writes(lab, host)) == 1, name
         found = record(md, name)
         assert found is not None, name
-        [attempt] = found["attempts"]
-        assert attempt["o"]["kind"] == "successful", attempt
-        # per Machine: `kubectl get jobs -l inplace-extension.io/machine=<name>`, as docs/operations.md says
-        [job] = jobs(md.lab, replicas.namespace, f"{MACHINE_LABEL}={name}")
-        assert job["metadata"]["name"] == attempt["j"]
-        labels = job["metadata"]["labels"]
-        assert labels["app.kubernetes.io/name"] == "inplace-extension", labels
-        assert labels["app.kubernetes.io/component"] == "attempt", labels
-        assert (labels[NAMESPACE_LABEL], labels[ATTEMPT_LABEL]) == (md.namespace, "1"), labels
-        assert labels[DEPLOYMENT_LABEL] == md.md, labels
-        assert job["spec"]["ttlSecondsAfterFinished"] == TTL_SECONDS, job["spec"]
-        assert job["spec"]["activeDeadlineSeconds"] == DEADLINE_SECONDS, job["spec"]
-        assert objects.condition(job, "Complete"), job.get("status")
-        pods = md.lab.kubectl(
-            "get", "pods", "-n", replicas.namespace, "-l", f"job-name={job['metadata']['name']}", "-o", "json"
-        )
-        [pod] = json.loads(pods.stdout)["items"]
-        assert pod["spec"]["nodeName"] == replicas_node(module), pod["spec"].get("nodeName")
-    assert {j["metadata"]["name"] for j in listed} == {
-        j["metadata"]["name"] for n in names for j in jobs(md.lab, replicas.namespace, f"{MACHINE_LABEL}={n}")
-    }
+        attempts = found["attempts"]
+        assert [a["o"]["kind"] for a in attempts][-1] == "successful", attempts
+        assert all(a["o"]["kind"] == "unreachable" for a in attempts[:-1]), attempts
+        # per Machine: `kubectl get jobs -l inplace-extension.io/machine=<name>`, as docs/operations.md says:
+        # one Job per attempt, named in the record
+        machine_jobs = jobs(md.lab, replicas.namespace, f"{MACHINE_LABEL}={name}")
+        assert [j["metadata"]["name"] for j in machine_jobs] == [a["j"] for a in attempts]
+        per_machine.update(j["metadata"]["name"] for j in machine_jobs)
+        for number, job in enumerate(machine_jobs, start=1):
+            labels = job["metadata"]["labels"]
+            assert labels["app.kubernetes.io/name"] == "inplace-extension", labels
+            assert labels["app.kubernetes.io/component"] == "attempt", labels
+            assert (labels[NAMESPACE_LABEL], labels[ATTEMPT_LABEL]) == (md.namespace, str(number)), labels
+            assert labels[DEPLOYMENT_LABEL] == md.md, labels
+            assert job["spec"]["ttlSecondsAfterFinished"] == TTL_SECONDS, job["spec"]
+            assert job["spec"]["activeDeadlineSeconds"] == DEADLINE_SECONDS, job["spec"]
+            assert objects.condition(job, "Complete"), job.get("status")
+            pods = md.lab.kubectl(
+                "get",
+                "pods",
+                "-n",
+                replicas.namespace,
+                "-l",
+                f"job-name={job['metadata']['name']}",
+                "-o",
+                "json",
+            )
+            [pod] = json.loads(pods.stdout)["items"]
+            assert pod["spec"]["nodeName"] == node, pod["spec"].get("nodeName")
+    # per MachineDeployment: `-l inplace-extension.io/machine-deployment=<md>` lists exactly those Jobs
+    assert {j["metadata"]["name"] for j in listed} == per_machine
 
 
 def replicas_node(module: Module) -> str:
@@ -420,7 +433,7 @@ def test_fresh_replicas_with_empty_state_keep_a_failed_machine_blocked_and_a_hel
             found = record(md, name)
             attempts = found["attempts"] if found else []
             ended = (attempts[-1].get("o") or {}).get("kind") if attempts else None
-            if ended not in (None, "successful") and failed_events(md, name):
+            if ended == "task_failed" and failed_events(md, name):
                 return name
         return None
 
