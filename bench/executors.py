@@ -77,7 +77,8 @@ from kubelab.flavours import capi_objects as co  # noqa: E402
 from kubelab.lab import Lab as KubeLab  # noqa: E402
 from nodes.conftest import Cluster  # noqa: E402
 from nodes.images import import_pause, node_image  # noqa: E402
-from nodes.test_node_jobs import ATTEMPT_ACCOUNT, _diagnosis, _operator_objects  # noqa: E402
+from nodes.operator import ATTEMPT_ACCOUNT, operator_objects  # noqa: E402
+from nodes.test_node_jobs import _diagnosis  # noqa: E402
 from playbooks.standins import install_standins, lab_run_on_host  # noqa: E402
 
 from bench.procs import cpu_seconds, peak_rss_mb, tree_pss_kb  # noqa: E402
@@ -405,7 +406,7 @@ def rig(machines: int) -> Iterator[Rig]:
             "type": "Opaque",
             "stringData": {key.name: key.read_text()},
         }
-        objects.apply(kube, *_operator_objects(jobs_namespace), ssh)
+        objects.apply(kube, *operator_objects(jobs_namespace), ssh)
         kubeconfig = work / "service.kubeconfig"
         _service_kubeconfig(kube, kubeconfig)
         objects.apply(
