@@ -35,8 +35,6 @@ KWOK_VERSION = "v0.8.0"
 CAPI_VERSION = "v1.14.2"
 MCM_VERSION = "v0.62.1"
 PROMETHEUS_VERSION = "v3.16.0"  # its Go module's version is v0.316.0 (labs/kubelab/go/promtool/go.mod)
-# Cluster API Provider AWS: its manager runs the AWSMachine controller of the tags proof (issue #28)
-CAPA_VERSION = "v2.10.0"
 BUILD_FORMAT = 1  # bump when the way binaries are built changes (flags, env)
 BUILD_TIMEOUT = 3600.0  # a cold kube-apiserver build took ~10 min on 2 busy cores
 
@@ -60,7 +58,6 @@ K8S_VERSION_FLAGS = _version_vars(
     ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"), KUBERNETES_VERSION
 )
 CAPI_VERSION_FLAGS = _version_vars(("sigs.k8s.io/cluster-api/version",), CAPI_VERSION)
-CAPA_VERSION_FLAGS = _version_vars(("sigs.k8s.io/cluster-api-provider-aws/v2/version",), CAPA_VERSION)
 
 
 MCM_COMMIT = "07f7e729412792a109afcf2f4f914db2a60a36b2"  # tag v0.62.1 (the module's .info Origin)
@@ -157,8 +154,6 @@ BINARIES: dict[str, Binary] = {
             (f"-X github.com/prometheus/common/version.Version={PROMETHEUS_VERSION.lstrip('v')}",),
             ("remove_all_sd",),
         ),
-        # CAPA's manager is ``main.go`` at its module root, so the package is the module path itself
-        Binary("capa", "capa", "sigs.k8s.io/cluster-api-provider-aws/v2", CAPA_VERSION_FLAGS),
         *(
             binary
             for version in (MINOR_UPGRADE_VERSION, *NODE_VERSIONS)

@@ -1,6 +1,6 @@
-// Wrapper module that pins Cluster API Provider AWS (CAPA): its manager binary (``main.go`` at the
-// module root) runs the AWSMachine controller against the AWS API emulator of the tags proof (see
-// kubelab/build.py).
+// Wrapper module that pins Cluster API Provider AWS (CAPA) v2.10.0, whose source
+// tests/kubelab/test_capa_source.py reads. Its manager (main.go at the module root) is NOT in kubelab's
+// build table: it does not compile from what the Go module proxy serves (below).
 module inplace-extension.invalid/kubelab/capa
 
 go 1.26.0
@@ -8,9 +8,8 @@ go 1.26.0
 tool sigs.k8s.io/cluster-api-provider-aws/v2
 
 // CAPA v2.10.0 requires github.com/openshift/rosa v1.2.57, which the Go module proxy refuses (403 "This
-// module version is not available"); v1.2.55 is served. The manager links it (CAPA's controllers
-// package imports pkg/rosa, for its ROSA features); that CAPA compiles against v1.2.55 is all the
-// replace is checked by: the AWSMachine controller's tags path does not call into it.
+// module version is not available"); v1.2.55, which it serves, lets the module resolve, but CAPA's
+// controlplane/rosa/controllers do not compile against it (ocm.Spec has no AutoNodeMode, AutoNodeRoleARN).
 replace github.com/openshift/rosa => github.com/openshift/rosa v1.2.55
 
 require (
