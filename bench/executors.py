@@ -32,7 +32,7 @@ prints per executor:
   record's size on each Machine and the largest Job, Pod and Secret as JSON.
 
 The Jobs' Pods reach the hosts' lab through a route in each node and a masquerade rule on this machine
-(:func:`jobs_reach_hosts`). Exits 1 only when a run is broken (a Machine not updated, a lab or service
+(:func:`hostlab.routes.routed`). Exits 1 only when a run is broken (a Machine not updated, a lab or service
 that does not start, the service's requests or a Job's cgroup not found). Needs root (the labs);
 everything it started is stopped at the end (the services by PID, the labs, the rule, the work dir).
 
@@ -46,7 +46,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -71,6 +70,7 @@ from hostlab.errors import LabError  # noqa: E402
 from hostlab.inventory import render  # noqa: E402
 from hostlab.lab import Host  # noqa: E402
 from hostlab.lab import Lab as HostLab  # noqa: E402
+from hostlab.routes import routed  # noqa: E402
 from hostlab.state import NODE  # noqa: E402
 from kubelab import manifests, node_join, objects  # noqa: E402
 from kubelab.flavours import capi_objects as co  # noqa: E402
@@ -316,24 +316,6 @@ class Rig:
         return max((len(json.dumps(item, separators=(",", ":"))) for item in items), default=0)
 
 
-@contextmanager
-def jobs_reach_hosts(nodes_lab: HostLab, hosts_lab: HostLab) -> Iterator[None]:
-    """The Jobs' Pods (masqueraded by their node) reach the other lab's hosts: a route in each node to
-    the hosts' /24 through the nodes' gateway, and this machine masquerading that traffic to the hosts'
-    gateway, the one address a lab host answers (it has no default route); both removed afterwards."""
-    rule = ["POSTROUTING", "-s", str(nodes_lab.network), "-d", str(hosts_lab.network)]
-    rule += ["-m", "comment", "--comment", f"bench:{nodes_lab.name}->{hosts_lab.name}", "-j", "MASQUERADE"]
-    subprocess.run(["iptables", "-w", "-t", "nat", "-A", *rule], check=True, capture_output=True)
-    try:
-        for node in nodes_lab.hosts():
-            argv = ["ip", "route", "replace", str(hosts_lab.network), "via", nodes_lab.gateway]
-            if nodes_lab.exec_in(node, argv).returncode != 0:
-                raise SystemExit(f"bench: {node.name}: {' '.join(argv)} failed")
-        yield
-    finally:
-        subprocess.run(["iptables", "-w", "-t", "nat", "-D", *rule], check=False, capture_output=True)
-
-
 def _machine(kube: KubeLab, name: str, host: Host) -> None:
     """``name``: a Machine as CAPI leaves one, its Node a kwok Node reporting the stand-ins' version."""
     objects.create_kwok_node(kube, name)
@@ -414,7 +396,7 @@ def rig(machines: int) -> Iterator[Rig]:
             flow_schema("bench-service", SERVICE_ACCOUNT, SERVICE_NAMESPACE),
             flow_schema("bench-jobs", ATTEMPT_ACCOUNT, jobs_namespace),
         )
-        with jobs_reach_hosts(nodes_lab, hosts_lab):
+        with routed(nodes_lab, hosts_lab):
             yield Rig(kube, hosts_lab, nodes_lab, job_nodes, names, image, jobs_namespace, kubeconfig, work)
     finally:
         hosts_lab.down()
