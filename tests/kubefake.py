@@ -515,6 +515,11 @@ class FakeJobs:
             return None
         return JobState(job.finished, job.termination_message, job.phase)
 
+    def job_finished(self, namespace: str, name: str) -> bool | None:
+        self.calls("job_finished")
+        job = self.jobs.get((namespace, name))
+        return None if job is None else job.finished
+
     def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
         self.calls("annotate_pod")
         for job in self.jobs.values():

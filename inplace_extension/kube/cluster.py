@@ -187,6 +187,9 @@ class KubeJobs:
     def job_state(self, namespace: str, name: str) -> JobState | None:
         return jobs.job_state(self._client, namespace, name)
 
+    def job_finished(self, namespace: str, name: str) -> bool | None:
+        return jobs.job_finished(self._client, namespace, name)
+
     def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
         jobs.annotate_pod(self._client, namespace, name, key, value)
 

@@ -5,7 +5,8 @@ collector deletes the Secret with the Job (after its ``ttlSecondsAfterFinished``
 already (AlreadyExists, HTTP 409) was created by another replica for the same attempt: it is not an
 error. A Job's state is read from its conditions and from its Pod (found by the job controller's
 ``batch.kubernetes.io/job-name`` label): the container's termination message, and the phase the Pod
-annotated itself with.
+annotated itself with. Whether it has finished alone is one read of the Job (a wait for its end looks
+at that only, and reads the Pod once it has).
 """
 
 from __future__ import annotations
@@ -57,6 +58,16 @@ def _finished(job: Mapping[str, Any]) -> bool:
         if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
             return True
     return False
+
+
+def job_finished(client: Client, namespace: str, name: str) -> bool | None:
+    """One GET of the Job (its Pods not listed): the cheap look of a wait for its end."""
+    try:
+        with translated(f"get Job {namespace}/{name}"):
+            job = plain(client.get(Job, name, namespace=namespace))
+    except NotFound:
+        return None
+    return _finished(job)
 
 
 def job_state(client: Client, namespace: str, name: str) -> JobState | None:

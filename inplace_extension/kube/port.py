@@ -310,6 +310,11 @@ class JobCluster(Protocol):
         """The Job's state; None when there is no such Job (never created, or deleted after its TTL)."""
         ...
 
+    def job_finished(self, namespace: str, name: str) -> bool | None:
+        """Whether the Job has finished (its Complete or Failed condition), from the Job alone (one read,
+        its Pods not listed); None when there is no such Job."""
+        ...
+
     def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
         """Set one annotation on a Pod (the Job's Pod publishes its phase on itself)."""
         ...

@@ -12,6 +12,9 @@ attempt's Job:
 - finished without one (its Pod deleted, evicted or past its deadline), or gone altogether some time
   after it began: interrupted, recorded once like any outcome, and retried by the policy.
 
+Near a play's expected end, :meth:`JobBackend.wait_end` reads the Job in flight alone (one request)
+once a second, and the record and the Job's Pod only once it has finished.
+
 Launching records the attempt first (its number, retry token, host lock token), then creates its Job
 and Secret: two replicas launching at once agree on one attempt (the record's precondition) and one Job
 (its name; AlreadyExists is in progress). A replica that dies between the two leaves an attempt without
@@ -46,9 +49,12 @@ log = logging.getLogger(__name__)
 # died in between) or was deleted: interrupted. Shorter, a replica could see another's fresh attempt
 # before that replica created its Job.
 JOB_APPEARS_SECONDS: Final = 60.0
-# how often wait_end looks at the Job in flight: the kube ports have no watch of Jobs, and the wait is
-# a few seconds at most (runs/play_time.py), so a look every 0.2 s is ten reads of the record and Job
-JOB_LOOK_SECONDS: Final = 0.2
+# how often wait_end looks at the Job in flight, reading the Job alone (one request; the record and the
+# Pod only once it has finished): the near-end wait is 2 s (runs/play_time.py), so two looks per poll.
+# Not a watch: lightkube's watch reconnects by itself when the server ends it, so a watch bounded by the
+# wait could not be ended cleanly from a worker thread. A look every 0.2 s of the record, the Job and its
+# Pods was 20 requests per poll (bench/README.md).
+JOB_LOOK_SECONDS: Final = 1.0
 WRITE_TRIES: Final = 5  # reads and conditional writes before an object that keeps changing is an error
 
 
@@ -61,6 +67,8 @@ class _Look:
     running: JobState | None
     # the Job of an earlier desired state of the same Machine still runs: this one waits for it
     earlier: str | None = None
+    # the Job a wait for the end looks at: the earlier one, or the attempt's in flight (None: neither)
+    job: str | None = None
 
 
 class JobBackend:
@@ -93,6 +101,9 @@ class JobBackend:
         # ident -> the record in_flight read and found nothing in flight in: the poll's load answers from
         # it instead of reading the object again (taken once; bounded, as a poll may end before its load)
         self._looked: Recent[str, Record] = Recent()
+        # ident -> the Job in_flight found running: the wait_end that follows it in the same poll looks at
+        # that Job alone (taken once; bounded as above)
+        self._running: Recent[str, str] = Recent()
 
     # the record
 
@@ -131,6 +142,8 @@ class JobBackend:
             log.warning("machine=%s run=%s: %s", request.machine, request.ident, exc)
             problem = "the API server is unreachable" if isinstance(exc, Unreachable) else "it keeps changing"
             return progress.record_unreadable(str(self._where(request)), problem)
+        if look.job is not None:
+            self._running.set(request.ident, look.job)
         if look.earlier is not None:
             return progress.queued(1, 1)
         if look.running is None:
@@ -139,23 +152,42 @@ class JobBackend:
         return progress.running(look.running.phase or progress.STARTING)
 
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
-        """Looks at the record and the Job every :data:`JOB_LOOK_SECONDS` until the Job has finished (its
-        outcome then copied into the record by the look) or ``seconds`` passed; an API server away counts
-        as still in flight."""
+        """Looks at the Job in flight alone every :data:`JOB_LOOK_SECONDS` (one read each) until it has
+        finished or ``seconds`` passed; once it has (or is gone), one full look at the record, the Job and
+        its Pod copies its outcome into the record. The Job in flight is the one :meth:`in_flight` just
+        found (else a full look finds it). An API server away counts as still in flight."""
         deadline = anyio.current_time() + seconds
+        job = self._running.pop(request.ident)
+        just_seen = job is not None  # in_flight saw it running a moment ago: the first look is a step later
         while True:
-            try:
-                look = await anyio.to_thread.run_sync(self._look, request)
-            except KubeError as exc:
-                log.debug("machine=%s run=%s: waiting for the end: %s", request.machine, request.ident, exc)
-            else:
-                if look.running is None and look.earlier is None:
-                    self._looked.set(request.ident, look.record)  # the poll's load that follows reads it
-                    return True
+            if just_seen:
+                just_seen = False
+            elif job is None or await self._job_ended(request, job):
+                try:
+                    look = await anyio.to_thread.run_sync(self._look, request)
+                except KubeError as exc:
+                    log.debug(
+                        "machine=%s run=%s: waiting for the end: %s", request.machine, request.ident, exc
+                    )
+                else:
+                    if look.running is None and look.earlier is None:
+                        self._looked.set(request.ident, look.record)  # the poll's load that follows reads it
+                        return True
+                    job = look.job
             left = deadline - anyio.current_time()
             if left <= 0:
                 return False
             await anyio.sleep(min(JOB_LOOK_SECONDS, left))
+
+    async def _job_ended(self, request: RunRequest, job: str) -> bool:
+        """Whether ``job`` has finished or is gone (the record then says what to do); False while the API
+        server is away."""
+        try:
+            finished = await anyio.to_thread.run_sync(self._jobs.job_finished, self._config.namespace, job)
+        except KubeError as exc:
+            log.debug("machine=%s run=%s: waiting for the end: %s", request.machine, request.ident, exc)
+            return False
+        return finished is not False
 
     async def launch(self, launch: Launch) -> str:
         return await anyio.to_thread.run_sync(self._launch, launch)
@@ -198,7 +230,7 @@ class JobBackend:
             if state is not None and not state.finished:
                 # as the local executor, one Machine never has two plays at once, even for two desired
                 # states: this one starts once that Job has ended (its outcome is no longer of interest)
-                return _Look(record, None, earlier.job)
+                return _Look(record, None, earlier.job, earlier.job)
         attempt = record.unfinished
         running: JobState | None = None
         if attempt is not None:
@@ -218,7 +250,9 @@ class JobBackend:
             else:
                 running = JobState(finished=False, termination_message=None, phase=None)
         self._cache.set(request.ident, tuple(record.to_attempts()))
-        return _Look(record, running)
+        return _Look(
+            record, running, job=attempt.job if running is not None and attempt is not None else None
+        )
 
     def _end(self, request: RunRequest, attempt: Recorded, outcome: Any) -> Record:
         log.info(

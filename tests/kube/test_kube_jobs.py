@@ -64,6 +64,7 @@ def test_a_job_owns_its_secret_is_created_once_and_reports_its_pod(kubelab: Lab,
     ]
     assert made["spec"]["backoffLimit"] == 0 and made["spec"]["ttlSecondsAfterFinished"] == 600
 
+    assert jobs.job_finished(ns, name) is False  # the near-end wait's one read: the Job alone
     state = jobs.job_state(ns, name)
     assert state is not None and (state.finished, state.termination_message, state.phase) == (
         False,
@@ -116,6 +117,7 @@ def test_a_job_owns_its_secret_is_created_once_and_reports_its_pod(kubelab: Lab,
             "succeeded": 1,
         },
     )
+    assert jobs.job_finished(ns, name) is True
     state = jobs.job_state(ns, name)
     assert state is not None
     assert (state.finished, state.termination_message, state.phase) == (True, '{"kind":"successful"}', "ntp")
@@ -123,6 +125,7 @@ def test_a_job_owns_its_secret_is_created_once_and_reports_its_pod(kubelab: Lab,
     kubelab.kubectl("delete", "job", name, "-n", ns, "--cascade=background")
     objects.wait_gone(kubelab, "secret", name, ns)  # the garbage collector: the Secret went with its Job
     assert jobs.job_state(ns, name) is None
+    assert jobs.job_finished(ns, name) is None
 
 
 def test_the_record_is_written_only_at_the_version_read(with_machines: Lab, jobs: KubeJobs) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -78,11 +79,8 @@ def clock() -> Clock:
     return Clock(utc("2026-12-01T12:00:00"))
 
 
-def replica(
-    settings: Settings, cluster: FakeJobs, clock: Clock, health: ObjectHealth = NO_OBJECT_HEALTH
-) -> RunService:
-    """A fresh replica: its own (empty) memory, the cluster shared."""
-    backend = JobBackend(
+def job_backend(cluster: FakeJobs, clock: Clock) -> JobBackend:
+    return JobBackend(
         jobs=cluster,
         records=cluster,
         where=lambda request: RecordRef("Machine", request.name, request.namespace),
@@ -92,6 +90,13 @@ def replica(
         capabilities_file=None,
         clock=clock,
     )
+
+
+def replica(
+    settings: Settings, cluster: FakeJobs, clock: Clock, health: ObjectHealth = NO_OBJECT_HEALTH
+) -> RunService:
+    """A fresh replica: its own (empty) memory, the cluster shared."""
+    backend = job_backend(cluster, clock)
     return RunService(
         RunDeps(
             settings=settings,
@@ -384,3 +389,54 @@ async def test_wait_end_of_a_job_that_goes_on_gives_up_at_its_deadline(
     cluster.finish(job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now))
     assert await service.wait_end(req(), 5.0)
     assert await service.wait_end(req(), 5.0)  # none in flight: at once
+
+
+async def test_a_near_end_wait_reads_the_job_alone_once_a_second(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    """Issue #26/#31: the wait after in_flight found the Job running reads that Job alone (one GET each
+    JOB_LOOK_SECONDS), not the record, the Job and its Pods every 0.2 s (22 calls for 2 s before)."""
+    assert await replica(settings, cluster, clock).poll(req()) == STARTING  # the Job launched
+    backend = job_backend(cluster, clock)
+    assert await backend.in_flight(req()) is not None
+    before = cluster.calls.count.copy()
+    started = time.monotonic()
+    assert not await backend.wait_end(req(), 2.0)
+    assert 2.0 <= time.monotonic() - started < 2.8
+    assert cluster.calls.count - before == Counter({"job_finished": 2})  # at t=1 s and t=2 s
+
+    cluster.calls.failing.add("job_finished")  # the API server away: still in flight, no error
+    assert await backend.in_flight(req()) is not None
+    assert not await backend.wait_end(req(), 1.0)
+    cluster.calls.failing.clear()
+
+    # the Job finishes during the wait: one more read of the Job, then one full look copies its outcome
+    assert await backend.in_flight(req()) is not None
+    before = cluster.calls.count.copy()
+    threading.Timer(
+        0.3, cluster.finish, (job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, 1.0))
+    ).start()
+    started = time.monotonic()
+    assert await backend.wait_end(req(), 2.0)
+    assert 0.9 <= time.monotonic() - started < 1.8
+    made = cluster.calls.count - before
+    assert (made["job_finished"], made["job_state"], made["write"]) == (1, 1, 1)
+    assert record(cluster).attempts[0].outcome is not None
+    reads = cluster.calls.count["read"]
+    assert [a.number for a in await backend.load(req())] == [1]
+    assert cluster.calls.count["read"] == reads, "load answers from the wait's look"
+
+
+async def test_a_whole_poll_in_the_end_window_makes_few_calls(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    """The UpdateMachine call near the play's expected end while the Job goes on: the look before the wait,
+    two reads of the Job in the 2 s wait, the look after it (the fake's job_state is the adapter's GET of
+    the Job and LIST of its Pods: 8 API requests in all; 24 before)."""
+    service = replica(settings, cluster, clock)
+    assert await service.poll(req()) == STARTING
+    clock.now += known_cost(req().capabilities) - 1.0
+    before = cluster.calls.count.copy()
+    answer = await service.poll(req())
+    assert answer.state is ProgressState.IN_PROGRESS
+    assert cluster.calls.count - before == Counter({"read": 2, "job_state": 2, "job_finished": 2})
