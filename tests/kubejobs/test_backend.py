@@ -402,7 +402,7 @@ async def test_a_near_end_wait_reads_the_job_alone_once_a_second(
     before = cluster.calls.count.copy()
     started = time.monotonic()
     assert not await backend.wait_end(req(), 2.0)
-    assert 2.0 <= time.monotonic() - started < 2.8
+    assert 2.0 <= time.monotonic() - started < 3.5  # gives up at its deadline (slack: a loaded CI machine)
     assert cluster.calls.count - before == Counter({"job_finished": 2})  # at t=1 s and t=2 s
 
     cluster.calls.failing.add("job_finished")  # the API server away: still in flight, no error
@@ -418,7 +418,7 @@ async def test_a_near_end_wait_reads_the_job_alone_once_a_second(
     ).start()
     started = time.monotonic()
     assert await backend.wait_end(req(), 2.0)
-    assert 0.9 <= time.monotonic() - started < 1.8
+    assert 0.9 <= time.monotonic() - started < 2.5  # seen at the look after it finished
     made = cluster.calls.count - before
     assert (made["job_finished"], made["job_state"], made["write"]) == (1, 1, 1)
     assert record(cluster).attempts[0].outcome is not None
