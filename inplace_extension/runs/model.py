@@ -137,6 +137,12 @@ class EndWaitingExecutor(Executor, Protocol):
     """An :class:`Executor` that can also wait for the end of a play in flight: what the MCM agent needs,
     to poll again as the play ends rather than at its next tick. Implemented by ``RunService``."""
 
+    @property
+    def end_wait_is_cheap(self) -> bool:
+        """True when :meth:`wait_end` costs nothing while it waits (woken by the end in this process):
+        only then may a caller wait for the end between its polls."""
+        ...
+
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
         """Wait until ``request``'s attempt in flight has ended, at most ``seconds``: True when none is in
         flight (any more), False when it still is."""

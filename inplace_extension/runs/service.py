@@ -112,6 +112,10 @@ class RunService:
         self._board.record(request.ident, answer, started)
         return answer
 
+    @property
+    def end_wait_is_cheap(self) -> bool:
+        return self._backend.end_wait_is_cheap
+
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
         return await self._backend.wait_end(request, seconds)
 

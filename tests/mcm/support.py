@@ -32,6 +32,8 @@ class ScriptedExecutor:
             self.requests.append(request)
         return self.answer(request, count)
 
+    end_wait_is_cheap = True  # its wait_end answers at once (or, a test's override, on an event)
+
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
         """Scripted answers have no play in flight (they never say ``in_flight``, unless a test's do and
         it overrides this): nothing to wait for."""

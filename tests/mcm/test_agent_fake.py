@@ -18,7 +18,7 @@ from inplace_extension.mcm import node_state as ns
 from inplace_extension.mcm.agent import Agent, AgentOptions
 from inplace_extension.mcm.metrics import AgentMetrics
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.runs.model import EndWaitingExecutor, Progress, ProgressState, RunRequest
 
 from .support import ScriptedExecutor
 
@@ -122,7 +122,7 @@ async def until(condition: Callable[[], bool], activity: asyncio.Event, seconds:
 
 
 async def running(
-    target: FakeTarget, control: FakeControl, executor: ScriptedExecutor, **options: Any
+    target: FakeTarget, control: FakeControl, executor: EndWaitingExecutor, **options: Any
 ) -> AsyncIterator[Agent]:
     agent = Agent(
         AgentOptions(**{"namespace": NS, "poll_seconds": 0.02, "resync_seconds": 3600, **options}),

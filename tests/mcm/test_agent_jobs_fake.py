@@ -1,0 +1,187 @@
+"""The MCM agent with the ``kubernetes`` executor (the run service over kubejobs' JobBackend) against the
+in-memory fakes: the record is an annotation on the fake target's Node, so every record write is also a
+watch event that wakes the Node's task, as on a real API server. The Jobs are tests/kubefake.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from kubefake import FakeControl, FakeJobs, FakeTarget
+from kubejobs.test_backend import CONFIG, outcome
+from runs.test_service import KEY
+
+from inplace_extension.kube.errors import Conflict
+from inplace_extension.kube.port import Annotation, RecordRef
+from inplace_extension.kubejobs.backend import JobBackend
+from inplace_extension.mcm import node_state as ns
+from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.local import NO_PLAY_CONFIG
+from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, Progress, RunRequest
+from inplace_extension.runs.service import RunDeps, RunService
+from inplace_extension.runs.windows import NO_WINDOWS
+from inplace_extension.settings import Settings
+
+from .test_agent_fake import pool, result, running, until, waiting_node
+
+pytestmark = pytest.mark.anyio
+T = TypeVar("T")
+
+
+class NodeRecords:
+    """The RecordStore port on the fake target's Nodes: the JobBackend's worker threads read and write the
+    record annotation on the event loop (the fake is not thread-safe), each write a Node watch event."""
+
+    def __init__(self, target: FakeTarget, loop: asyncio.AbstractEventLoop) -> None:
+        self._target, self._loop = target, loop
+
+    def _on_loop(self, work: Callable[[], T]) -> T:
+        async def run() -> T:
+            return work()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
+
+    def read(self, ref: RecordRef, key: str) -> Annotation | None:
+        def read() -> Annotation | None:
+            node = self._target.nodes.get(ref.name)
+            if node is None:
+                return None
+            value = ns.node_annotations(node).get(key)
+            return Annotation(value, node["metadata"]["resourceVersion"], ref.name)
+
+        return self._on_loop(read)
+
+    def write(self, ref: RecordRef, key: str, value: str | None, resource_version: str) -> None:
+        def write() -> None:
+            node = self._target.nodes[ref.name]
+            if node["metadata"]["resourceVersion"] != resource_version:
+                raise Conflict(f"annotate {ref}: the API server answered 409", 409)
+            annotations = dict(ns.node_annotations(node))
+            if value is None:
+                annotations.pop(key, None)
+            else:
+                annotations[key] = value
+            self._target.put_node({**node, "metadata": {**node["metadata"], "annotations": annotations}})
+
+        self._on_loop(write)
+
+
+class Later:
+    """Wall-clock time plus ``ahead`` seconds, which the test moves: a play past its expected end."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.ahead
+
+
+def service(tmp_path: Path, target: FakeTarget, jobs: FakeJobs, clock: Later) -> RunService:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        f'hosts:\n  - match: {{name: "n*"}}\n    address: 10.79.9.21\n    known_hosts: "{KEY}"\n'
+        "defaults: {user: ansible, private_key_file: /keys/id}\n"
+    )
+    settings = Settings(
+        inventory=inventory,
+        allowed_cidrs=["10.79.9.0/24"],
+        runs_dir=tmp_path / "runs",
+        retry_after_seconds=1,
+        executor="kubernetes",
+    )
+    backend = JobBackend(
+        jobs=jobs,
+        records=NodeRecords(target, asyncio.get_running_loop()),
+        where=lambda request: RecordRef("Node", request.name),
+        config=CONFIG,
+        play=NO_PLAY_CONFIG,
+        job_settings={},
+        capabilities_file=None,
+        clock=clock,
+    )
+    return RunService(
+        RunDeps(
+            settings=settings,
+            metrics=None,
+            cluster=NO_CLUSTER_SIDE,
+            object_health=NO_OBJECT_HEALTH,
+            windows=NO_WINDOWS,
+            clock=clock,
+            backend=backend,
+        )
+    )
+
+
+class Counted:
+    """The run service, its polls and end waits counted (what the agent asked of it)."""
+
+    def __init__(self, service: RunService) -> None:
+        self.service = service
+        self.polls = 0
+        self.end_waits = 0
+
+    @property
+    def end_wait_is_cheap(self) -> bool:
+        return self.service.end_wait_is_cheap
+
+    async def poll(self, request: RunRequest) -> Progress:
+        self.polls += 1
+        return await self.service.poll(request)
+
+    async def wait_end(self, request: RunRequest, seconds: float) -> bool:
+        self.end_waits += 1
+        return await self.service.wait_end(request, seconds)
+
+
+async def test_between_its_polls_the_agent_does_not_look_at_the_job(tmp_path: Path) -> None:
+    """The kubernetes executor's end wait reads the Job again and again: the agent does
+    not wait for the end between its polls with it (only the local executor's, woken by the end itself);
+    it reads the Job once per poll, at its tick, and answers the outcome at the tick after the end."""
+    target, control, jobs = FakeTarget(), FakeControl(), FakeJobs()
+    pool(control)
+    target.put_node(waiting_node())
+    executor = Counted(service(tmp_path, target, jobs, Later()))
+    assert not executor.end_wait_is_cheap
+    async for _agent in running(target, control, executor, poll_seconds=0.3):
+        await until(lambda: bool(jobs.jobs), target.activity)
+        polls, reads = executor.polls, jobs.calls.count["job_state"]
+        await asyncio.sleep(1.5)  # the play goes on: the agent's ticks, counted
+        polls, reads = executor.polls - polls, jobs.calls.count["job_state"] - reads
+        assert polls >= 3, polls
+        assert reads <= polls + 1, f"{reads} reads of the Job in {polls} polls"
+        assert executor.end_waits == 0
+        jobs.finish(jobs.only_job().manifest["metadata"]["name"], outcome(OutcomeKind.SUCCESSFUL, 1.0))
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, seconds=5.0)
+
+
+async def test_a_job_that_ends_is_answered_while_the_node_keeps_changing(tmp_path: Path) -> None:
+    """The Node changes all the time during the play (the kubelet's status, other writers): each change
+    wakes the Node's task. Once the Job ends, its outcome is recorded and the Node answered."""
+    target, control, jobs = FakeTarget(), FakeControl(), FakeJobs()
+    pool(control)
+    target.put_node(waiting_node())
+    clock = Later()
+    executor = service(tmp_path, target, jobs, clock)
+
+    async def churn() -> None:
+        for beat in itertools.count():  # as the kubelet's status updates, only far more often
+            node = target.nodes["n1"]
+            target.put_node({**node, "status": {**node["status"], "beat": beat}})
+            await asyncio.sleep(0.05)
+
+    async for _agent in running(target, control, executor, poll_seconds=0.5):
+        await until(lambda: bool(jobs.jobs), target.activity)
+        clock.ahead = 3600.0  # the play is held past its expected end (its health gate, say)
+        noise = asyncio.create_task(churn())
+        try:
+            await asyncio.sleep(2.0)
+            name = jobs.only_job().manifest["metadata"]["name"]
+            jobs.finish(name, outcome(OutcomeKind.SUCCESSFUL, 1.0))
+            await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, seconds=15.0)
+        finally:
+            noise.cancel()
