@@ -77,7 +77,7 @@ from kubelab.flavours import capi_objects as co  # noqa: E402
 from kubelab.lab import Lab as KubeLab  # noqa: E402
 from nodes.conftest import Cluster  # noqa: E402
 from nodes.images import import_pause, node_image  # noqa: E402
-from nodes.operator import ATTEMPT_ACCOUNT, operator_objects  # noqa: E402
+from nodes.operator import ATTEMPT_ACCOUNT, SSH_SECRET, operator_objects, ssh_secret  # noqa: E402
 from nodes.test_node_jobs import _diagnosis  # noqa: E402
 from playbooks.standins import install_standins, lab_run_on_host  # noqa: E402
 
@@ -89,7 +89,6 @@ VERSION = "v1.30.2"  # the stand-ins' kubelet on the hosts, and what their kwok 
 NAMESPACE = "e2e"  # tests/e2e/capi.py's UpdateMachine requests name this namespace
 JOB_NODES = 2
 WITHIN = 900.0  # one Machine's polls: ten Jobs start on two busy cores
-SSH_SECRET = "inplace-extension-ssh"  # noqa: S105 (a Secret's name, not a password)
 SERVICE_NAMESPACE = "bench-service"
 SERVICE_ACCOUNT = "inplace-extension"
 SAMPLE_SECONDS = 0.1
@@ -380,14 +379,7 @@ def rig(machines: int) -> Iterator[Rig]:
         # the Jobs' namespace as an operator prepares it: their account and rights, the SSH key's Secret
         jobs_namespace = "bench-jobs"
         objects.ensure_namespace(kube, jobs_namespace)
-        key = hosts_lab.private_key
-        ssh = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": SSH_SECRET, "namespace": jobs_namespace},
-            "type": "Opaque",
-            "stringData": {key.name: key.read_text()},
-        }
+        ssh = ssh_secret(jobs_namespace, hosts_lab.private_key)
         objects.apply(kube, *operator_objects(jobs_namespace), ssh)
         kubeconfig = work / "service.kubeconfig"
         _service_kubeconfig(kube, kubeconfig)

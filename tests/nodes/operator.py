@@ -68,6 +68,17 @@ def operator_objects(namespace: str) -> list[dict[str, Any]]:
     return chosen
 
 
+def ssh_secret(namespace: str, private_key: Path) -> dict[str, Any]:
+    """The Secret ``--job-ssh-secret`` names, in ``namespace``: ``private_key`` under its file name."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": SSH_SECRET, "namespace": namespace},
+        "type": "Opaque",
+        "stringData": {private_key.name: private_key.read_text()},
+    }
+
+
 @contextmanager
 def jobs_namespace(kube: Lab, private_key: Path) -> Iterator[str]:
     """A new namespace for the Jobs, prepared as an operator would (the SSH Secret holds ``private_key``
@@ -75,14 +86,7 @@ def jobs_namespace(kube: Lab, private_key: Path) -> Iterator[str]:
     name = f"jobs-{uuid.uuid4().hex[:8]}"
     objects.ensure_namespace(kube, name)
     operator = operator_objects(name)
-    ssh = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": SSH_SECRET, "namespace": name},
-        "type": "Opaque",
-        "stringData": {private_key.name: private_key.read_text()},
-    }
-    objects.apply(kube, *operator, ssh)
+    objects.apply(kube, *operator, ssh_secret(name, private_key))
     try:
         yield name
     finally:

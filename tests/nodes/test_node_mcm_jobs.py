@@ -48,12 +48,12 @@ from inplace_extension.runs.ssh import close_control_masters
 
 from .conftest import REPO, Cluster, capabilities
 from .images import node_image
+from .operator import SSH_SECRET, ssh_secret
 from .test_node_capabilities import on_node, stamp_writes
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
 ATTEMPT_ACCOUNT = "inplace-extension-mcm-attempt"  # deploy/mcm/rbac.yaml
-SSH_SECRET = "inplace-extension-ssh"
 RELEASE_DIR = "/etc/nodes-test"
 HELD = """\
 health_checks:
@@ -122,15 +122,7 @@ def jobs_namespace(node_cluster: Cluster) -> Iterator[str]:
     chosen = _deploy_rbac(name)
     accounts = sorted(d["metadata"]["name"] for d in chosen if d["kind"] == "ServiceAccount")
     assert accounts == [AGENT_ACCOUNT, ATTEMPT_ACCOUNT]
-    key = node_cluster.lab.private_key
-    ssh = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": SSH_SECRET, "namespace": name},
-        "type": "Opaque",
-        "stringData": {key.name: key.read_text()},
-    }
-    objects.apply(kube, *chosen, ssh)
+    objects.apply(kube, *chosen, ssh_secret(name, node_cluster.lab.private_key))
     try:
         yield name
     finally:
