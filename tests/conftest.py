@@ -18,8 +18,9 @@ one worker, in order, as in a serial run:
 
 The lab units come first in the collection, then the modules that use a lab, then the rest
 (``--no-loadscope-reorder`` keeps this order): xdist hands the first units to the workers as they start,
-so the MCM unit (the longest) starts at once on one worker, the CAPI modules on the others (several
-at a time, on the shared CAPI lab), then the node unit, and the quick modules fill the end.
+so the node unit (the longest since its kubeadm control plane and MCM Jobs tests: about 20 minutes) and
+the MCM unit (about 15) start at once, the CAPI modules on the third worker and on each worker that
+frees (several at a time, on the shared CAPI lab), and the quick modules fill the end.
 
 The CAPI tests share one CAPI lab per machine (CAPD listens on fixed ports), so every test marked
 ``capi`` holds a shared lock on ``<KUBELAB_RUN_DIR>/capi-tests.lock`` from its setup to its teardown, and
@@ -41,7 +42,7 @@ pytest_plugins = ["hostlab.pytest_plugin", "kubelab.pytest_plugin"]
 
 # the lab units, in this order at the start of the collection (the longest first); "capi-lab" stands
 # for every "capi-lab:<module>" unit
-LAB_UNITS = ("mcm-lab", "capi-lab", "node-lab")
+LAB_UNITS = ("node-lab", "mcm-lab", "capi-lab")
 LAB_MARKERS = ("lab", "kube", "image")  # tests that start hosts, a control plane or a container
 # the fixtures of the real nodes' unit: the shared node lab, and the kubeadm cluster of
 # test_node_control_plane.py (two nodes of its own); one unit, so their tests run one after another
