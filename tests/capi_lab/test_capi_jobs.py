@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -424,11 +424,10 @@ def test_fresh_replicas_with_empty_state_keep_a_failed_machine_blocked_and_a_hel
     replicas.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
     stamps = {host.name: len(stamp_writes(lab, host)) for host in hosts}
     before_jobs = {n: job_names(replicas, f"{MACHINE_LABEL}={n}") for n in names}
-    # the users of the earlier template kept (dropping one is a rollout, not in place), the file broken
-    broken = {
-        **files_and_user("never written", "capijobs"),
-        "files": [{"path": BROKEN_FILE, "content": "x\n"}],
-    }
+    # the users and the file of the earlier template kept (dropping either is a rollout by replacement, not
+    # in place: the file capability never removes a file), a file that cannot be written added
+    broken = files_and_user("never written", "capijobs")
+    broken["files"] = [*cast(list[object], broken["files"]), {"path": BROKEN_FILE, "content": "x\n"}]
     md.new_bootstrap_template(broken)
     expected_wait = f'waiting for maintenance window "{WINDOW}" (opens {module.window_opens:%Y-%m-%dT%H:%M}Z)'
     why = explain(replicas, md, held)
