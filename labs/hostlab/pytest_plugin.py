@@ -39,13 +39,17 @@ def lab_required() -> bool:
     return os.environ.get("CI", "").lower() == "true" or os.environ.get("HOSTLAB_REQUIRED") == "1"
 
 
-def unavailable(reason: str) -> NoReturn:
-    """Something a lab-side test needs is missing: an error where the lab is required (CI), else a skip."""
+def required(what: str, reason: str) -> NoReturn:
+    """``what`` a test needs cannot run for ``reason``: an error where the labs are required (CI), else
+    a skip saying why. The one place a lab-side test decides between the two."""
     if lab_required():
-        pytest.fail(
-            f"hostlab: the test lab is required here (CI=true) but cannot start: {reason}", pytrace=False
-        )
-    pytest.skip(f"hostlab: {reason}")
+        pytest.fail(f"{what}: required here (CI=true) but cannot run: {reason}", pytrace=False)
+    pytest.skip(f"{what}: {reason}")
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Something the host lab needs is missing (see :func:`required`)."""
+    required("hostlab: the test lab", reason)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

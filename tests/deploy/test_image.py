@@ -60,13 +60,11 @@ class Running:
 
 @pytest.fixture(scope="module")
 def podman() -> Podman:
-    from hostlab.pytest_plugin import lab_required
+    from hostlab.pytest_plugin import required
 
     why = missing_tools()
     if why:
-        if lab_required():
-            pytest.fail(f"image: required here (CI=true) but cannot run: {why}", pytrace=False)
-        pytest.skip(f"image: {why}")
+        required("image", why)
     return Podman()
 
 

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from hostlab.pytest_plugin import required
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -40,16 +40,11 @@ def isolated() -> list[str]:
     """The command prefix for a private network namespace, or a skip reason when there is none."""
     unshare = shutil.which("unshare")
     if unshare is None:
-        why = "no unshare(1): cannot give the documented port 9443 a network namespace of its own"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{why} (required under CI=true)")
-        pytest.skip(why)
+        required("a network namespace", "no unshare(1) to give the documented port 9443 one of its own")
     prefix = [unshare, "--net"] if os.geteuid() == 0 else [unshare, "--net", "--map-root-user"]
     probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, check=False)
     if probe.returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"cannot create a network namespace under CI=true: {probe.stderr.strip()}")
-        pytest.skip(f"cannot create a network namespace: {probe.stderr.strip()}")
+        required("a network namespace", probe.stderr.strip())
     return prefix
 
 
