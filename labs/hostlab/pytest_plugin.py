@@ -49,7 +49,7 @@ def required(what: str, reason: str) -> NoReturn:
 
 def unavailable(reason: str) -> NoReturn:
     """Something the host lab needs is missing (see :func:`required`)."""
-    required("hostlab: the test lab", reason)
+    required("hostlab", reason)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -71,6 +71,6 @@ def test_under_ci_a_lab_that_cannot_start_is_an_error(tmp_path: Path) -> None:
     result = _session(tmp_path, ci=True)
     out = result.stdout
     assert "ERROR test_sample.py::test_marked" in out
-    assert f"required here (CI=true) but cannot start: {_reason()}" in out
+    assert f"required here (CI=true) but cannot run: {_reason()}" in out
     assert "SKIPPED" not in out
     assert result.returncode == 1
