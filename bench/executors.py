@@ -48,7 +48,6 @@ import re
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -64,7 +63,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the CAPI driver, the labs' helpers an
 sys.path.append(str(ROOT))  # bench.procs (appended: tests/playbooks must win over playbooks/)
 
 from e2e.capi import NodeSpec, poll_update_machine  # noqa: E402
-from e2e.service import Service  # noqa: E402
+from e2e.service import Service, serve_argv  # noqa: E402
 from hostlab.config import Config  # noqa: E402
 from hostlab.errors import LabError  # noqa: E402
 from hostlab.inventory import render  # noqa: E402
@@ -81,7 +80,7 @@ from nodes.operator import ATTEMPT_ACCOUNT, SSH_SECRET, operator_objects, ssh_se
 from nodes.test_node_jobs import _diagnosis  # noqa: E402
 from playbooks.standins import install_standins, lab_run_on_host  # noqa: E402
 
-from bench.procs import cpu_seconds, peak_rss_mb, tree_pss_kb  # noqa: E402
+from bench.procs import Sampler, TreeSampler, cpu_seconds, peak_rss_mb, tree_pss_kb  # noqa: E402
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION  # noqa: E402
 from inplace_extension.runs.ssh import close_control_masters  # noqa: E402
 
@@ -91,19 +90,13 @@ JOB_NODES = 2
 WITHIN = 900.0  # one Machine's polls: ten Jobs start on two busy cores
 SERVICE_NAMESPACE = "bench-service"
 SERVICE_ACCOUNT = "inplace-extension"
-SAMPLE_SECONDS = 0.1
 # cgroup v1: the nodes share this machine's hierarchies (systemd-nspawn, no cgroup namespace), and their
 # containerd (cgroupfs driver, the kubelet without QoS cgroups) makes each container's cgroup
 # k8s.io/<container id> below these roots (at most CGROUP_DEPTH levels down)
 CGROUP_ROOTS = {"cpu": Path("/sys/fs/cgroup/cpuacct"), "memory": Path("/sys/fs/cgroup/memory")}
-CGROUP_DEPTH = 3
+CGROUP_DEPTH = 4
 CGROUP_SECONDS = 0.2  # a container's cgroup goes when it exits: its last value is read this often
 LIST_SECONDS = 2.0  # the Jobs' Pods listed this often, for their containers' ids
-SAMPLE_SECONDS = 0.1
-# cgroup v1: the nodes share this machine's hierarchies (systemd-nspawn, no cgroup namespace), and their
-# kubelets (cgroupfs driver, no QoS cgroups) make each Pod's cgroup pod<uid> somewhere below these roots
-CGROUP_ROOTS = {"cpu": Path("/sys/fs/cgroup/cpuacct"), "memory": Path("/sys/fs/cgroup/memory")}
-CGROUP_DEPTH = 4
 FLOW_METRIC = re.compile(
     r'^apiserver_flowcontrol_dispatched_requests_total\{[^}]*flow_schema="([^"]+)"[^}]*\} ([0-9.e+]+)$'
 )
@@ -186,7 +179,7 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-class JobsSampler:
+class JobsSampler(Sampler):
     """The Jobs' own cost, from their containers' cgroups: each container's CPU (``cpuacct.usage``, its
     last value before the cgroup goes at the exit), its memory peak (``memory.max_usage_in_bytes``, page
     cache included) and the peak of all of them at once (``memory.usage_in_bytes``, summed). The Jobs'
@@ -194,7 +187,11 @@ class JobsSampler:
     counted in :attr:`requests`, to be taken off the all-clients count); the pause containers are left
     out."""
 
+    seconds = CGROUP_SECONDS
+    join_seconds = 30.0  # a Pods list may be under way when the block ends
+
     def __init__(self, kube: KubeLab, namespace: str) -> None:
+        super().__init__()
         self.kube, self.namespace = kube, namespace
         self.requests = 0
         self.cpu_ns: dict[str, int] = {}
@@ -204,26 +201,17 @@ class JobsSampler:
         self._ids: set[str] = set()
         self._roots = {kind: _containerd_dirs(root) for kind, root in CGROUP_ROOTS.items()}
         self._scanned = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> JobsSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
 
     def _loop(self) -> None:
+        # its own loop on Sampler's thread: one API client for the thread's life, and a sample at once
         listed = 0.0
         with self.kube.http() as api:
             while True:
                 if time.monotonic() - listed >= LIST_SECONDS:
                     self._list(api)
                     listed = time.monotonic()
-                self._sample()
-                if self._stop.wait(CGROUP_SECONDS):
+                self.sample()
+                if self._stop.wait(self.seconds):
                     return
 
     def _list(self, api: Any) -> None:
@@ -245,7 +233,7 @@ class JobsSampler:
             found = next((d / ident for d in self._roots[kind] if (d / ident).is_dir()), None)
         return found
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
         together = 0
         for ident in self._ids:
             if (cpu := self._find("cpu", ident)) is not None:
@@ -258,28 +246,6 @@ class JobsSampler:
                     self.memory_peak[ident] = max(self.memory_peak.get(ident, 0), peak)
                 together += _read_int(memory / "memory.usage_in_bytes") or 0
         self.together_peak = max(self.together_peak, together)
-
-
-class TreeSampler:
-    """The peak PSS of a process and its descendants, sampled every 100 ms in a thread."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peak_kb = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> TreeSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(SAMPLE_SECONDS):
-            self.peak_kb = max(self.peak_kb, tree_pss_kb(self.pid))
 
 
 @dataclass
@@ -404,10 +370,8 @@ def start_service(rig: Rig, executor: str) -> Service:
     inventory = home / "inventory.yaml"
     inventory.write_text(render(rig.hosts_lab, "service", rig.names))
     runs = home / "runs"
-    argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
-    argv += ["--inventory", str(inventory), "--allowed-cidrs", str(rig.hosts_lab.network)]
-    argv += ["--runs-dir", str(runs), "--playbooks-dir", str(ROOT / "playbooks")]
-    argv += ["--retry-after-seconds", "1", "--max-parallel-runs", "10", "--log-level", "INFO"]
+    argv = serve_argv(inventory, str(rig.hosts_lab.network), runs, "--playbooks-dir", str(ROOT / "playbooks"))
+    argv += ["--max-parallel-runs", "10", "--log-level", "INFO"]
     argv += ["--kubeconfig", str(rig.kubeconfig), "--workload-kubeconfig", "management"]
     argv += ["--executor", executor]
     if executor == "kubernetes":

@@ -32,6 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the service's command line, as the tests start it
+
+from e2e.service import loopback_serve_argv  # noqa: E402
+
 FIXTURE = ROOT / "tests" / "fixtures" / "capi" / "can_update_machine_set" / "5A.request.json"
 HOOK_PATH = "/hooks.runtime.cluster.x-k8s.io/v1alpha1/canupdatemachineset/can-update-machineset"
 SERVING = re.compile(r"serving http://127\.0\.0\.1:(\d+)")
@@ -236,15 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     body = FIXTURE.read_bytes()
     levels = [int(part) for part in args.clients.split(",")]
-    ours_argv = [
-        sys.executable,
-        "-m",
-        "inplace_extension",
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--plain-http",
-    ]
+    ours_argv = loopback_serve_argv()
     floor_argv = [sys.executable, str(Path(__file__).resolve()), "--floor-server"]
     print(
         f"CanUpdateMachineSet, {len(body)} byte body (fixture 5A), {args.seconds:g} s per server and case "

@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the e2e CAPI driver lives with the tests
 
 from e2e.capi import NodeSpec, poll_update_machine  # noqa: E402
-from e2e.service import Service  # noqa: E402
+from e2e.service import Service, loopback_serve_argv  # noqa: E402
 from hostlab.inventory import render  # noqa: E402
 from hostlab.lab import Host  # noqa: E402
 from hostlab.lab import Lab as HostLab  # noqa: E402
@@ -287,9 +287,9 @@ def node_lab(retry_after: int | None) -> Iterator[NodeBench]:
         inventory = work / "inventory.yaml"
         inventory.write_text(render(lab, "service", [host.name]))
         runs = work / "runs"
-        argv = [sys.executable, "-m", "inplace_extension", "serve", "--plain-http", "--listen", "127.0.0.1:0"]
-        argv += ["--inventory", str(inventory), "--allowed-cidrs", str(lab.network), "--runs-dir", str(runs)]
-        argv += ["--log-level", "WARNING"]  # retryAfterSeconds: the service's rule, at most this
+        flags = ["--inventory", str(inventory), "--allowed-cidrs", str(lab.network), "--runs-dir", str(runs)]
+        argv = loopback_serve_argv(*flags, "--log-level", "WARNING")
+        # retryAfterSeconds: the service's rule, at most this
         if retry_after is not None:
             argv += ["--retry-after-seconds", str(retry_after)]
         service = Service(argv, work / "service.log", runs)

@@ -1,7 +1,10 @@
-"""Process measurements for the benches: peak PSS of each play's process tree, CPU and RSS from /proc.
+"""Process measurements for the benches: peak PSS of process trees, CPU and RSS from /proc.
 
-``MemorySampler`` walks /proc every 100 ms and keeps, per play, the peak PSS of the process tree under
-each ``ansible-playbook-detached`` (the service's plays) or raw ``ansible-playbook`` (the bench's own).
+``Sampler`` is the benches' one way to measure while something runs: a thread that samples every
+100 ms (or its own ``seconds``) from the ``with`` block's start to its end. On it: ``MemorySampler``
+keeps, per play, the peak PSS of the process tree under each ``ansible-playbook-detached`` (the service's
+plays) or raw ``ansible-playbook`` (the bench's own); ``TreeSampler`` the peak PSS of one process and its
+descendants (the service's whole tree).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Self
 
 SAMPLE_SECONDS = 0.1
 
@@ -55,42 +59,66 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-class MemorySampler:
-    """Peak PSS per run (process tree under each ansible-playbook-detached / ansible-playbook root)."""
+class Sampler:
+    """Calls :meth:`sample` every :attr:`seconds` in a daemon thread while the ``with`` block runs (the
+    first call one period after the start); the block's end stops the thread and waits up to
+    :attr:`join_seconds` for its last sample."""
+
+    seconds = SAMPLE_SECONDS
+    join_seconds = 5.0
 
     def __init__(self) -> None:
-        self.peaks: dict[str, int] = {}  # run key (attempt dir or raw tag) -> peak PSS KiB
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> MemorySampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(5)
+        self._thread.join(self.join_seconds)
 
     def _loop(self) -> None:
-        while not self._stop.wait(SAMPLE_SECONDS):
-            kids = _children()
-            for pid in [p for ps in kids.values() for p in ps]:
-                cmd = _cmdline(pid).split(b"\0")
-                key = None
-                if any(part.endswith(b"ansible-playbook-detached") for part in cmd[:2]):
-                    key = next(
-                        (p.decode() for p in cmd if b"/inputs.json" in p or b"hosts.json" in p), str(pid)
-                    )
-                elif (
-                    b"bench-raw-ansible" in _cmdline(pid)
-                    and cmd[1:2]
-                    and cmd[1].endswith(b"ansible-playbook")
-                ):
-                    key = f"raw-{pid}"
-                if key is None:
-                    continue
-                total = sum(_pss_kb(p) for p in _tree(pid, kids))
-                self.peaks[key] = max(self.peaks.get(key, 0), total)
+        while not self._stop.wait(self.seconds):
+            self.sample()
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+
+class MemorySampler(Sampler):
+    """Peak PSS per run (process tree under each ansible-playbook-detached / ansible-playbook root)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peaks: dict[str, int] = {}  # run key (attempt dir or raw tag) -> peak PSS KiB
+
+    def sample(self) -> None:
+        kids = _children()
+        for pid in [p for ps in kids.values() for p in ps]:
+            cmd = _cmdline(pid).split(b"\0")
+            key = None
+            if any(part.endswith(b"ansible-playbook-detached") for part in cmd[:2]):
+                key = next((p.decode() for p in cmd if b"/inputs.json" in p or b"hosts.json" in p), str(pid))
+            elif b"bench-raw-ansible" in _cmdline(pid) and cmd[1:2] and cmd[1].endswith(b"ansible-playbook"):
+                key = f"raw-{pid}"
+            if key is None:
+                continue
+            total = sum(_pss_kb(p) for p in _tree(pid, kids))
+            self.peaks[key] = max(self.peaks.get(key, 0), total)
+
+
+class TreeSampler(Sampler):
+    """The peak PSS (KiB) of a process and its descendants."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid = pid
+        self.peak_kb = 0
+
+    def sample(self) -> None:
+        self.peak_kb = max(self.peak_kb, tree_pss_kb(self.pid))
 
 
 def hosts_in(inventory: str) -> int:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the e2e CAPI driver and the lab stand
 sys.path.append(str(ROOT))  # bench.plays (appended: tests/playbooks must win over the playbooks/ directory)
 
 from e2e.capi import NodeSpec, Polled, poll_update_machine  # noqa: E402
-from e2e.service import Service  # noqa: E402
+from e2e.service import Service, serve_argv  # noqa: E402
 from hostlab.config import Config  # noqa: E402
 from hostlab.inventory import render  # noqa: E402
 from hostlab.lab import Lab  # noqa: E402
@@ -216,18 +216,8 @@ def batch_cpu(hosts: int = 10) -> float:
 
 
 def start(inventory: Path, lab: Lab, runs_dir: Path, log: Path) -> Service:
-    flags = {
-        "--listen": "127.0.0.1:0",
-        "--inventory": str(inventory),
-        "--allowed-cidrs": str(lab.network),
-        "--runs-dir": str(runs_dir),
-        "--retry-after-seconds": "1",
-        "--max-parallel-runs": "10",
-        "--log-level": "WARNING",
-    }
-    pairs = [arg for flag in flags.items() for arg in flag]
-    argv = [sys.executable, "-m", "inplace_extension", "serve", "--plain-http", *pairs]
-    return Service(argv, log, runs_dir)
+    flags = ("--max-parallel-runs", "10", "--log-level", "WARNING")
+    return Service(serve_argv(inventory, str(lab.network), runs_dir, *flags), log, runs_dir)
 
 
 def main() -> int:

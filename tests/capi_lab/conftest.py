@@ -16,7 +16,6 @@ worker's CAPI calls only its own service) and the serving certificate's file nam
 from __future__ import annotations
 
 import secrets
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -29,7 +28,7 @@ import pytest
 import yaml
 from e2e import conftest as e2e_fixtures
 from e2e.conftest import START_VERSION
-from e2e.service import Service
+from e2e.service import SERVE_COMMAND, Service
 from hostlab.inventory import service_inventory
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
@@ -60,10 +59,7 @@ def serve_argv(
     ``--allowed-cidrs`` and ``--retry-after-seconds 1`` (the lab's CAPI asks again at once)."""
     cert = kube.pki.issue_server(name)
     return [
-        sys.executable,
-        "-m",
-        "inplace_extension",
-        "serve",
+        *SERVE_COMMAND,
         "--listen",
         f"127.0.0.1:{kube.free_port()}",
         "--tls-cert",

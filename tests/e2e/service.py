@@ -1,4 +1,5 @@
-"""``inplace-extension serve`` as a subprocess on loopback, for the end-to-end tests and bench/update.py."""
+"""``inplace-extension serve`` as a subprocess on loopback, and the command lines that start it, for the
+tests and the benches."""
 
 from __future__ import annotations
 
@@ -20,18 +21,20 @@ SERVING_RE = re.compile(r"serving (https?)://127\.0\.0\.1:(\d+)")
 START_TIMEOUT = 120.0
 
 
+SERVE_COMMAND = (sys.executable, "-m", "inplace_extension", "serve")  # this checkout's, by this Python
+
+
+def loopback_serve_argv(*flags: str) -> list[str]:
+    """``inplace-extension serve`` over plain HTTP on a free loopback port (the port in its "serving" line),
+    with ``flags``: the one command line the tests and the benches start the service with, unless they
+    need TLS."""
+    return [*SERVE_COMMAND, "--listen", "127.0.0.1:0", "--plain-http", *flags]
+
+
 def serve_argv(inventory: Path, allowed_cidrs: str, runs_dir: Path, *extra: str) -> list[str]:
-    """``inplace-extension serve`` over plain HTTP on a free loopback port for the lab's hosts: the
-    ``inventory``, the hosts' network as ``--allowed-cidrs``, ``--retry-after-seconds 1`` (a test polls
-    again at once) and the ``extra`` flags."""
-    return [
-        sys.executable,
-        "-m",
-        "inplace_extension",
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--plain-http",
+    """:func:`loopback_serve_argv` for the lab's hosts: the ``inventory``, the hosts' network as
+    ``--allowed-cidrs``, ``--retry-after-seconds 1`` (a test polls again at once) and the ``extra`` flags."""
+    return loopback_serve_argv(
         "--inventory",
         str(inventory),
         "--allowed-cidrs",
@@ -41,7 +44,7 @@ def serve_argv(inventory: Path, allowed_cidrs: str, runs_dir: Path, *extra: str)
         "--retry-after-seconds",
         "1",
         *extra,
-    ]
+    )
 
 
 class Service:

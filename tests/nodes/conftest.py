@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from deploy.image import missing_tools
-from e2e.service import Service
+from e2e.service import Service, serve_argv
 from hostlab import prereqs
 from hostlab.config import Config
 from hostlab.errors import LabError
@@ -146,10 +145,8 @@ def serve_service(cluster: Cluster, home: Path, extra_caps: str, extra_args: Seq
     caps = home / "capabilities.yaml"
     caps.write_text(capabilities(cluster) + extra_caps)
     runs = home / "runs"
-    argv = [sys.executable, "-m", "inplace_extension", "serve", "--listen", "127.0.0.1:0", "--plain-http"]
-    argv += ["--inventory", str(inventory), "--allowed-cidrs", str(cluster.lab.network)]
-    argv += ["--runs-dir", str(runs), "--playbooks-dir", str(REPO / "playbooks")]
-    argv += ["--retry-after-seconds", "1", "--capabilities-file", str(caps), *extra_args]
+    argv = serve_argv(inventory, str(cluster.lab.network), runs, "--playbooks-dir", str(REPO / "playbooks"))
+    argv += ["--capabilities-file", str(caps), *extra_args]
     return Service(argv, home / "service.log", runs)
 
 
