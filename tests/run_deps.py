@@ -1,7 +1,7 @@
-"""The tests' way to build a :class:`~inplace_extension.runs.service.RunService` with the ``local``
-backend: :class:`RunDeps` with the plain choice for each dependency a test does not name (no metrics,
-no cluster side, no checks of cluster objects, no windows, the real clock, no capabilities file). The
-service itself has no defaults: ``engine.py`` names every dependency."""
+"""The tests' way to build a :class:`~inplace_extension.runs.service.RunService`: :class:`RunDeps` with the
+plain choice for each dependency a test does not name (no metrics, no cluster side, no checks of cluster
+objects, no windows, the real clock, the ``local`` backend with no capabilities file). The service itself
+has no defaults: ``engine.py`` names every dependency."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TypedDict, Unpack
 
 from inplace_extension.metrics import Metrics
+from inplace_extension.runs.backend import Backend
 from inplace_extension.runs.local import NO_PLAY_CONFIG, LocalBackend, PlayConfig
 from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, ClusterSide, ObjectHealth
 from inplace_extension.runs.service import RunDeps, RunService
@@ -26,7 +27,10 @@ def run_deps(
     windows: Schedule = NO_WINDOWS,
     clock: Callable[[], float] = time.time,
     play: PlayConfig = NO_PLAY_CONFIG,
+    backend: Backend | None = None,
 ) -> RunDeps:
+    """``backend``: the one a test built (the ``kubernetes`` executor's, tests/kubejobs/support.py); None,
+    the ``local`` backend of these choices (``play`` is its)."""
     return RunDeps(
         settings=settings,
         metrics=metrics,
@@ -34,7 +38,11 @@ def run_deps(
         object_health=object_health,
         windows=windows,
         clock=clock,
-        backend=LocalBackend(settings, cluster=cluster, play=play, metrics=metrics, clock=clock),
+        backend=(
+            LocalBackend(settings, cluster=cluster, play=play, metrics=metrics, clock=clock)
+            if backend is None
+            else backend
+        ),
     )
 
 
@@ -46,10 +54,12 @@ class DepChoices(TypedDict, total=False):
     windows: Schedule
     clock: Callable[[], float]
     play: PlayConfig
+    backend: Backend
 
 
 def run_service(
     settings: Settings, metrics: Metrics | None = None, **choices: Unpack[DepChoices]
 ) -> RunService:
-    """A local-executor service for ``settings`` and the dependencies a test names."""
+    """A service for ``settings`` and the dependencies a test names (the ``local`` executor unless it
+    names a ``backend``)."""
     return RunService(run_deps(settings, metrics, **choices))

@@ -15,18 +15,17 @@ from pathlib import Path
 
 import pytest
 from kubefake import FakeJobs
+from run_deps import run_service
 from runs.test_service import CEPH_DOWN, INVENTORY, Clock, Health, utc
 
 from inplace_extension.kube.port import RecordRef
 from inplace_extension.kubejobs.backend import JOB_APPEARS_SECONDS, JOB_LOOK_SECONDS, JobBackend
-from inplace_extension.kubejobs.manifest import JobConfig, job_name
+from inplace_extension.kubejobs.manifest import job_name
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
-from inplace_extension.kubejobs.spec import AttemptSpec, termination_message
+from inplace_extension.kubejobs.spec import AttemptSpec
 from inplace_extension.runs import progress
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
-from inplace_extension.runs.local import NO_PLAY_CONFIG
 from inplace_extension.runs.model import (
-    NO_CLUSTER_SIDE,
     NO_OBJECT_HEALTH,
     ObjectHealth,
     Progress,
@@ -35,22 +34,13 @@ from inplace_extension.runs.model import (
 )
 from inplace_extension.runs.play_time import known_cost
 from inplace_extension.runs.policy import RETRY_ANNOTATION
-from inplace_extension.runs.service import RunDeps, RunService
-from inplace_extension.runs.windows import NO_WINDOWS
+from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
+from kubejobs.support import CONFIG, job_backend, outcome
 
 pytestmark = pytest.mark.anyio
 FP = "ab" * 32
 MACHINE = RecordRef("Machine", "m1", "default")
-CONFIG = JobConfig(
-    namespace="inplace-extension-system",
-    image="inplace-extension:0.1.0",
-    service_account="inplace-extension-attempt",
-    ssh_secret="inplace-extension-ssh",
-    ssh_dir="/etc/inplace-extension/ssh",
-    deadline_seconds=1800,
-    ttl_seconds=3600,
-)
 STARTING = Progress(ProgressState.IN_PROGRESS, "running: starting", 1, in_flight=True)
 
 
@@ -79,35 +69,20 @@ def clock() -> Clock:
     return Clock(utc("2026-12-01T12:00:00"))
 
 
-def job_backend(cluster: FakeJobs, clock: Clock) -> JobBackend:
-    return JobBackend(
-        jobs=cluster,
-        records=cluster,
-        where=lambda request: RecordRef("Machine", request.name, request.namespace),
-        config=CONFIG,
-        play=NO_PLAY_CONFIG,
-        job_settings={},
-        capabilities_file=None,
-        clock=clock,
-    )
+def machine_of(request: RunRequest) -> RecordRef:
+    return RecordRef("Machine", request.name, request.namespace)
+
+
+def machine_backend(cluster: FakeJobs, clock: Clock) -> JobBackend:
+    """A replica's backend, each request's record on its Machine."""
+    return job_backend(cluster, cluster, machine_of, clock)
 
 
 def replica(
     settings: Settings, cluster: FakeJobs, clock: Clock, health: ObjectHealth = NO_OBJECT_HEALTH
 ) -> RunService:
     """A fresh replica: its own (empty) memory, the cluster shared."""
-    backend = job_backend(cluster, clock)
-    return RunService(
-        RunDeps(
-            settings=settings,
-            metrics=None,
-            cluster=NO_CLUSTER_SIDE,
-            object_health=health,
-            windows=NO_WINDOWS,
-            clock=clock,
-            backend=backend,
-        )
-    )
+    return run_service(settings, object_health=health, clock=clock, backend=machine_backend(cluster, clock))
 
 
 def req(fp: str = FP, annotations: dict[str, str] | None = None) -> RunRequest:
@@ -128,12 +103,6 @@ def record(cluster: FakeJobs, request: RunRequest | None = None) -> Record:
 def spec_of(cluster: FakeJobs, attempt: int) -> AttemptSpec:
     secret = cluster.secrets[(CONFIG.namespace, job_name(req().ident, attempt))]
     return AttemptSpec.decode(secret["stringData"]["attempt.json"])
-
-
-def outcome(
-    kind: OutcomeKind, finished: float, capability: str | None = None, task: str | None = None
-) -> str:
-    return termination_message(Outcome(kind, capability=capability, task=task, finished=finished))
 
 
 async def test_two_replicas_start_one_job_and_answer_its_phase_and_outcome_alike(
@@ -339,16 +308,7 @@ async def test_what_in_flight_read_is_the_next_loads_only(
 ) -> None:
     """The record in_flight kept is taken by the load that follows it, once: a later load (without an
     in_flight before it) reads the object again and sees what changed meanwhile."""
-    backend = JobBackend(
-        jobs=cluster,
-        records=cluster,
-        where=lambda request: RecordRef("Machine", request.name, request.namespace),
-        config=CONFIG,
-        play=NO_PLAY_CONFIG,
-        job_settings={},
-        capabilities_file=None,
-        clock=clock,
-    )
+    backend = machine_backend(cluster, clock)
     assert await backend.in_flight(req()) is None
     assert await backend.load(req()) == []
     other = replica(settings, cluster, clock)
@@ -397,7 +357,7 @@ async def test_a_near_end_wait_reads_the_job_alone_once_a_second(
     """Issue #26/#31: the wait after in_flight found the Job running reads that Job alone (one GET each
     JOB_LOOK_SECONDS), not the record, the Job and its Pods every 0.2 s (22 calls for 2 s before)."""
     assert await replica(settings, cluster, clock).poll(req()) == STARTING  # the Job launched
-    backend = job_backend(cluster, clock)
+    backend = machine_backend(cluster, clock)
     assert await backend.in_flight(req()) is not None
     before = cluster.calls.count.copy()
     started = time.monotonic()

@@ -13,18 +13,16 @@ from typing import TypeVar
 
 import pytest
 from kubefake import FakeControl, FakeJobs, FakeTarget
-from kubejobs.test_backend import CONFIG, outcome
+from kubejobs.support import job_backend, outcome
+from run_deps import run_service
 from runs.test_service import KEY
 
 from inplace_extension.kube.errors import Conflict
 from inplace_extension.kube.port import Annotation, RecordRef
-from inplace_extension.kubejobs.backend import JobBackend
 from inplace_extension.mcm import node_state as ns
 from inplace_extension.runs.artifacts import OutcomeKind
-from inplace_extension.runs.local import NO_PLAY_CONFIG
-from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, Progress, RunRequest
-from inplace_extension.runs.service import RunDeps, RunService
-from inplace_extension.runs.windows import NO_WINDOWS
+from inplace_extension.runs.model import Progress, RunRequest
+from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 
 from .test_agent_fake import pool, result, running, until, waiting_node
@@ -94,27 +92,9 @@ def service(tmp_path: Path, target: FakeTarget, jobs: FakeJobs, clock: Later) ->
         retry_after_seconds=1,
         executor="kubernetes",
     )
-    backend = JobBackend(
-        jobs=jobs,
-        records=NodeRecords(target, asyncio.get_running_loop()),
-        where=lambda request: RecordRef("Node", request.name),
-        config=CONFIG,
-        play=NO_PLAY_CONFIG,
-        job_settings={},
-        capabilities_file=None,
-        clock=clock,
-    )
-    return RunService(
-        RunDeps(
-            settings=settings,
-            metrics=None,
-            cluster=NO_CLUSTER_SIDE,
-            object_health=NO_OBJECT_HEALTH,
-            windows=NO_WINDOWS,
-            clock=clock,
-            backend=backend,
-        )
-    )
+    records = NodeRecords(target, asyncio.get_running_loop())
+    backend = job_backend(jobs, records, lambda request: RecordRef("Node", request.name), clock)
+    return run_service(settings, clock=clock, backend=backend)
 
 
 class Counted:

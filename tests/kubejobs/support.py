@@ -1,0 +1,52 @@
+"""The ``kubernetes`` executor for the lab-free tests: one :class:`JobConfig`, its
+:class:`~inplace_extension.kubejobs.backend.JobBackend` over the ports a test hands it (tests/kubefake.py's
+Jobs, a record store on Machines or on Nodes) and a Job's termination message as the attempt writes it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from inplace_extension.kube.port import JobCluster, RecordRef, RecordStore
+from inplace_extension.kubejobs.backend import JobBackend
+from inplace_extension.kubejobs.manifest import JobConfig
+from inplace_extension.kubejobs.spec import termination_message
+from inplace_extension.runs.artifacts import Outcome, OutcomeKind
+from inplace_extension.runs.local import NO_PLAY_CONFIG
+from inplace_extension.runs.model import RunRequest
+
+CONFIG = JobConfig(
+    namespace="inplace-extension-system",
+    image="inplace-extension:0.1.0",
+    service_account="inplace-extension-attempt",
+    ssh_secret="inplace-extension-ssh",
+    ssh_dir="/etc/inplace-extension/ssh",
+    deadline_seconds=1800,
+    ttl_seconds=3600,
+)
+
+
+def job_backend(
+    jobs: JobCluster,
+    records: RecordStore,
+    where: Callable[[RunRequest], RecordRef],
+    clock: Callable[[], float],
+) -> JobBackend:
+    """A replica's backend: :data:`CONFIG`, no play settings, no capabilities file; the record of each
+    request on the object ``where`` names."""
+    return JobBackend(
+        jobs=jobs,
+        records=records,
+        where=where,
+        config=CONFIG,
+        play=NO_PLAY_CONFIG,
+        job_settings={},
+        capabilities_file=None,
+        clock=clock,
+    )
+
+
+def outcome(
+    kind: OutcomeKind, finished: float, capability: str | None = None, task: str | None = None
+) -> str:
+    """The termination message of a Job whose attempt ended ``kind`` at ``finished``."""
+    return termination_message(Outcome(kind, capability=capability, task=task, finished=finished))
