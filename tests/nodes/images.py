@@ -52,6 +52,7 @@ from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.node_base import PAUSE_IMAGE, node_base_dir
 from hostlab.proc import file_lock
+from kubelab import build
 
 if TYPE_CHECKING:
     from .conftest import Cluster
@@ -155,6 +156,19 @@ def control_plane_archive(podman: Podman, binaries: Mapping[str, tuple[str, Path
             binary_image(podman, name, binary, ref)
         podman.run("tag", PAUSE_IMAGE, pause)
         return _archive_of(podman, [*binaries, pause])
+
+
+def control_plane_images(
+    binaries: Mapping[str, Path], versions: Sequence[str] = (build.NODE_VERSIONS[0], build.NODE_VERSIONS[-1])
+) -> dict[str, tuple[str, Path]]:
+    """ref -> (binary name in the image, built binary) for the control plane at each of ``versions`` and
+    etcd, from ``binaries`` (the built :data:`kubelab.build.CONTROL_PLANE_BINARIES`, by name)."""
+    images = {f"{CONTROL_PLANE_REPOSITORY}/etcd:{build.ETCD_VERSION}": ("etcd", binaries["etcd"])}
+    for version in versions:
+        for component in build.CONTROL_PLANE:
+            built = binaries[build.control_plane_binary(component, version)]
+            images[f"{CONTROL_PLANE_REPOSITORY}/{component}:{version}"] = (component, built)
+    return images
 
 
 def import_control_plane(

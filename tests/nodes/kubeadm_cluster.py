@@ -19,16 +19,19 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import shutil
 import ssl
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -36,7 +39,9 @@ from hostlab.errors import LabError
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from kubelab import build
+from kubelab.config import Config as KubeConfig
 from kubelab.flavours.nodes import CONTAINERD_SOCKET, KUBELET_CONFIGURATION
+from kubelab.pytest_plugin import unavailable as kube_unavailable
 
 from .images import CONTROL_PLANE_REPOSITORY
 
@@ -52,6 +57,18 @@ IGNORED_UPGRADE_APPLY_PREFLIGHT = (*IGNORED_PREFLIGHT, "CoreDNSUnsupportedPlugin
 KUBEADM_TIMEOUT = 600.0  # init or upgrade apply: images are local, the static Pods start on busy cores
 PROBE_INTERVAL = 0.2  # seconds between the API probe's reads
 PROBE_TIMEOUT = 2.0  # one read of the probe: longer counts as no answer
+
+
+def built(names: Sequence[str]) -> dict[str, Path]:
+    """The kubelab binaries ``names`` (:data:`kubelab.build.BINARIES`), built from the pinned Go modules
+    where missing (kubelab build); without a Go toolchain the test is unavailable, a failed build fails."""
+    cfg = KubeConfig.from_env()
+    try:
+        return build.ensure_built(names, cfg)
+    except LabError as exc:
+        if shutil.which(cfg.go) is None:
+            kube_unavailable(f"no Go toolchain ({cfg.go}) to build {', '.join(names)}: {exc}")
+        pytest.fail(f"kubelab build of {', '.join(names)} failed: {exc}", pytrace=False)
 
 
 def _yaml_docs(*docs: dict[str, Any]) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import string
 import time
 from collections.abc import Iterator
@@ -34,14 +33,13 @@ from hostlab.proc import wait_until
 from hostlab.pytest_plugin import unavailable
 from hostlab.state import NODE
 from kubelab import build, node_join
-from kubelab.config import Config as KubeConfig
-from kubelab.pytest_plugin import unavailable as kube_unavailable
 
-from .images import CONTROL_PLANE_REPOSITORY, import_control_plane, import_pause
+from .images import CONTROL_PLANE_REPOSITORY, control_plane_images, import_control_plane, import_pause
 from .kubeadm_cluster import (
     API_PORT,
     AdminApi,
     ApiProbe,
+    built,
     ca_cert_hash,
     init_config,
     join_config,
@@ -73,16 +71,6 @@ def _token() -> str:
     return ".".join("".join(secrets.choice(alphabet) for _ in range(n)) for n in (6, 16))
 
 
-def _images(binaries: dict[str, Path]) -> dict[str, tuple[str, Path]]:
-    """ref -> (binary name in the image, built binary) for both versions' control plane and etcd."""
-    images = {f"{CONTROL_PLANE_REPOSITORY}/etcd:{build.ETCD_VERSION}": ("etcd", binaries["etcd"])}
-    for version in (START, TARGET):
-        for component in build.CONTROL_PLANE:
-            built = binaries[build.control_plane_binary(component, version)]
-            images[f"{CONTROL_PLANE_REPOSITORY}/{component}:{version}"] = (component, built)
-    return images
-
-
 def _replace_binary(host: Host, name: str, binary: Path) -> None:
     """``/usr/bin/<name>`` in the node replaced by ``binary`` (renamed over it: a running kubelet's file
     cannot be written)."""
@@ -93,29 +81,18 @@ def _replace_binary(host: Host, name: str, binary: Path) -> None:
     partial.rename(target)
 
 
-def _built() -> dict[str, Path]:
-    """The control plane's binaries, built from the pinned Go modules where missing (kubelab build)."""
-    cfg = KubeConfig.from_env()
-    try:
-        return build.ensure_built(build.CONTROL_PLANE_BINARIES, cfg)
-    except LabError as exc:
-        if shutil.which(cfg.go) is None:
-            kube_unavailable(f"no Go toolchain ({cfg.go}) to build the control plane: {exc}")
-        pytest.fail(f"kubelab build of the control plane failed: {exc}", pytrace=False)
-
-
 @pytest.fixture(scope="module")
 def kubeadm_cluster() -> Iterator[KubeadmCluster]:
     why = prereqs.missing(Config.from_env(), NODE) or missing_tools()
     if why:
         unavailable(why)
-    binaries = _built()
+    binaries = built(build.CONTROL_PLANE_BINARIES)
     lab = HostLab(f"pytest-{os.getpid()}-kubeadm")
     api: AdminApi | None = None
     try:
         first, worker = lab.up(2, owner_pid=os.getpid(), kind=NODE)
         import_pause(lab, [first, worker])
-        import_control_plane(lab, [first, worker], _images(binaries))
+        import_control_plane(lab, [first, worker], control_plane_images(binaries))
         for host in (first, worker):
             node_join.install_kubelet_kubeadm(
                 lab, host, binaries[f"kubelet-{START}"], binaries[f"kubeadm-{START}"]

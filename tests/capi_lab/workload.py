@@ -1,0 +1,206 @@
+"""A workload cluster that the real CAPI controllers build on the lab provider's real nodes (issue #27 item
+3): the pool's preparation, the objects a user writes (Cluster, LabCluster, KubeadmControlPlane,
+MachineDeployment and their templates), and the workload cluster's API as CAPI's kubeconfig Secret names it.
+
+What a node of the pool holds before any Machine takes it, as a machine image for a bare-metal pool would
+(the **pool preparation** does it, not the provider, which carries out only CABPK's bootstrap data):
+
+- every image kubeadm runs, imported into its containerd (no registry: :mod:`nodes.images`): the
+  control plane at both node versions and etcd under ``imageRepository`` ``lab.local``, and the stand-in
+  pause image (the nodes' sandbox image, also as kubeadm's ``lab.local/pause``);
+- kubelet and kubeadm at each version the cluster uses, side by side in :data:`STAGED`
+  (``/opt/lab-kubernetes/<version>/``), with the Kubernetes packages' kubelet units (not enabled).
+
+Everything else is in the KubeadmConfigSpecs, as a user would write it: ``preKubeadmCommands`` install
+the Machine's version of kubelet and kubeadm from :data:`STAGED` and enable the kubelet; the
+``imageRepository``, etcd's image tag and ``skipPhases`` (CoreDNS, kube-proxy: the lab builds no image of
+either); the preflight checks a node of this lab cannot pass
+(:data:`nodes.kubeadm_cluster.IGNORED_PREFLIGHT`);
+and the lab nodes' KubeletConfiguration (cgroup v1, cgroupfs, no QoS cgroups) as a kubeadm patch
+(``kubeletconfiguration+merge.json`` in :data:`PATCHES_DIR`, written by ``files``), because CABPK has no
+field for a KubeletConfiguration. The control plane's advertise address is the first node's, which is
+also the LabCluster's ``controlPlaneEndpoint``: the provider hands out the pool's nodes in order and the
+control-plane Machine is the first with bootstrap data (CABPK writes the workers' only once the control
+plane is initialized), so it lands there (the test checks it).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hostlab.errors import LabError
+from hostlab.lab import Host
+from hostlab.lab import Lab as HostLab
+from kubelab import build, node_join, objects
+from kubelab.flavours import capi_objects as co
+from kubelab.flavours.nodes import CONTAINERD_SOCKET, KUBELET_CONFIGURATION
+from kubelab.lab import Lab as KubeLab
+from kubelab.labprovider import crds
+from nodes.images import CONTROL_PLANE_REPOSITORY, control_plane_images, import_control_plane, import_pause
+from nodes.kubeadm_cluster import API_PORT, IGNORED_PREFLIGHT, AdminApi
+
+STAGED = "/opt/lab-kubernetes"  # <version>/kubelet and <version>/kubeadm on every pool node
+PATCHES_DIR = "/etc/kubernetes/lab-patches"  # kubeadm's --patches directory, written by the KubeadmConfig
+# the lab nodes' KubeletConfiguration fields, as a JSON merge patch kubeadm applies to the kubelet's config
+KUBELET_PATCH = {k: v for k, v in KUBELET_CONFIGURATION.items() if k not in ("apiVersion", "kind")}
+# CAPI's MachineSet preflight check: kubeadm joins only at the control plane's minor. The workers here are
+# one minor behind (v1.35.4 under v1.36.1, the start of issue #27's minor upgrade), which kubeadm v1.35
+# does join; a user running that skew says so on the MachineDeployment, as here.
+SKIP_PREFLIGHT = {"machineset.cluster.x-k8s.io/skip-preflight-checks": "KubeadmVersionSkew"}
+KUBECONFIG_SECRET = "{cluster}-kubeconfig"  # CAPI's: data.value, the admin kubeconfig KCP writes
+
+
+def node_binaries(versions: tuple[str, ...]) -> tuple[str, ...]:
+    """The kubelab binaries a pool needs: the control plane's and kubelet and kubeadm at ``versions``."""
+    staged = (f"{name}-{version}" for version in versions for name in ("kubelet", "kubeadm"))
+    return tuple(dict.fromkeys((*build.CONTROL_PLANE_BINARIES, *staged)))
+
+
+def prepare_pool(pool: HostLab, binaries: Mapping[str, Path], versions: tuple[str, ...]) -> None:
+    """Every node of ``pool`` as the module's docstring says: the images in its containerd, kubelet and
+    kubeadm at each of ``versions`` staged, the kubelet's units installed."""
+    hosts = pool.hosts()
+    import_pause(pool, hosts)
+    import_control_plane(pool, hosts, control_plane_images(binaries))
+    for host in hosts:
+        _stage(pool, host, binaries, versions)
+
+
+def _stage(pool: HostLab, host: Host, binaries: Mapping[str, Path], versions: tuple[str, ...]) -> None:
+    root = host.root()
+    for version in versions:
+        target = root / STAGED.lstrip("/") / version
+        target.mkdir(parents=True, exist_ok=True)
+        for name in ("kubelet", "kubeadm"):
+            (target / name).write_bytes(binaries[f"{name}-{version}"].read_bytes())
+            (target / name).chmod(0o755)
+    (root / "lib/systemd/system/kubelet.service").write_text(node_join.KUBELET_SERVICE)
+    dropin = root / "etc/systemd/system/kubelet.service.d"
+    dropin.mkdir(parents=True, exist_ok=True)
+    (dropin / "10-kubeadm.conf").write_text(node_join.KUBEADM_DROPIN)
+    result = pool.exec_in(host, ["systemctl", "daemon-reload"])
+    if result.returncode != 0:
+        raise LabError(f"{host.name}: systemctl daemon-reload failed: {result.stderr.strip()}")
+
+
+def _node_registration() -> dict[str, Any]:
+    """The node named as the provider names it (CABPK's jinja metadata), its providerID for CAPI's
+    Machine controller to find the Node by, containerd, the preflight checks a lab node cannot pass."""
+    return {
+        "name": "{{ ds.meta_data.local_hostname }}",
+        "criSocket": CONTAINERD_SOCKET,
+        "kubeletExtraArgs": [{"name": "provider-id", "value": "lab://{{ ds.meta_data.local_hostname }}"}],
+        "ignorePreflightErrors": list(IGNORED_PREFLIGHT),
+    }
+
+
+def _common(version: str) -> dict[str, Any]:
+    binaries = f"{STAGED}/{version}/kubelet {STAGED}/{version}/kubeadm"
+    return {
+        "format": "cloud-config",
+        "files": [
+            {
+                "path": f"{PATCHES_DIR}/kubeletconfiguration+merge.json",
+                "content": json.dumps(KUBELET_PATCH),
+                "permissions": "0644",
+            }
+        ],
+        "preKubeadmCommands": [f"install -m 0755 {binaries} /usr/bin/", "systemctl enable kubelet"],
+    }
+
+
+def control_plane_spec(version: str, advertise_address: str) -> dict[str, Any]:
+    """The KubeadmControlPlane's kubeadmConfigSpec (see the module's docstring)."""
+    spec = _common(version)
+    patches = {"directory": PATCHES_DIR}
+    spec["clusterConfiguration"] = {
+        "imageRepository": CONTROL_PLANE_REPOSITORY,
+        "etcd": {"local": {"imageTag": build.ETCD_VERSION}},
+    }
+    spec["initConfiguration"] = {
+        "localAPIEndpoint": {"advertiseAddress": advertise_address, "bindPort": API_PORT},
+        "nodeRegistration": _node_registration(),
+        "skipPhases": ["addon/coredns", "addon/kube-proxy"],
+        "patches": patches,
+    }
+    spec["joinConfiguration"] = {"nodeRegistration": _node_registration(), "patches": patches}
+    return spec
+
+
+def worker_spec(version: str) -> dict[str, Any]:
+    """The workers' KubeadmConfigTemplate spec."""
+    spec = _common(version)
+    patches = {"directory": PATCHES_DIR}
+    spec["joinConfiguration"] = {"nodeRegistration": _node_registration(), "patches": patches}
+    return spec
+
+
+def cluster_objects(
+    name: str, namespace: str, endpoint: Host, control_plane_version: str, workers: int, worker_version: str
+) -> list[dict[str, Any]]:
+    """The Cluster on a LabCluster whose endpoint is ``endpoint``'s address, a KubeadmControlPlane of one
+    at ``control_plane_version`` and a MachineDeployment of ``workers`` at ``worker_version``, with their
+    LabMachineTemplates and the workers' KubeadmConfigTemplate."""
+    cluster = co.cluster(name, namespace, control_plane=f"{name}-cp")
+    cluster["spec"]["infrastructureRef"] = co.ref(crds.GROUP, "LabCluster", name)
+    # the nodes' bridge CNI gives each node 10.244.0.0/24 (hostlab's node recipe); no Service is proxied
+    cluster["spec"]["clusterNetwork"]["pods"] = {"cidrBlocks": ["10.244.0.0/16"]}
+    cluster["spec"]["clusterNetwork"]["services"] = {"cidrBlocks": ["10.96.0.0/12"]}
+    lab_cluster = {
+        "apiVersion": crds.API_VERSION,
+        "kind": "LabCluster",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"controlPlaneEndpoint": {"host": endpoint.address, "port": API_PORT}},
+    }
+    templates = [
+        {
+            "apiVersion": crds.API_VERSION,
+            "kind": "LabMachineTemplate",
+            "metadata": {"name": template, "namespace": namespace},
+            "spec": {"template": {"spec": {}}},
+        }
+        for template in (f"{name}-cp", f"{name}-md")
+    ]
+    kcp = co.kubeadm_control_plane(
+        f"{name}-cp",
+        namespace,
+        1,
+        control_plane_version,
+        f"{name}-cp",
+        control_plane_spec(control_plane_version, endpoint.address),
+    )
+    kcp["spec"]["machineTemplate"]["spec"]["infrastructureRef"] = co.ref(
+        crds.GROUP, "LabMachineTemplate", f"{name}-cp"
+    )
+    bootstrap = co.kubeadm_config_template(f"{name}-md", namespace, worker_spec(worker_version))
+    deployment = co.machine_deployment(
+        f"{name}-md", namespace, name, workers, worker_version, f"{name}-md", f"{name}-md"
+    )
+    deployment["metadata"]["annotations"] = dict(SKIP_PREFLIGHT)
+    deployment["spec"]["template"]["spec"]["infrastructureRef"] = co.ref(
+        crds.GROUP, "LabMachineTemplate", f"{name}-md"
+    )
+    return [lab_cluster, cluster, *templates, kcp, bootstrap, deployment]
+
+
+def kubeconfig(kube: KubeLab, cluster: str, namespace: str) -> str | None:
+    """The workload cluster's admin kubeconfig from the Secret CAPI writes, or None while there is none."""
+    secret = objects.get(kube, "secret", KUBECONFIG_SECRET.format(cluster=cluster), namespace)
+    if secret is None or "value" not in secret.get("data", {}):
+        return None
+    return base64.b64decode(secret["data"]["value"]).decode()
+
+
+@contextmanager
+def workload_api(text: str) -> Iterator[AdminApi]:
+    """The workload cluster's API through the kubeconfig ``text`` (its server, CA and client cert)."""
+    api = AdminApi.from_admin_conf(text)
+    try:
+        yield api
+    finally:
+        api.close()
