@@ -153,7 +153,19 @@ class Replicas:
     agents: dict[str, AgentProcess]
 
     def log(self) -> str:
-        return "\n".join(f"--- {name}\n{agent.log()[-3000:]}" for name, agent in self.agents.items())
+        return "\n".join(
+            f"--- {name}{_exited(agent)}\n{agent.log()[-3000:]}" for name, agent in self.agents.items()
+        )
+
+    def exited(self) -> dict[str, int]:
+        """The replicas that ended, with their exit status (a crash is a signal's negative number)."""
+        codes = {name: agent.proc.poll() for name, agent in self.agents.items()}
+        return {name: code for name, code in codes.items() if code is not None}
+
+
+def _exited(agent: AgentProcess) -> str:
+    code = agent.proc.poll()
+    return "" if code is None else f" (exited with status {code})"
 
 
 @pytest.fixture
@@ -292,6 +304,9 @@ def test_an_mcm_rollout_with_two_agent_replicas_runs_its_attempts_as_jobs_on_rea
             timeout=200,
         )
         on_node(node_cluster, pool.host_of(pool.node(first)), "touch", release)
+
+        # both replicas still run: none crashed launching two Jobs at once (kube/models.py)
+        assert not agents.exited(), agents.log()
 
         # the second Node: the replica that claimed it SIGKILLed mid-play; its Job goes on, and the other
         # replica takes the Node over once the dead one's claim expires (--claim-seconds)
