@@ -22,6 +22,7 @@ from typing import Any
 import ansible_runner
 
 import inplace_extension
+from inplace_extension.inplace.capabilities import CAPABILITIES
 from inplace_extension.inplace.plan import step_fingerprints
 from inplace_extension.runs import ssh
 from inplace_extension.runs.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, drain_file, write_json
@@ -29,6 +30,15 @@ from inplace_extension.runs.model import HostCheck
 from inplace_extension.runs.resolve import HostTarget
 
 log = logging.getLogger(__name__)
+
+# update_machine.yml's tags for what a play may leave out (its update_machine_tags_not_needed says the
+# same, for the stamp): the input checks the service made in Python before the play, and the parts no
+# Machine of the batch has. Tasks filtered out by tags are never queued, where a task skipped by its
+# `when` still costs the controller a worker process, a templating of its variables and two job events.
+RECHECK_TAG = "update_machine_recheck"
+DRAIN_TAG = "update_machine_drain"
+CUSTOM_TAG = "update_machine_custom"
+HEALTH_TAG = "update_machine_health"
 
 
 class RunStartError(Exception):
@@ -144,7 +154,15 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
             # ansible-playbook via detach.py, which survives the service's death; with a custom binary
             # ansible-runner leaves out the playbook argument, so it goes in through cmdline
             binary=str(spec.wrapper),
-            cmdline=" ".join(shlex.quote(arg) for arg in [str(spec.playbook), *_role_vars_args(spec)]),
+            cmdline=" ".join(
+                shlex.quote(arg)
+                for arg in [
+                    str(spec.playbook),
+                    "--skip-tags",
+                    ",".join(skip_tags(spec)),
+                    *_role_vars_args(spec),
+                ]
+            ),
             inventory={"all": {"hosts": hosts}},
             forks=len(hosts),
             envvars=_envvars(spec),
@@ -159,6 +177,22 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
     except Exception as exc:  # ConfigurationError, ValueError, OSError...: all mean "did not start"
         raise RunStartError(f"ansible-runner could not start: {type(exc).__name__}: {exc}") from exc
     return RunHandle(thread, runner)
+
+
+def skip_tags(spec: BatchSpec) -> list[str]:
+    """The play's tags this batch leaves out: the re-checks of what Python checked (the inputs were made
+    and validated by :mod:`inplace_extension.inplace`, the run parameters by :func:`run_parameters`), the
+    built-in steps no Machine of the batch has, and the drain points, user-defined steps and health
+    gate command checks when none of its Machines has any."""
+    steps = {cap for run in spec.hosts for cap in run.capabilities}
+    tags = [RECHECK_TAG, *(c.name for c in CAPABILITIES if c.name not in steps)]
+    if all(run.drain_before is None for run in spec.hosts):
+        tags.append(DRAIN_TAG)
+    if not any(cap in run.roles for run in spec.hosts for cap in run.capabilities):
+        tags.append(CUSTOM_TAG)
+    if not spec.host_checks:
+        tags.append(HEALTH_TAG)
+    return tags
 
 
 def _role_vars_args(spec: BatchSpec) -> list[str]:
