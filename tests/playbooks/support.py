@@ -168,6 +168,8 @@ class RunSpec:
     extravars: Mapping[str, Any] = field(default_factory=dict)
     # pass the per-step fingerprints as inplace_extension.runs does (False: a caller from before them)
     step_fingerprints: bool = False
+    # ansible-playbook options after the playbook (ansible-runner's cmdline), e.g. the service's --skip-tags
+    cmdline: str | None = None
 
     @property
     def ident(self) -> str:
@@ -210,6 +212,7 @@ def start_update(
         envvars=envvars(spec.lab, spec.workdir),
         quiet=True,
         suppress_env_files=True,
+        cmdline=spec.cmdline,
         event_handler=on_event,
         cancel_callback=lambda: False,  # without it runner installs its own signal handlers
         timeout=600,

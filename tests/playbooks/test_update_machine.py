@@ -178,6 +178,47 @@ def test_a_failing_role_releases_the_lock_and_writes_no_stamp(lab: Lab, host: Ho
     assert events == ["acquired", "released"]
 
 
+def test_the_service_skip_tags_leave_a_whole_update_but_a_needed_step_skipped_writes_no_stamp(
+    lab: Lab, host: Host, tmp_path: Path
+) -> None:
+    # what runs.runner.skip_tags gives for one Machine with these two steps: the re-checks made in Python
+    # and every part of the play this Machine does not have are never queued, and the play still stamps
+    service = ",".join(
+        [
+            "update_machine_recheck",
+            *("users", "ntp", "kubernetes_version"),
+            *("update_machine_drain", "update_machine_custom", "update_machine_health"),
+        ]
+    )
+    two = inputs("kubeadm_files", "kubelet_args")
+    first = run_update(
+        RunSpec(lab, host, tmp_path, two, step_fingerprints=True, cmdline=f"--skip-tags {service}")
+    )
+    assert first.status == "successful", first.failure_messages
+    assert first.roles_run == ["kubeadm_files", "kubelet_args"]
+    tasks = {e["event_data"].get("task") for e in first.events}
+    assert not tasks & {"Check the run parameters", "Check the file paths", "Check the kubelet flags"}
+    assert not any(str(task).startswith("Drain point") for task in tasks)
+    assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] == first.fingerprint
+
+    # a tag of a step this run has to do is skipped (kubelet_args, whose inputs changed): the other
+    # step runs, but the run is not the whole update, so it claims no fingerprint and gives the lock back
+    three = {
+        **inputs("ntp"),
+        "kubelet_args": {"kubelet_args_extra_args": [{"name": "max-pods", "value": "7"}]},
+    }
+    second = run_update(
+        RunSpec(lab, host, tmp_path, three, step_fingerprints=True, cmdline="--skip-tags kubelet_args")
+    )
+    assert second.status == "successful", second.failure_messages
+    assert second.roles_run == ["ntp"]
+    assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] != second.fingerprint
+    assert [s["fingerprint"] for s in host_json_lines(lab, host, f"{STATE_DIR}/stamp.log")] == [
+        first.fingerprint
+    ]
+    assert not host_exists(lab, host, f"{STATE_DIR}/lock")
+
+
 def test_only_the_listed_capabilities_run(lab: Lab, host: Host, tmp_path: Path) -> None:
     result = run_update(RunSpec(lab, host, tmp_path, inputs("ntp", "kubelet_args")))
     assert result.status == "successful", result.failure_messages

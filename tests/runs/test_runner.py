@@ -14,6 +14,7 @@ import pytest
 
 from inplace_extension.inplace.plan import step_fingerprints
 from inplace_extension.runs import runner, ssh
+from inplace_extension.runs.model import HostCheck
 from inplace_extension.runs.resolve import HostTarget
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJAm/+qD5i6Qm8kDm+Qr9ygOJL1jDRtSlh6jlxmhLn0T"
@@ -183,3 +184,55 @@ def test_role_settings_reach_a_real_play_as_extra_vars_over_the_role_defaults(tm
     assert status == "successful", (batch_dir / "artifacts" / "batch-x" / "stdout").read_text()
     assert json.loads(out.read_text()) == {"url": "https://mirror.example.internal/k8s", "retries": 60}
     assert (batch_dir / "role_settings.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_play_leaves_out_by_tag_only_what_python_checked_and_what_no_machine_of_the_batch_has(
+    tmp_path: Path,
+) -> None:
+    """Tasks filtered out by --skip-tags are never queued (a `when` still costs a worker per host): the
+    re-checks, and each part of the play no Machine of the batch has; a part one Machine has stays."""
+    one = host_run(tmp_path)  # ntp only, no drain point, no user-defined step
+    tagged = runner.skip_tags(
+        runner.BatchSpec("b", tmp_path, (one,), PLAYBOOK, None, tmp_path, tmp_path / "w")
+    )
+    assert tagged == [
+        runner.RECHECK_TAG,
+        "users",
+        "kubeadm_files",
+        "kubelet_args",
+        "kubernetes_version",
+        runner.DRAIN_TAG,
+        runner.CUSTOM_TAG,
+        runner.HEALTH_TAG,
+    ]
+    other_dir = tmp_path / "ns.m2.abc" / "attempt-0001"
+    other_dir.mkdir(parents=True)
+    other = runner.HostRun(
+        "ns.m2.abc",
+        "ns.m2.abc",
+        "cd" * 32,
+        ("users", "os_image"),
+        {"users": {"users_users": []}, "os_image": {"os_image_values": {}}},
+        target(),
+        other_dir,
+        roles={"os_image": "bootc_image"},
+        drain_before="os_image",
+        drain_wait_seconds=60,
+    )
+    check = HostCheck("app", ("/bin/true",), 5)
+    both = runner.BatchSpec(
+        "b", tmp_path, (one, other), PLAYBOOK, None, tmp_path, tmp_path / "w", host_checks=(check,)
+    )
+    assert runner.skip_tags(both) == [
+        runner.RECHECK_TAG,
+        "kubeadm_files",
+        "kubelet_args",
+        "kubernetes_version",
+    ]
+    # every tag named is one update_machine.yml carries: a typo would leave out nothing
+    play = PLAYBOOK.read_text() + "".join(
+        (PLAYBOOK.parent / "roles" / role / "tasks" / "main.yml").read_text()
+        for role in ("kubeadm_files", "kubelet_args")
+    )
+    for tag in (runner.RECHECK_TAG, runner.DRAIN_TAG, runner.CUSTOM_TAG, runner.HEALTH_TAG):
+        assert f"tags: [{tag}]" in play or f"tags: [always, {tag}]" in play, tag
