@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the service's command line, as the tests start it
 
 from e2e.service import loopback_serve_argv  # noqa: E402
+from hostlab.proc import stop_child  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "capi" / "can_update_machine_set" / "5A.request.json"
 HOOK_PATH = "/hooks.runtime.cluster.x-k8s.io/v1alpha1/canupdatemachineset/can-update-machineset"
@@ -109,12 +110,7 @@ def server(argv: list[str]) -> Iterator[Server]:
             raise RuntimeError("server did not report its port within 30 s")
         yield Server(proc.pid, port)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_child(proc, 10)
 
 
 class _Connection(asyncio.Protocol):

@@ -57,7 +57,7 @@ from kubelab import manifests, node_join, objects  # noqa: E402
 from kubelab.flavours import mcm  # noqa: E402
 from kubelab.flavours import nodes as nodes_flavour  # noqa: E402
 from kubelab.lab import Lab as KubeLab  # noqa: E402
-from mcm.lab_objects import NAMESPACE, make_pool, unique  # noqa: E402
+from mcm.lab_objects import NAMESPACE, make_pool, mcm_state, unique  # noqa: E402
 from mcm_lab.agentproc import AgentProcess  # noqa: E402
 
 from bench import plays  # noqa: E402
@@ -68,7 +68,6 @@ VERSION = nodes_flavour.START_VERSION
 FILES = ("a", "b", "c")
 HEALTHZ = "http://127.0.0.1:10248/healthz"
 READY_TIMEOUT = 120.0
-MACHINE_NAME_LABEL = "node.gardener.cloud/machine-name"
 
 
 def spec(tag: str, max_pods: int) -> NodeSpec:
@@ -197,24 +196,6 @@ class NodeBench:
         if proc.returncode != 0:
             raise SystemExit(f"bench: the SSH script failed ({proc.returncode}): {proc.stderr[-2000:]}")
         return done, self.until_ready(started, max_pods)
-
-
-def mcm_state(kube: KubeLab, node: str, machine: str | None) -> None:
-    """MCM's half of an in-place update on the Node, as MCM v0.62.1 leaves it for its node-side updater
-    (tests/nodes/test_node_mcm_agent.py): the machine-name and candidate labels, the cordon and the
-    ``InPlaceUpdate=ReadyForUpdate`` condition; None: all of it removed, as MCM does when it is done."""
-    labels = {ns.CANDIDATE_LABEL: "true" if machine else None, MACHINE_NAME_LABEL: machine}
-    if machine is None:
-        labels[ns.RESULT_LABEL] = None
-    patch = {"metadata": {"labels": labels}, "spec": {"unschedulable": True if machine else None}}
-    kube.kubectl("patch", "node", node, "-p", json.dumps(patch))
-    condition: dict[str, Any] = {"type": ns.CONDITION}
-    if machine is None:
-        condition["$patch"] = "delete"
-    else:
-        condition |= {"status": "True", "reason": ns.READY_FOR_UPDATE, "message": "set by bench/nodes.py"}
-    status = json.dumps({"status": {"conditions": [condition]}})
-    kube.kubectl("patch", "node", node, "--subresource=status", "-p", status)
 
 
 def agent_rounds(bench: NodeBench, rounds: int) -> list[float]:

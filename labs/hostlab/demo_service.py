@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from hostlab.errors import DemoError
 from hostlab.lab import Lab
+from hostlab.proc import stop_child
 
 SERVING_RE = re.compile(r"serving (http://127\.0\.0\.1:\d+)")
 
@@ -52,13 +52,7 @@ def running_service(inventory: Path, lab: Lab, workdir: Path, retry_after: int) 
             time.sleep(0.05)
         yield Service(proc, match.group(1), log_path)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop_child(proc, 20)
         _close_run_ssh_masters(workdir / "runs")
 
 

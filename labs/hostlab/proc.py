@@ -1,4 +1,5 @@
-"""Process and command helpers: run a tool with a precise error, poll a condition, stop a process by PID.
+"""Process and command helpers: run a tool with a precise error, poll a condition, stop a process by PID
+(one the lab recorded, or a child of ours).
 
 Processes are only ever stopped by the PID the lab recorded, after checking that the PID still runs
 the program we started (PIDs get reused); nothing is killed by name.
@@ -14,8 +15,11 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from hostlab.errors import LabError
+
+KILLED_SECONDS = 10.0  # a SIGKILLed process ends once the kernel runs it; a bound all the same
 
 
 def run(
@@ -161,6 +165,18 @@ def not_ours_because(pid: int, marker: str) -> str:
     if not living:
         return "ended; exit status unknown (not our child, or reaped elsewhere)"
     return f"PID {pid} now runs {' '.join(cmdline(pid))[:200]!r}, which does not name {marker}"
+
+
+def stop_child(proc: subprocess.Popen[Any], grace: float) -> None:
+    """Stop our child ``proc`` by its PID (which cannot be reused before we reap it): SIGTERM, up to
+    ``grace`` seconds to end, then SIGKILL; reaped either way. A child that ended already is only reaped."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(KILLED_SECONDS)
 
 
 def kill_and_wait(pid: int, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:

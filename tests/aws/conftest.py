@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hostlab.proc import stop_child
 from kubelab.ports import free_port
 
 START_SECONDS = 60.0
@@ -40,12 +41,7 @@ def moto_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 time.sleep(0.2)  # polling a condition with a deadline, not synchronisation by time
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_child(proc, 10)
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from e2e.service import START_TIMEOUT
 from hostlab.inventory import defaults_only_inventory, service_inventory
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
+from hostlab.proc import stop_child
 from kubelab import objects
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
@@ -86,14 +87,8 @@ class KubeExtension:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)  # by PID: the service this fixture started
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        if self.proc is not None:
+            stop_child(self.proc, 20)  # by PID: the service this fixture started
 
     def serve_host(self, host: Host) -> None:
         """Only inventory defaults (SSH user, key, this host's key): the address comes from the Machine."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hostlab.proc import stop_child
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "capi"
@@ -86,12 +87,7 @@ def start_server(tmp_path: Path) -> Iterator[object]:
 
     yield start
     for proc, reader in started:  # by PID, never by name
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_child(proc, 15)
         reader.join(timeout=10)  # the pipe reaches EOF once the process is gone
         if proc.stdout is not None:
             proc.stdout.close()

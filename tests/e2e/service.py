@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
+from hostlab.proc import stop_child
 
 REPO = Path(__file__).resolve().parents[2]
 SERVING_RE = re.compile(r"serving (https?)://127\.0\.0\.1:(\d+)")
@@ -84,12 +85,6 @@ class Service:
         self._log.close()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_child(self.proc, 15)
         self.client.close()
         self._log.close()

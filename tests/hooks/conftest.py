@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from starlette.applications import Starlette
 
 from inplace_extension.app import create_app
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
@@ -31,6 +32,11 @@ async def post(
 ) -> dict[str, Any]:
     """POST ``body`` to the hook at ``path`` of the real app (over ASGI); the answer, which is an HTTP 200."""
     app = create_app(Settings(plain_http=True, **settings), executor, custom=custom)
+    return await post_to(app, path, body)
+
+
+async def post_to(app: Starlette, path: str, body: Any) -> dict[str, Any]:
+    """POST ``body`` to the hook at ``path`` of ``app`` (over ASGI); the answer, which is an HTTP 200."""
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://capi.test"
     ) as client:

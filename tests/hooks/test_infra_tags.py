@@ -9,7 +9,6 @@ import copy
 import json
 from typing import Any
 
-import httpx
 import pytest
 
 from inplace_extension.app import create_app
@@ -17,7 +16,7 @@ from inplace_extension.inplace.infra_tags import DesiredTags
 from inplace_extension.runs.model import Executor, Progress, ProgressState
 from inplace_extension.settings import Settings
 
-from .conftest import CAN_UPDATE_MACHINE, CAN_UPDATE_MACHINE_SET, UPDATE_MACHINE, FakeExecutor, load
+from .conftest import CAN_UPDATE_MACHINE, CAN_UPDATE_MACHINE_SET, UPDATE_MACHINE, FakeExecutor, load, post_to
 
 pytestmark = pytest.mark.anyio
 
@@ -44,13 +43,7 @@ async def post(
     infra_tags: FakeTagsWait | None = None,
 ) -> dict[str, Any]:
     app = create_app(Settings(plain_http=True, kube=kube), executor, infra_tags=infra_tags)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://capi.test"
-    ) as client:
-        reply = await client.post(path, content=json.dumps(body).encode())
-    assert reply.status_code == 200, reply.text
-    answer: dict[str, Any] = reply.json()
-    return answer
+    return await post_to(app, path, body)
 
 
 def as_aws(

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
-from inplace_extension.kubejobs.manifest import JobConfig, job_manifest, job_name, labels, secret_manifest
+from inplace_extension.kubejobs.manifest import job_manifest, job_name, labels, secret_manifest
 from inplace_extension.kubejobs.spec import (
     TERMINATION_MESSAGE_LIMIT,
     AttemptSpec,
@@ -18,17 +19,10 @@ from inplace_extension.kubejobs.spec import (
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
 from inplace_extension.runs.model import HostCheck, RunRequest
 from inplace_extension.runs.resolve import HostTarget
+from kubejobs import support
 
 SECRET_VALUE = "hunter2-very-secret-file-content"
-CONFIG = JobConfig(
-    namespace="inplace-extension-system",
-    image="registry.example/inplace-extension:0.1.0",
-    service_account="inplace-extension-attempt",
-    ssh_secret="inplace-extension-ssh",
-    ssh_dir="/etc/inplace-extension/ssh",
-    deadline_seconds=1800,
-    ttl_seconds=3600,
-)
+CONFIG = replace(support.CONFIG, image="registry.example/inplace-extension:0.1.0")  # as a release names it
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 

@@ -1,5 +1,6 @@
 """The hand-made MCM objects and Nodes the MCM agent tests write into the kubelab (no MCM controllers
-here: tests/mcm_lab runs those), and the small readers and scripted answers those tests share."""
+here: tests/mcm_lab runs those), MCM's half of an update on a real Node (tests/nodes, bench/nodes.py),
+and the small readers and scripted answers those tests share."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from inplace_extension.mcm import node_state as ns
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 
 NAMESPACE = "mcm-agent-test"
+MACHINE_NAME_LABEL = "node.gardener.cloud/machine-name"
 WAIT = 90.0  # generous: the 2 cores are shared with builds and other suites
 OLD = {"kubernetesVersion": "v1.31.0"}
 NEW = {
@@ -104,7 +106,7 @@ def make_node(
 ) -> None:
     """A Node nobody else manages (no kwok label): its status is what the test writes."""
     labels = {ns.CANDIDATE_LABEL: "true"} if candidate else {}
-    labels |= {"node.gardener.cloud/machine-name": machine, "keep": "me"}
+    labels |= {MACHINE_NAME_LABEL: machine, "keep": "me"}
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels, **meta}}
     objects.apply(kube, node)
     conditions = [{"type": "Ready", "status": "True", "reason": "Test", "message": "test"}]
@@ -112,6 +114,30 @@ def make_node(
         conditions.append({"type": "InPlaceUpdate", "status": "True", "reason": reason, "message": reason})
     patch = '{"status": {"conditions": ' + json.dumps(conditions) + "}}"
     kube.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", patch)
+
+
+def mcm_state(kube: Lab, name: str, machine: str | None) -> None:
+    """MCM's half of an in-place update on the real Node ``name``, as MCM v0.62.1 leaves it for its
+    node-side updater: the machine-name and candidate labels, the cordon and the
+    ``InPlaceUpdate=ReadyForUpdate`` condition; ``machine`` None: all of it removed, as MCM does when it is
+    done."""
+    labels = {ns.CANDIDATE_LABEL: "true" if machine else None, MACHINE_NAME_LABEL: machine}
+    if machine is None:
+        labels[ns.RESULT_LABEL] = None
+    patch = {"metadata": {"labels": labels}, "spec": {"unschedulable": True if machine else None}}
+    kube.kubectl("patch", "node", name, "-p", json.dumps(patch))
+    # strategic merge on conditions (merge key "type"): the kubelet's own conditions stay
+    condition: dict[str, Any] = {"type": ns.CONDITION}
+    if machine is None:
+        condition["$patch"] = "delete"
+    else:
+        condition |= {
+            "status": "True",
+            "reason": ns.READY_FOR_UPDATE,
+            "message": "set by the lab, standing in for MCM",
+        }
+    status = json.dumps({"status": {"conditions": [condition]}})
+    kube.kubectl("patch", "node", name, "--subresource=status", "-p", status)
 
 
 def node(kube: Lab, name: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import yaml
 from hostlab.inventory import service_inventory
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
-from hostlab.proc import wait_until
+from hostlab.proc import stop_child, wait_until
 from kubelab import objects
 from kubelab.flavours import mcm, mcm_objects
 from kubelab.lab import Lab
@@ -98,13 +98,7 @@ class AgentProcess:
         self._log.close()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_child(self.proc, 20)
         self._log.close()
 
 

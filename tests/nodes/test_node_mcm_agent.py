@@ -16,18 +16,16 @@ updates the real node (the kubelet restarted by systemd with the new flag) and a
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hostlab.inventory import render
 from hostlab.proc import wait_until
 from kubelab import manifests, objects
 from kubelab.flavours import mcm
-from mcm.lab_objects import NAMESPACE, make_pool, unique
+from mcm.lab_objects import NAMESPACE, make_pool, mcm_state, unique
 from mcm_lab.agentproc import AgentProcess
 
 from inplace_extension.mcm import node_state as ns
@@ -38,25 +36,7 @@ from .test_node_capabilities import kubelet_pid, node, on_node, ready
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
-MACHINE_NAME_LABEL = "node.gardener.cloud/machine-name"
 PAYLOAD = "written by the mcm-agent $(id)\n"
-
-
-def mcm_state(kube: Any, name: str, machine: str | None, reason: str | None) -> None:
-    """MCM's labels, cordon and condition on the Node (None: removed, as MCM does when it is done)."""
-    labels = {ns.CANDIDATE_LABEL: "true" if machine else None, MACHINE_NAME_LABEL: machine}
-    if machine is None:
-        labels[ns.RESULT_LABEL] = None
-    patch = {"metadata": {"labels": labels}, "spec": {"unschedulable": True if machine else None}}
-    kube.kubectl("patch", "node", name, "-p", json.dumps(patch))
-    # strategic merge on conditions (merge key "type"): the kubelet's own conditions stay
-    condition: dict[str, Any] = {"type": ns.CONDITION}
-    if reason is None:
-        condition["$patch"] = "delete"
-    else:
-        condition |= {"status": "True", "reason": reason, "message": "set by the test, as MCM does"}
-    status = json.dumps({"status": {"conditions": [condition]}})
-    kube.kubectl("patch", "node", name, "--subresource=status", "-p", status)
 
 
 @pytest.fixture
@@ -101,7 +81,7 @@ def test_the_mcm_agent_updates_a_real_node_and_answers_on_its_node(
     make_pool(kube, pool, machine, old={"kubernetesVersion": version}, new=new)
     before = kubelet_pid(node_cluster, host)
 
-    mcm_state(kube, host.name, machine, ns.READY_FOR_UPDATE)
+    mcm_state(kube, host.name, machine)
     try:
         answered = wait_until(lambda: ns.RESULT_LABEL in ns.node_labels(node(node_cluster, host)), 300, 0.5)
         after = node(node_cluster, host)
@@ -118,5 +98,5 @@ def test_the_mcm_agent_updates_a_real_node_and_answers_on_its_node(
         # the Node the kubelet reports on took the new flag
         assert wait_until(lambda: node(node_cluster, host)["status"]["capacity"]["pods"] == "55", 60, 1)
     finally:
-        mcm_state(kube, host.name, None, None)  # MCM's end of the update: labels, cordon, condition gone
+        mcm_state(kube, host.name, None)  # MCM's end of the update: labels, cordon, condition gone
     assert wait_until(lambda: ready(node_cluster, host), 60, 1)
