@@ -83,9 +83,10 @@ def ready(obj: dict[str, Any]) -> dict[str, Any]:
 
 @contextmanager
 def provider_running(kube: KubeLab, pool: HostLab, namespace: str) -> Iterator[LabMachines]:
-    """The provider on ``kube`` with every node of ``pool``; at the end the namespace's LabMachines are
-    deleted and waited for (their nodes reset: the finalizer needs the controller), then it is stopped."""
-    labprovider.start(kube, pool, [h.name for h in pool.hosts()])
+    """The provider on ``kube`` with every node of ``pool``, for ``namespace`` only (other modules' providers
+    may share ``kube``); at the end the namespace's LabMachines are deleted and waited for (their nodes
+    reset: the finalizer needs the controller), then it is stopped."""
+    labprovider.start(kube, pool, [h.name for h in pool.hosts()], namespace)
     objects.ensure_namespace(kube, namespace)
     machines = LabMachines(kube, namespace)
     try:
@@ -93,7 +94,7 @@ def provider_running(kube: KubeLab, pool: HostLab, namespace: str) -> Iterator[L
     finally:
         kube.kubectl("delete", LAB_MACHINE, "--all", "-n", namespace, "--wait=false", check=False)
         wait_until(lambda: not machines.all(), WAIT, 0.5)
-        labprovider.stop(kube)
+        labprovider.stop(kube, namespace)
         kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 

@@ -213,8 +213,8 @@ def test_a_bootstrap_interrupted_by_a_controller_restart_runs_again_on_a_reset_n
     first = _group(pool, host)
 
     # the controller is lost mid-bootstrap (stopped by PID) and started again
-    labprovider.stop(kube)
-    labprovider.start(kube, pool, [h.name for h in pool.hosts()])
+    labprovider.stop(kube, NAMESPACE)
+    labprovider.start(kube, pool, [h.name for h in pool.hosts()], NAMESPACE)
     # the new one found the node claimed but not provisioned: it reset the node (the earlier script's
     # process group ended) and runs the bootstrap again
     assert wait_until(lambda: _group(pool, host) not in ("", first), WAIT, 0.2)

@@ -11,8 +11,9 @@ nothing of its code is used.
 - :mod:`~kubelab.labprovider.controller`: the controller process (``python -m kubelab.labprovider``).
 
 :func:`start` installs the CRDs into a kubelab and starts the controller as a component of that lab (its
-log ``lab-provider.log`` in the lab directory; stopped by PID with the lab, or by :func:`stop`), with a
-pool of nodes of a hostlab lab started with ``kind="node"``.
+log ``lab-provider.log`` in the lab directory, ``lab-provider-<namespace>.log`` for one namespace's
+controller; stopped by PID with the lab, or by :func:`stop`), with a pool of nodes of a hostlab lab
+started with ``kind="node"``.
 """
 
 from __future__ import annotations
@@ -37,15 +38,23 @@ def install_crds(kube: KubeLab) -> None:
         manifests.wait_established(kube, f"crd/{crd['metadata']['name']}")
 
 
-def start(kube: KubeLab, pool_lab: HostLab, nodes: Sequence[str]) -> None:
-    """Install the CRDs and start the controller with ``nodes`` of ``pool_lab`` as its pool."""
+def component(namespace: str | None = None) -> str:
+    """The kubelab component name of the controller for ``namespace`` (None: every namespace)."""
+    return f"{COMPONENT}-{namespace}" if namespace else COMPONENT
+
+
+def start(kube: KubeLab, pool_lab: HostLab, nodes: Sequence[str], namespace: str | None = None) -> None:
+    """Install the CRDs and start the controller with ``nodes`` of ``pool_lab`` as its pool; with
+    ``namespace``, a controller of that namespace's objects only (one per namespace on the lab)."""
     install_crds(kube)
-    ready = kube.dir / f"{COMPONENT}.ready"
+    name = component(namespace)
+    ready = kube.dir / f"{name}.ready"
     ready.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "kubelab.labprovider", "--kubelab", kube.name, "--hostlab", pool_lab.name]
     argv += ["--nodes", ",".join(nodes), "--ready-file", str(ready)]
-    kube.start_component(COMPONENT, argv, ready=ready.exists)
+    argv += ["--namespace", namespace] if namespace else []
+    kube.start_component(name, argv, ready=ready.exists)
 
 
-def stop(kube: KubeLab) -> None:
-    kube.stop_component(COMPONENT)
+def stop(kube: KubeLab, namespace: str | None = None) -> None:
+    kube.stop_component(component(namespace))

@@ -17,7 +17,9 @@ left by an earlier run mid-bootstrap: it is reset before its bootstrap runs agai
 
 A LabCluster with an owner Cluster and a ``spec.controlPlaneEndpoint`` is provisioned (the endpoint is
 given, as for k0smotron's RemoteCluster: the lab makes no load balancer). Objects of a paused Cluster
-(``spec.paused``) or with the ``cluster.x-k8s.io/paused`` annotation are left alone.
+(``spec.paused``) or with the ``cluster.x-k8s.io/paused`` annotation are left alone. With ``--namespace``
+the controller reconciles that namespace's objects only: controllers of different pools then share one
+API server (the CAPI lab's, which test modules on several workers use at once).
 """
 
 from __future__ import annotations
@@ -133,8 +135,13 @@ def _guarded(work: Callable[..., remote.Outcome], *args: Any) -> remote.Outcome:
 
 
 class Provider:
-    def __init__(self, api: Api, pool_lab: HostLab, pool: list[str], log: Log = log) -> None:
+    def __init__(
+        self, api: Api, pool_lab: HostLab, pool: list[str], log: Log = log, namespace: str | None = None
+    ) -> None:
         self.api = api
+        # the one namespace whose objects this controller owns (None: all), so that controllers of
+        # different pools share one API server without taking each other's LabMachines
+        self.namespace = namespace
         self.pool_lab = pool_lab
         self.pool = pool
         self.log = log
@@ -145,10 +152,15 @@ class Provider:
         self.reset_failed_at: dict[str, float] = {}
 
     # -- one pass ----------------------------------------------------------------------------------
+    def listing(self, plural: str) -> str:
+        """The list path of ``plural``: in :attr:`namespace` only when one is set."""
+        scope = f"/namespaces/{self.namespace}" if self.namespace else ""
+        return f"{BASE}{scope}/{plural}"
+
     def reconcile(self) -> None:
-        for cluster in self.api.items(f"{BASE}/labclusters"):
+        for cluster in self.api.items(self.listing("labclusters")):
             self.reconcile_cluster(cluster)
-        machines = self.api.items(f"{BASE}/labmachines")
+        machines = self.api.items(self.listing("labmachines"))
         for machine in machines:
             self.reconcile_machine(machine, machines)
 
@@ -349,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hostlab", required=True, help="the hostlab lab of the pool's nodes")
     parser.add_argument("--nodes", required=True, help="the pool: node names of that lab, comma-separated")
     parser.add_argument("--ready-file", type=Path, required=True, help="written after the first pass")
+    parser.add_argument("--namespace", help="reconcile the objects of this namespace only (default: all)")
     args = parser.parse_args(argv)
     try:
         pool_lab = HostLab(args.hostlab)
@@ -360,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    provider = Provider(Api(client), pool_lab, pool)
-    log(f"lab provider: pool {', '.join(pool)} of hostlab {args.hostlab}, API server {kube.server}")
+    provider = Provider(Api(client), pool_lab, pool, namespace=args.namespace)
+    scope = f"namespace {args.namespace}" if args.namespace else "every namespace"
+    log(f"lab provider: pool {', '.join(pool)} of hostlab {args.hostlab}, API server {kube.server}, {scope}")
     try:
         while not stopping.is_set():
             try:
