@@ -60,6 +60,9 @@ def requests(count: int, seed: int) -> list[tuple[str, bytes]]:
 
 def answer_all(bodies: Path, hashes: Path, show: int | None) -> None:
     """Worker: answer every request with the ``inplace_extension`` found first on ``sys.path``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from app.asgi_post import post_scope  # of this checkout, whichever sources answer
+
     from inplace_extension.app import create_app
     from inplace_extension.settings import Settings
 
@@ -67,21 +70,7 @@ def answer_all(bodies: Path, hashes: Path, show: int | None) -> None:
     app = create_app(Settings(plain_http=True))
 
     async def answer(path: str, body: bytes) -> bytes:
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"timeout=10s",
-            "root_path": "",
-            "headers": [(b"host", b"x"), (b"content-length", str(len(body)).encode())],
-            "client": ("127.0.0.1", 1),
-            "server": ("127.0.0.1", 2),
-            "state": {},
-        }
+        scope = post_scope(path, body)
         chunks: list[bytes] = []
         pending = [{"type": "http.request", "body": body, "more_body": False}]
 

@@ -10,6 +10,7 @@ from starlette.types import Message
 from inplace_extension.app import create_app
 from inplace_extension.settings import Settings
 
+from .asgi_post import post_scope
 from .conftest import PATHS, fixture_bytes
 
 pytestmark = pytest.mark.anyio
@@ -24,21 +25,7 @@ BODIES = {
 
 async def _call(app: Any, path: str, body: bytes, root_path: str = "", chunk: int = 0) -> list[Message]:
     """One POST straight through the ASGI interface: every message the app sends, in order."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": root_path + path,
-        "raw_path": (root_path + path).encode(),
-        "root_path": root_path,
-        "query_string": b"timeout=10s",
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 2),
-        "state": {},
-        "headers": [(b"host", b"x"), (b"content-length", str(len(body)).encode())],
-    }
+    scope = post_scope(path, body, root_path)
     parts = [body[i : i + chunk] for i in range(0, len(body), chunk)] if chunk else [body]
     pending = [
         {"type": "http.request", "body": part, "more_body": i < len(parts) - 1}
