@@ -10,6 +10,9 @@ Fixtures:
   before the test.
 - ``lab_inventory`` (function): a callable writing an inventory file into the test's tmp_path.
 
+And :func:`nodes_lab`, a lab of nodes of a module's own (systemd, containerd: for kubeadm), as a
+context manager for a module's fixture.
+
 When the lab cannot start: with ``CI=true`` (or ``HOSTLAB_REQUIRED=1``) the test errors with the reason,
 elsewhere it is skipped with the reason (not root, no network namespaces, ...). A test that uses these
 fixtures must be marked ``@pytest.mark.lab``.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -29,6 +33,7 @@ from hostlab.config import Config
 from hostlab.errors import LabError, LabUnavailable
 from hostlab.inventory import render
 from hostlab.lab import Host, Lab, reap_stale
+from hostlab.state import NODE
 
 LAB_FIXTURES = {"lab", "lab_hosts", "lab_inventory"}
 WriteInventory = Callable[..., Path]
@@ -50,6 +55,22 @@ def required(what: str, reason: str) -> NoReturn:
 def unavailable(reason: str) -> NoReturn:
     """Something the host lab needs is missing (see :func:`required`)."""
     required("hostlab", reason)
+
+
+@contextmanager
+def nodes_lab(suffix: str, count: int = 2) -> Iterator[Lab]:
+    """A lab of ``count`` nodes (``kind="node"``: systemd, containerd) of its own, named
+    ``pytest-<pid>-<suffix>``, down at the end; :func:`unavailable` where nodes cannot run."""
+    cfg = Config.from_env()
+    why = prereqs.missing(cfg, NODE)
+    if why:
+        unavailable(why)
+    the_lab = Lab(f"pytest-{os.getpid()}-{suffix}", cfg)
+    try:
+        the_lab.up(count, owner_pid=os.getpid(), kind=NODE)
+        yield the_lab
+    finally:
+        the_lab.down()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

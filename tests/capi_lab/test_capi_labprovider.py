@@ -28,12 +28,13 @@ from typing import Any
 import pytest
 from hostlab.lab import Lab as HostLab
 from hostlab.proc import wait_until
+from hostlab.pytest_plugin import nodes_lab
 from kubelab import objects
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab as KubeLab
 from kubelab.labprovider import crds
 from labprovider.cabpk import secret, worker_document
-from labprovider.pool import LabMachines, clean, pool_lab, provider_running, ready, stat
+from labprovider.pool import LabMachines, clean, provider_running, ready, stat
 
 from .conftest import unique_namespace
 
@@ -48,7 +49,7 @@ MACHINE = "machine.cluster.x-k8s.io"
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[HostLab]:
-    with pool_lab("capipool") as lab:
+    with nodes_lab("capipool") as lab:
         yield lab
 
 

@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 from hostlab.lab import Lab as HostLab
 from hostlab.proc import wait_until
+from hostlab.pytest_plugin import nodes_lab
 from kubelab import build, objects
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab as KubeLab
-from labprovider.pool import LabMachines, pool_lab, provider_running
+from labprovider.pool import LabMachines, provider_running
 from nodes.images import CONTROL_PLANE_REPOSITORY
 from nodes.kubeadm_cluster import AdminApi, built
 
@@ -112,7 +113,7 @@ class Pool:
 def pool() -> Iterator[Pool]:
     binaries = built(node_binaries(VERSIONS))
     started = time.monotonic()
-    with pool_lab("wlpool", count=1 + WORKERS) as lab:
+    with nodes_lab("wlpool", count=1 + WORKERS) as lab:
         prepare_pool(lab, binaries, VERSIONS)
         yield Pool(lab, time.monotonic() - started)
 

@@ -13,7 +13,7 @@ from hostlab.config import Config
 from hostlab.lab import Host, Lab, link_exists
 from hostlab.node_base import node_base_dir
 from hostlab.proc import cmdline, wait_until
-from hostlab.pytest_plugin import unavailable
+from hostlab.pytest_plugin import nodes_lab, unavailable
 from hostlab.state import NODE
 
 pytestmark = pytest.mark.lab
@@ -21,16 +21,8 @@ pytestmark = pytest.mark.lab
 
 @pytest.fixture(scope="module")
 def node_lab() -> Iterator[Lab]:
-    cfg = Config.from_env()
-    why = prereqs.missing(cfg, NODE)
-    if why:
-        unavailable(why)
-    lab = Lab(f"pytest-{os.getpid()}-nodes", cfg)
-    try:
-        lab.up(2, owner_pid=os.getpid(), kind=NODE)
+    with nodes_lab("nodes") as lab:
         yield lab
-    finally:
-        lab.down()
 
 
 def read_only_cgroup_controllers(lab: Lab, host: Host) -> list[str]:

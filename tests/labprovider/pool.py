@@ -1,22 +1,18 @@
-"""What the lab provider's tests share: a pool of real nodes, the provider running on a kubelab, LabMachines
-read and waited for, and whether a node is clean (nothing of a bootstrap left on it)."""
+"""What the lab provider's tests share over their pool of real nodes (hostlab.pytest_plugin.nodes_lab): the
+provider running on a kubelab, LabMachines read and waited for, and whether a node is clean (nothing of a
+bootstrap left on it)."""
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from hostlab import prereqs
-from hostlab.config import Config
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.proc import wait_until
-from hostlab.pytest_plugin import unavailable
-from hostlab.state import NODE
 from kubelab import labprovider, objects
 from kubelab.lab import Lab as KubeLab
 from kubelab.labprovider import crds
@@ -33,21 +29,6 @@ BOOTSTRAP_PATHS = (
     "/run/kubeadm",
     "/var/lib/hostlab-lab-provider",
 )
-
-
-@contextmanager
-def pool_lab(suffix: str, count: int = 2) -> Iterator[HostLab]:
-    """A hostlab lab of ``count`` nodes (``kind="node"``), down at the end."""
-    cfg = Config.from_env()
-    why = prereqs.missing(cfg, NODE)
-    if why:
-        unavailable(why)
-    lab = HostLab(f"pytest-{os.getpid()}-{suffix}", cfg)
-    try:
-        lab.up(count, owner_pid=os.getpid(), kind=NODE)
-        yield lab
-    finally:
-        lab.down()
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import pytest
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.proc import wait_until
+from hostlab.pytest_plugin import nodes_lab
 from kubelab import labprovider, manifests, node_join, objects
 from kubelab.config import APISERVER_NAME
 from kubelab.flavours import capi_objects as co
@@ -32,7 +33,7 @@ from kubelab.labprovider import crds
 from kubelab.labprovider.controller import FINALIZER
 
 from .cabpk import BASE64, GZIPPED, join_configuration, secret, worker_document
-from .pool import LAB_MACHINE, WAIT, LabMachines, clean, pool_lab, provider_running, ready, stat
+from .pool import LAB_MACHINE, WAIT, LabMachines, clean, provider_running, ready, stat
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
@@ -45,7 +46,7 @@ JOIN_WAIT = 300.0  # kubeadm join and the kubelet's first Ready on 2 shared core
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[HostLab]:
-    with pool_lab("pool") as lab:
+    with nodes_lab("pool") as lab:
         yield lab
 
 
