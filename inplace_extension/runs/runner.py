@@ -39,6 +39,9 @@ RECHECK_TAG = "update_machine_recheck"
 DRAIN_TAG = "update_machine_drain"
 CUSTOM_TAG = "update_machine_custom"
 HEALTH_TAG = "update_machine_health"
+STEP_TAG = (
+    "update_machine_step_{}"  # a built-in step's include (not its bare name: a user's role may tag with it)
+)
 
 
 class RunStartError(Exception):
@@ -185,7 +188,7 @@ def skip_tags(spec: BatchSpec) -> list[str]:
     built-in steps no Machine of the batch has, and the drain points, user-defined steps and health
     gate command checks when none of its Machines has any."""
     steps = {cap for run in spec.hosts for cap in run.capabilities}
-    tags = [RECHECK_TAG, *(c.name for c in CAPABILITIES if c.name not in steps)]
+    tags = [RECHECK_TAG, *(STEP_TAG.format(c.name) for c in CAPABILITIES if c.name not in steps)]
     if all(run.drain_before is None for run in spec.hosts):
         tags.append(DRAIN_TAG)
     if not any(cap in run.roles for run in spec.hosts for cap in run.capabilities):

@@ -186,7 +186,7 @@ def test_the_service_skip_tags_leave_a_whole_update_but_a_needed_step_skipped_wr
     service = ",".join(
         [
             "update_machine_recheck",
-            *("users", "ntp", "kubernetes_version"),
+            *(f"update_machine_step_{step}" for step in ("users", "ntp", "kubernetes_version")),
             *("update_machine_drain", "update_machine_custom", "update_machine_health"),
         ]
     )

@@ -197,10 +197,10 @@ def test_the_play_leaves_out_by_tag_only_what_python_checked_and_what_no_machine
     )
     assert tagged == [
         runner.RECHECK_TAG,
-        "users",
-        "kubeadm_files",
-        "kubelet_args",
-        "kubernetes_version",
+        "update_machine_step_users",
+        "update_machine_step_kubeadm_files",
+        "update_machine_step_kubelet_args",
+        "update_machine_step_kubernetes_version",
         runner.DRAIN_TAG,
         runner.CUSTOM_TAG,
         runner.HEALTH_TAG,
@@ -225,9 +225,9 @@ def test_the_play_leaves_out_by_tag_only_what_python_checked_and_what_no_machine
     )
     assert runner.skip_tags(both) == [
         runner.RECHECK_TAG,
-        "kubeadm_files",
-        "kubelet_args",
-        "kubernetes_version",
+        "update_machine_step_kubeadm_files",
+        "update_machine_step_kubelet_args",
+        "update_machine_step_kubernetes_version",
     ]
     # every tag named is one update_machine.yml carries: a typo would leave out nothing
     play = PLAYBOOK.read_text() + "".join(
@@ -236,3 +236,6 @@ def test_the_play_leaves_out_by_tag_only_what_python_checked_and_what_no_machine
     )
     for tag in (runner.RECHECK_TAG, runner.DRAIN_TAG, runner.CUSTOM_TAG, runner.HEALTH_TAG):
         assert f"tags: [{tag}]" in play or f"tags: [always, {tag}]" in play, tag
+    for cap in ("users", "ntp", "kubeadm_files", "kubelet_args", "kubernetes_version"):
+        # the built-in step's include carries a tag of ours: a user's role may tag its tasks with a bare name
+        assert f"tags: [{cap}, {runner.STEP_TAG.format(cap)}]" in play, cap
