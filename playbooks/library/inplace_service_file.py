@@ -25,7 +25,6 @@ succeeded, the host's stamp is written and the lock released in this same execut
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 import time
 import urllib.error
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.inplace_atomic_file import replace_file
 from ansible.module_utils.inplace_lock_stamp import STAMP_OPTION, HostStateError, stamp_after
 
 DOCUMENTATION = r"""
@@ -93,16 +93,7 @@ def _differs(path: Path, content: bytes, mode: int) -> bool:
 
 def _write(path: Path, content: bytes, mode: int) -> None:
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.inplace-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, content)
-        os.fchown(fd, *_OWNER)
-        os.fchmod(fd, mode)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp.replace(path)
+    replace_file(path, content, _OWNER, mode)
 
 
 def _healthy(url: str) -> bool:

@@ -30,11 +30,11 @@ import json
 import os
 import pwd
 import re
-import secrets
 from pathlib import Path
 from typing import Any, NoReturn
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.inplace_atomic_file import replace_file
 from ansible.module_utils.inplace_lock_stamp import STAMP_OPTION, HostStateError, stamp_after
 
 DOCUMENTATION = r"""
@@ -158,16 +158,7 @@ def read_text(path: Path) -> str | None:
 
 def write_atomic(path: Path, text: str, uid: int, gid: int, mode: int) -> None:
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.inplace-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, text.encode("utf-8", errors="surrogateescape"))
-        os.fchown(fd, uid, gid)
-        os.fchmod(fd, mode)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp.replace(path)
+    replace_file(path, text.encode("utf-8", errors="surrogateescape"), (uid, gid), mode)
 
 
 def converge_file(entry: dict[str, Any], previous_append: bool | None, check: bool) -> bool:

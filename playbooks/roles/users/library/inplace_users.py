@@ -26,13 +26,13 @@ import json
 import os
 import pwd
 import re
-import secrets
 import stat
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.inplace_atomic_file import replace_file
 
 DOCUMENTATION = r"""
 module: inplace_users
@@ -256,18 +256,7 @@ def _ensure_file(path: Path, content: bytes, mode: int, owner: tuple[int, int], 
                     return False
     except FileNotFoundError:
         pass
-    tmp = path.with_name(f".{path.name}.inplace-{secrets.token_hex(4)}")  # sudo skips names with '.'
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, content)
-        os.fchown(fd, *owner)
-        os.fchmod(fd, mode)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if check is not None:
-        check(tmp)
-    tmp.replace(path)
+    replace_file(path, content, owner, mode, check)
     return True
 
 
