@@ -22,6 +22,11 @@ so the node unit (the longest since its kubeadm control plane and MCM Jobs tests
 the MCM unit (about 15) start at once, the CAPI modules on the third worker and on each worker that
 frees (several at a time, on the shared CAPI lab), and the quick modules fill the end.
 
+On a machine whose kubelab binaries are not all built, ``scripts/test`` runs the suite in two parts, split
+by ``--kube-tests``: ``deselect`` (every test not marked ``kube``: they need no kubelab binary) while the
+build runs in the background, then ``only`` (the tests marked ``kube``) once it has finished. The default
+``run`` keeps them all, as a warm run does in one part.
+
 The CAPI tests share one CAPI lab per machine (CAPD listens on fixed ports), so every test marked
 ``capi`` holds a shared lock on ``<KUBELAB_RUN_DIR>/capi-tests.lock`` from its setup to its teardown, and
 a test marked ``capi_alone`` (it restarts a part of the lab, e.g. the kube-apiserver) holds it
@@ -49,6 +54,23 @@ LAB_MARKERS = ("lab", "kube", "image")  # tests that start hosts, a control plan
 NODE_LAB_FIXTURES = {"node_cluster", "kubeadm_cluster"}
 
 
+# --kube-tests: which side of the split by the kube marker a run keeps (scripts/test's two parts)
+KUBE_TESTS = {
+    "run": "every test (the default)",
+    "deselect": "deselect the tests marked kube: those that need the kubelab's built binaries",
+    "only": "deselect every test not marked kube",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--kube-tests",
+        choices=tuple(KUBE_TESTS),
+        default="run",
+        help="; ".join(f"{choice}: {what}" for choice, what in KUBE_TESTS.items()),
+    )
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
@@ -73,8 +95,22 @@ def work_unit(item: pytest.Item) -> str:
     return _lab_unit(item) or _module(item)
 
 
+def kube_tests_kept(items: list[pytest.Item], choice: str) -> tuple[list[pytest.Item], list[pytest.Item]]:
+    """The tests a run keeps and those it deselects under ``--kube-tests=choice``."""
+    if choice == "run":
+        return items, []
+    keep_kube = choice == "only"
+    kept = [item for item in items if (item.get_closest_marker("kube") is not None) == keep_kube]
+    dropped = [item for item in items if (item.get_closest_marker("kube") is not None) != keep_kube]
+    return kept, dropped
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept, dropped = kube_tests_kept(items, config.getoption("kube_tests", default="run"))
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
     if not hasattr(config, "workerinput"):
         return  # not an xdist worker: a serial run keeps the plain collection order
     for item in items:

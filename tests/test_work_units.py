@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -214,3 +215,38 @@ def test_the_real_nodes_tests_are_one_unit() -> None:
     plain = _Item("tests/nodes/test_other.py::test_it", ["tmp_path"])
     assert suite.work_unit(shared) == suite.work_unit(own) == "node-lab"
     assert suite.work_unit(plain) == "tests/nodes/test_other.py"
+
+
+KUBE_SPLIT_TEST = """
+import pytest
+
+@pytest.mark.kube
+def test_needs_the_lab():
+    pass
+
+def test_needs_no_lab():
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("choice", "kept"),
+    [
+        ("run", {"test_needs_the_lab", "test_needs_no_lab"}),
+        ("deselect", {"test_needs_no_lab"}),
+        ("only", {"test_needs_the_lab"}),
+    ],
+)
+def test_the_two_parts_split_the_suite_by_the_kube_marker(
+    tmp_path: Path, choice: str, kept: set[str]
+) -> None:
+    (tmp_path / "conftest.py").write_text(suite_conftest("pytest_addoption", "pytest_collection_modifyitems"))
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    kube: the Kubernetes lab\n")
+    (tmp_path / "test_split.py").write_text(KUBE_SPLIT_TEST)
+    result = inner_pytest(tmp_path, {}, "-rA", f"--kube-tests={choice}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    passed = set(re.findall(r"^PASSED test_split.py::(\w+)", result.stdout, re.M))
+    assert passed == kept
+    # a part that keeps no test is pytest's "no tests collected" (5), which whole_rc weighs with the other
+    result = inner_pytest(tmp_path, {}, f"--kube-tests={choice}", "-k", "no_lab and not no_lab")
+    assert result.returncode == 5, result.stdout + result.stderr

@@ -294,6 +294,17 @@ def cached(names: Iterable[str], cfg: Config) -> dict[str, Path]:
     return paths
 
 
+def not_built(names: Iterable[str], cfg: Config) -> list[str]:
+    """The binaries of ``names`` that a build would build now (not in the cache), in build order; nothing
+    is built. ``scripts/test`` asks it to decide whether the build runs beside the tests that need none."""
+    wanted = list(dict.fromkeys(names))
+    unknown = [n for n in wanted if n not in BINARIES]
+    if unknown:
+        raise LabError(f"kubelab build: unknown binaries {unknown}; known: {sorted(BINARIES)}")
+    go_version = _go_version(cfg)
+    return [name for name in wanted if not binary_path(cfg, name, go_version).is_file()]
+
+
 # Upstream files read as data at run time (never copied into the repository), pinned by their checksum.
 DATA_MODULES: dict[str, tuple[str, str, str]] = {
     "cert-manager": (

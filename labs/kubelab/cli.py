@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     build_cmd = sub.add_parser("build", help="build the binaries that are missing from the cache")
     build_cmd.add_argument("--flavour", action="append", default=[], help=flavour_help)
     build_cmd.add_argument("--all", action="store_true", help="every binary of every flavour")
+    build_cmd.add_argument(
+        "--not-built", action="store_true", help="build nothing: print the names of those a build would build"
+    )
     up = sub.add_parser(
         "up", help="start etcd, kube-apiserver, kube-controller-manager and kwok (building first)"
     )
@@ -68,8 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             names = list(build.BINARIES) if args.all else [*build.CORE_BINARIES]
             for flavour in args.flavour:
                 names += flavours.load(flavour).binaries
-            for name, path in build.ensure_built(names, cfg, progress).items():
-                print(f"{name}\t{path}")
+            if args.not_built:
+                for name in build.not_built(names, cfg):
+                    print(name)
+            else:
+                for name, path in build.ensure_built(names, cfg, progress).items():
+                    print(f"{name}\t{path}")
         elif args.command == "up":
             lab.up(args.flavour, owner_pid=0, progress=progress)
             _print_status(lab.status(), as_json=False)

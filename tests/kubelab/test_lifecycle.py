@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hostlab.errors import LabError
 from hostlab.proc import alive
-from kubelab import build
+from kubelab import build, cli
 from kubelab.config import Config
 from kubelab.lab import Lab
 from kubelab.pytest_plugin import unavailable
@@ -98,3 +98,19 @@ def test_build_tags_are_in_the_recipe_hash_and_on_the_build_line(
         build.ensure_built(["broken"], cfg, progress=lambda _: None)
     command = (cfg.cache_dir / "logs" / "broken.log").read_text().splitlines()[0]
     assert " -tags remove_all_sd -o " in command
+
+
+def test_not_built_names_what_a_build_would_build_and_builds_nothing(
+    kubelab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # scripts/test asks this to choose between the warm run (nothing to build) and the build beside the tests
+    assert build.not_built(["kubectl", "etcd"], kubelab.cfg) == []  # the session lab's, built
+    empty = Config(cache_dir=tmp_path / "cache", run_dir=tmp_path / "run", go=kubelab.cfg.go)
+    assert build.not_built(["kubectl", "etcd", "kubectl"], empty) == ["kubectl", "etcd"]
+    assert not empty.cache_dir.exists()
+    with pytest.raises(LabError, match="unknown binaries"):
+        build.not_built(["no-such-binary"], empty)
+    monkeypatch.setenv("KUBELAB_CACHE_DIR", str(empty.cache_dir))
+    assert cli.main(["build", "--all", "--not-built"]) == 0
+    assert capsys.readouterr().out.split() == list(build.BINARIES)
+    assert not empty.cache_dir.exists()
