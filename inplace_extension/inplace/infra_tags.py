@@ -11,10 +11,11 @@ access it could not tell when the provider is done, so the change is declined an
 
 The facts of the table, read in the providers' sources:
 
-- CAPA v2.10.0: ``AWSMachine.ValidateUpdate`` (``api/v1beta2/awsmachine_webhook.go``) deletes
-  ``additionalTags`` from both specs before its immutability comparison; ``ensureTags``
-  (``controllers/awsmachine_tags.go``) runs on every reconcile of an instance in a known state, sends
-  the created/changed/deleted tags to EC2 and records the applied set, JSON, in
+- CAPA (v2.8.4, as kubelab pins it; v2.10.0 the same): ``AWSMachine.ValidateUpdate``
+  (``api/v1beta2/awsmachine_webhook.go``) deletes ``additionalTags`` from both specs before its
+  immutability comparison; ``ensureTags`` (``controllers/awsmachine_tags.go``) runs on every
+  reconcile of an instance in a known state, sends the created/changed/deleted tags to EC2 and records
+  the applied set, JSON, in
   ``sigs.k8s.io/cluster-api-provider-aws-last-applied-tags``. The set it applies is the AWSCluster's
   ``additionalTags`` merged with the AWSMachine's (``MachineScope.AdditionalTags``), so the annotation
   may hold more than the machine's own tags.
