@@ -145,8 +145,8 @@ BINARIES: dict[str, Binary] = {
             MCM_VERSION_FLAGS,
         ),
         # the lab's CAPA manager (CAPA v2.8.4's own AWSMachine controller and webhooks, a main of the lab's
-        # own: CAPA's main.go does not build from the proxy; labs/kubelab/go/capa/go.mod says why), for the
-        # CAPA proof of issue #28 against moto (docs/development.md: not landed yet)
+        # own: CAPA's main.go does not build from the proxy; labs/kubelab/go/capa/go.mod says why), for
+        # tests/capi_lab/test_capi_capa.py against moto
         Binary("capa-lab-manager", "capa", "inplace-extension.invalid/kubelab/capa/cmd/capa-lab-manager"),
         # promtool, Prometheus' rule checker and rule unit tester, for tests/deploy/test_alert_rules.py.
         # remove_all_sd leaves out every service discovery plugin but file and http (Prometheus'
