@@ -216,6 +216,16 @@ class Lab:
         if component is not None:
             self._stop(component)
 
+    def remove_component(self, name: str) -> None:
+        """Stop ``name`` and drop it from the lab's state: a process a test added and ended on purpose is
+        no part of the lab any more. A stopped component that stays recorded means the lab is broken, and
+        a worker attaching to a shared lab starts such a lab again (kubelab.pytest_plugin._shared),
+        under the feet of the other workers' tests."""
+        self.stop_component(name)
+        current = self.state()
+        current.components = [c for c in current.components if c.name != name]
+        state.save(self.dir, current)
+
     def restart_component(self, name: str, ready: str | Ready | None = None) -> Component:
         component = self.state().component(name)
         if component is None:

@@ -184,7 +184,7 @@ def running_capa(lab: Lab, moto: str, work: Path) -> Iterator[Capa]:
         yield Capa(lab, moto)
     finally:
         lab.kubectl("delete", "--ignore-not-found", "-f", str(hooks), check=False)
-        lab.stop_component(MANAGER)
+        lab.remove_component(MANAGER)
 
 
 @dataclass(frozen=True)

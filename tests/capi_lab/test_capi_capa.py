@@ -149,6 +149,13 @@ def setup(
                 "delete", "clusters.cluster.x-k8s.io", CLUSTER, "-n", namespace, "--wait=true",
                 "--timeout=180s", check=False,
             )  # fmt: skip
+            # the instances' kwok Nodes (cluster-wide, named after the instances): the lab is shared
+            nodes = json.loads(kube.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+            for node in nodes:
+                if node.get("spec", {}).get("providerID", "").startswith("aws:///"):
+                    kube.kubectl(
+                        "delete", "node", node["metadata"]["name"], "--ignore-not-found", check=False
+                    )
 
 
 def create_cluster(s: Setup) -> dict[str, str]:

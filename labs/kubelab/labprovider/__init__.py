@@ -57,4 +57,6 @@ def start(kube: KubeLab, pool_lab: HostLab, nodes: Sequence[str], namespace: str
 
 
 def stop(kube: KubeLab, namespace: str | None = None) -> None:
-    kube.stop_component(component(namespace))
+    """Stop the controller and drop it from the lab's state (a shared lab with a stopped component is
+    started again by the next worker that attaches to it)."""
+    kube.remove_component(component(namespace))
