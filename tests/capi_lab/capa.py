@@ -32,10 +32,6 @@ import base64
 import copy
 import json
 import os
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,7 +43,6 @@ from kubelab import build, manifests, objects
 from kubelab.flavours import capi_objects as co
 from kubelab.flavours.capi_webhooks import prepared_webhook_configurations
 from kubelab.lab import Lab
-from kubelab.ports import free_port
 
 from .rollout import wait
 
@@ -73,36 +68,6 @@ WEBHOOK_CONFIGS = ("mutating-webhook-configuration-capa", "validating-webhook-co
 AWS_MACHINES = "awsmachines.infrastructure.cluster.x-k8s.io"
 AWS_CLUSTERS = "awsclusters.infrastructure.cluster.x-k8s.io"
 START_SECONDS = 60.0
-
-
-@contextmanager
-def moto_server(log: Path) -> Iterator[str]:
-    """moto's server on 127.0.0.1 at a free port until the block ends (stopped by its PID)."""
-    port = free_port()
-    server = Path(sys.executable).with_name("moto_server")
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_SECONDS
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/moto-api/", timeout=2):  # noqa: S310 (loopback URL of ours)
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}") from None
-                time.sleep(0.2)  # polling a condition with a deadline
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Any
 import boto3
 import pytest
 import yaml
+from aws.moto import moto_server
 from e2e.conftest import START_VERSION
 from hostlab.inventory import service_inventory
 from hostlab.lab import Host
@@ -121,7 +122,7 @@ def setup(
 ) -> Iterator[Setup]:
     kube = kubelab_capi
     work = tmp_path_factory.mktemp("capi-capa")
-    with capa.moto_server(work / "moto.log") as moto, capa.running_capa(kube, moto, work) as manager:
+    with moto_server(work / "moto.log") as moto, capa.running_capa(kube, moto, work) as manager:
         ec2 = boto3.client(
             "ec2",
             endpoint_url=moto,
