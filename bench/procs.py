@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Self
 
@@ -59,7 +60,7 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-class Sampler:
+class Sampler(ABC):
     """Calls :meth:`sample` every :attr:`seconds` in a daemon thread while the ``with`` block runs (the
     first call one period after the start); the block's end stops the thread and waits up to
     :attr:`join_seconds` for its last sample."""
@@ -83,8 +84,9 @@ class Sampler:
         while not self._stop.wait(self.seconds):
             self.sample()
 
+    @abstractmethod
     def sample(self) -> None:
-        raise NotImplementedError
+        """One sample: what each kind of sampler measures."""
 
 
 class MemorySampler(Sampler):
