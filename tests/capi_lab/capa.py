@@ -67,7 +67,6 @@ WEBHOOK_KINDS = ("awscluster", "awsmachine", "awsmachinetemplate")
 WEBHOOK_CONFIGS = ("mutating-webhook-configuration-capa", "validating-webhook-configuration-capa")
 AWS_MACHINES = "awsmachines.infrastructure.cluster.x-k8s.io"
 AWS_CLUSTERS = "awsclusters.infrastructure.cluster.x-k8s.io"
-START_SECONDS = 60.0
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
