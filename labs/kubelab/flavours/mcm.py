@@ -12,7 +12,8 @@ What runs (all real MCM code, built from ``labs/kubelab/go/mcm``):
 Both watch the namespace :data:`NAMESPACE` of the lab cluster, which is control and target cluster at
 once. A controller is ready when its ``/healthz`` answers and its log says its informers synced
 ("Starting machine-controller-manager"). The host list is a JSON file in the lab directory;
-:func:`set_hosts` replaces it (e.g. with hostlab hosts) and restarts the machine controller.
+:func:`set_hosts` replaces it (e.g. with hostlab hosts, each optionally with the providerID of an
+instance its machine stands for) and restarts the machine controller.
 """
 
 from __future__ import annotations
@@ -66,12 +67,18 @@ def hosts_file(lab: Lab) -> Path:
     return lab.dir / "static-hosts.json"
 
 
-def write_hosts(lab: Lab, hosts: Iterable[tuple[str, str]]) -> Path:
+def write_hosts(
+    lab: Lab, hosts: Iterable[tuple[str, str]], provider_ids: Mapping[str, str] | None = None
+) -> Path:
+    """``provider_ids``: host name -> the providerID its Node and Machine get (the driver's own
+    ``static:///<host>`` for a host not named)."""
     key, value = KWOK_NODE_LABEL.split("=", 1)
-    config = {
-        "hosts": [{"name": host, "address": address} for host, address in hosts],
-        "nodeLabels": {key: value},
-    }
+    ids = provider_ids or {}
+    entries = [
+        {"name": host, "address": address} | ({"providerID": ids[host]} if host in ids else {})
+        for host, address in hosts
+    ]
+    config = {"hosts": entries, "nodeLabels": {key: value}}
     path = hosts_file(lab)
     path.write_text(json.dumps(config, indent=2) + "\n")
     return path
@@ -131,9 +138,10 @@ def start_machine_controller(lab: Lab) -> None:
     _start(lab, MACHINE_CONTROLLER, [f"--static-hosts-config={hosts_file(lab)}", *MACHINE_CONTROLLER_FLAGS])
 
 
-def set_hosts(lab: Lab, hosts: Mapping[str, str]) -> None:
+def set_hosts(lab: Lab, hosts: Mapping[str, str], provider_ids: Mapping[str, str] | None = None) -> None:
     """Back Machines by these hosts (name -> IP address) from now on: rewrite the list, restart the
-    machine controller (a fresh port; Machines already backed keep their Nodes and hosts)."""
-    write_hosts(lab, hosts.items())
+    machine controller (a fresh port; Machines already backed keep their Nodes and hosts).
+    ``provider_ids`` as for :func:`write_hosts`."""
+    write_hosts(lab, hosts.items(), provider_ids)
     lab.stop_component(MACHINE_CONTROLLER)
     start_machine_controller(lab)

@@ -5,6 +5,10 @@
 // can reach the host. Nothing is installed on the host: whatever runs there registers or keeps the
 // Node (in kubelab: kwok, through the label type=kwok).
 //
+// A host may name the providerID its Node and Machine carry (providerID in its entry), so that the
+// machine stands for an instance elsewhere: kubelab gives hosts the IDs of instances in an AWS API
+// emulator (aws:///<zone>/<instance id>), which a node-side updater reads to tag that instance.
+//
 // The assignment Machine -> host lives only in the Nodes (label HostLabel), so the driver is stateless:
 // a host is free when no Node carries its name. Deleting a Machine deletes its Node and frees the host.
 package statichosts
@@ -15,6 +19,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/gardener/machine-controller-manager/pkg/util/provider/driver"
@@ -31,7 +36,8 @@ const (
 	HostLabel = "static-hosts.inplace-extension.io/host"
 	// AddressAnnotation is the host's address, read by inplace-extension's host resolution.
 	AddressAnnotation = "inplace-extension.io/address"
-	// ProviderPrefix starts every providerID this driver hands out: static:///<host name>.
+	// ProviderPrefix starts every providerID this driver makes up: static:///<host name>, unless the
+	// host's entry names its own.
 	ProviderPrefix = "static:///"
 )
 
@@ -39,6 +45,8 @@ const (
 type Host struct {
 	Name    string `json:"name"`
 	Address string `json:"address"`
+	// ProviderID, when set, is the providerID of the host's Node and Machine instead of static:///<name>.
+	ProviderID string `json:"providerID,omitempty"`
 }
 
 // Config is what the driver is started with.
@@ -61,12 +69,14 @@ func LoadConfig(path string) (Config, error) {
 	return cfg, cfg.Check()
 }
 
-// Check refuses an empty list, duplicate names and addresses that are not IP literals.
+// Check refuses an empty list, duplicate names, addresses that are not IP literals and providerIDs that
+// are not <provider>://<id> or that two hosts share (two Machines would claim one instance).
 func (c Config) Check() error {
 	if len(c.Hosts) == 0 {
 		return fmt.Errorf("static-hosts: no hosts configured")
 	}
 	seen := map[string]bool{}
+	ids := map[string]bool{}
 	for i, h := range c.Hosts {
 		if h.Name == "" || seen[h.Name] {
 			return fmt.Errorf("static-hosts: hosts[%d]: empty or duplicate name %q", i, h.Name)
@@ -75,6 +85,14 @@ func (c Config) Check() error {
 		if _, err := netip.ParseAddr(h.Address); err != nil {
 			return fmt.Errorf("static-hosts: hosts[%d] (%s): address %q is not an IP literal", i, h.Name, h.Address)
 		}
+		if h.ProviderID == "" {
+			continue
+		}
+		provider, id, found := strings.Cut(h.ProviderID, "://")
+		if !found || provider == "" || strings.Trim(id, "/") == "" || ids[h.ProviderID] {
+			return fmt.Errorf("static-hosts: hosts[%d] (%s): providerID %q is not <provider>://<id> or is another host's", i, h.Name, h.ProviderID)
+		}
+		ids[h.ProviderID] = true
 	}
 	return nil
 }
@@ -93,7 +111,12 @@ func New(cfg Config, client kubernetes.Interface) *Driver {
 	return &Driver{cfg: cfg, client: client}
 }
 
-func providerID(host string) string { return ProviderPrefix + host }
+func providerID(host Host) string {
+	if host.ProviderID != "" {
+		return host.ProviderID
+	}
+	return ProviderPrefix + host.Name
+}
 
 func apiError(what string, err error) error {
 	return status.WrapError(codes.Internal, fmt.Sprintf("static-hosts: %s: %v", what, err), err)
@@ -131,12 +154,12 @@ func (d *Driver) CreateMachine(ctx context.Context, req *driver.CreateMachineReq
 				Labels:      labels,
 				Annotations: map[string]string{AddressAnnotation: host.Address},
 			},
-			Spec: corev1.NodeSpec{ProviderID: providerID(host.Name)},
+			Spec: corev1.NodeSpec{ProviderID: providerID(host)},
 		}
 		if _, err := d.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 			return nil, apiError("create node "+name, err)
 		}
-		return &driver.CreateMachineResponse{ProviderID: providerID(host.Name), NodeName: name}, nil
+		return &driver.CreateMachineResponse{ProviderID: providerID(host), NodeName: name}, nil
 	}
 	return nil, status.Error(codes.ResourceExhausted, fmt.Sprintf("static-hosts: all %d hosts are taken", len(d.cfg.Hosts)))
 }

@@ -38,17 +38,24 @@ func code(err error) codes.Code {
 	return s.Code()
 }
 
-func TestCreateBacksEachMachineByOneFreeHost(t *testing.T) {
-	client := fake.NewClientset()
-	d := New(twoHosts, client)
+// createTwo creates the machines m-a and m-b, in that order.
+func createTwo(t *testing.T, d *Driver) (first, second *driver.CreateMachineResponse) {
+	t.Helper()
 	first, err := create(t, d, "m-a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := create(t, d, "m-b")
+	second, err = create(t, d, "m-b")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return first, second
+}
+
+func TestCreateBacksEachMachineByOneFreeHost(t *testing.T) {
+	client := fake.NewClientset()
+	d := New(twoHosts, client)
+	first, second := createTwo(t, d)
 	if first.NodeName != "m-a" || second.NodeName != "m-b" {
 		t.Fatalf("node names %q %q, want the machine names", first.NodeName, second.NodeName)
 	}
@@ -67,6 +74,28 @@ func TestCreateBacksEachMachineByOneFreeHost(t *testing.T) {
 	}
 	if _, err := create(t, d, "m-c"); code(err) != codes.ResourceExhausted {
 		t.Fatalf("third machine on two hosts: %v, want ResourceExhausted", err)
+	}
+}
+
+func TestAHostsOwnProviderIDIsItsNodesAndMachines(t *testing.T) {
+	const instance = "aws:///eu-west-1a/i-0123456789abcdef0"
+	cfg := Config{Hosts: []Host{{Name: "h1", Address: "10.0.0.1", ProviderID: instance}, {Name: "h2", Address: "10.0.0.2"}}}
+	if err := cfg.Check(); err != nil {
+		t.Fatal(err)
+	}
+	client := fake.NewClientset()
+	d := New(cfg, client)
+	first, second := createTwo(t, d)
+	if first.ProviderID != instance || second.ProviderID != "static:///h2" {
+		t.Fatalf("provider IDs %q %q, want the configured one and static:///h2", first.ProviderID, second.ProviderID)
+	}
+	node, err := client.CoreV1().Nodes().Get(context.Background(), "m-a", metav1.GetOptions{})
+	if err != nil || node.Spec.ProviderID != instance || node.Labels[HostLabel] != "h1" {
+		t.Fatalf("node m-a: %v %v", node, err)
+	}
+	got, err := d.GetMachineStatus(context.Background(), &driver.GetMachineStatusRequest{Machine: machine("m-a")})
+	if err != nil || got.ProviderID != instance {
+		t.Fatalf("status of m-a: %v %v", got, err)
 	}
 }
 
@@ -148,10 +177,16 @@ func TestListMachinesAndInitialize(t *testing.T) {
 
 func TestConfigCheck(t *testing.T) {
 	bad := map[string]Config{
-		"empty":     {},
-		"duplicate": {Hosts: []Host{{Name: "h", Address: "10.0.0.1"}, {Name: "h", Address: "10.0.0.2"}}},
-		"hostname":  {Hosts: []Host{{Name: "h", Address: "host.example"}}},
-		"no name":   {Hosts: []Host{{Address: "10.0.0.1"}}},
+		"empty":                       {},
+		"duplicate":                   {Hosts: []Host{{Name: "h", Address: "10.0.0.1"}, {Name: "h", Address: "10.0.0.2"}}},
+		"hostname":                    {Hosts: []Host{{Name: "h", Address: "host.example"}}},
+		"no name":                     {Hosts: []Host{{Address: "10.0.0.1"}}},
+		"providerID without provider": {Hosts: []Host{{Name: "h", Address: "10.0.0.1", ProviderID: "i-0123"}}},
+		"providerID without id":       {Hosts: []Host{{Name: "h", Address: "10.0.0.1", ProviderID: "aws:///"}}},
+		"providerID of two hosts": {Hosts: []Host{
+			{Name: "h1", Address: "10.0.0.1", ProviderID: "aws:///z/i-1"},
+			{Name: "h2", Address: "10.0.0.2", ProviderID: "aws:///z/i-1"},
+		}},
 	}
 	for what, cfg := range bad {
 		if err := cfg.Check(); err == nil {
