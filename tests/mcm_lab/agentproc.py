@@ -1,12 +1,13 @@
 """``inplace-extension mcm-agent`` as a subprocess beside the real MCM, and the MCM pool a test rolls
-out: a MachineDeployment of lab hosts (static-hosts machine controller) and two MachineClasses."""
+out: a MachineDeployment of lab hosts (static-hosts machine controller) and its MachineClasses."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,25 @@ def attempts(runs: Path, node: str, fingerprint: str) -> list[Attempt]:
 
 
 class AgentProcess:
-    def __init__(self, argv: Sequence[str], log_path: Path, port: int, runs_dir: Path) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        log_path: Path,
+        port: int,
+        runs_dir: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``env``: variables set for the agent on top of the test's environment."""
         self.log_path, self.port, self.runs_dir = log_path, port, runs_dir
         self._log = log_path.open("ab")
         try:
             self.proc = subprocess.Popen(
-                list(argv), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO
+                list(argv),
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO,
+                env={**os.environ, **(env or {})},
             )
         except BaseException:
             self._log.close()
@@ -128,18 +142,34 @@ def agent_argv(
     return [*argv, *extra]
 
 
+# (version, class name, the version's inPlaceUpdate spec) -> the MachineClass
+MakeClass = Callable[[str, str, Mapping[str, Any]], dict[str, Any]]
+
+
+def static_hosts_class(version: str, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A pool's MachineClass whose providerSpec is only the desired state (``inPlaceUpdate``)."""
+    return mcm_objects.machine_class(name, {"inPlaceUpdate": dict(spec)})
+
+
 class Pool:
-    """A MachineDeployment of ``len(hosts)`` Machines on the lab hosts, on class ``<name>-v1``."""
+    """A MachineDeployment of ``len(hosts)`` Machines on the lab hosts, on class ``<name>-v1``.
+    ``provider_ids``: host name -> the providerID its Machine and Node get (the driver's own otherwise);
+    ``make_class``: the classes of another shape than :func:`static_hosts_class`."""
 
     def __init__(
-        self, lab: Lab, name: str, hosts: Sequence[Host], specs: Mapping[str, Mapping[str, Any]], **md: Any
+        self,
+        lab: Lab,
+        name: str,
+        hosts: Sequence[Host],
+        specs: Mapping[str, Mapping[str, Any]],
+        provider_ids: Mapping[str, str] | None = None,
+        make_class: MakeClass = static_hosts_class,
+        **md: Any,
     ) -> None:
         self.lab, self.name, self.hosts = lab, name, list(hosts)
-        mcm.set_hosts(lab, {h.name: h.address for h in hosts})
+        mcm.set_hosts(lab, {h.name: h.address for h in hosts}, provider_ids)
         self.classes = {v: f"{name}-{v}" for v in specs}
-        classes = [
-            mcm_objects.machine_class(self.classes[v], {"inPlaceUpdate": dict(s)}) for v, s in specs.items()
-        ]
+        classes = [make_class(v, self.classes[v], s) for v, s in specs.items()]
         self.md = mcm_objects.machine_deployment(name, self.classes["v1"], len(hosts), **md)
         mcm_objects.apply_pool(lab, self.md, *classes)
         if not wait_until(lambda: self._running(len(hosts)), WAIT, 0.5):

@@ -5,7 +5,7 @@ playbooks of the end-to-end tests (tests/e2e/conftest.py, reused as they are), a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -35,14 +35,15 @@ def start_agent(
         capabilities: Path | None = None,
         extra: Sequence[str] = (),
         unlisted: Sequence[Host] = (),
+        env: Mapping[str, str] | None = None,
     ) -> AgentProcess:
         """``capabilities``: another capabilities file (a test's own windows); ``extra``: more flags;
-        ``unlisted``: hosts without an inventory entry."""
+        ``unlisted``: hosts without an inventory entry; ``env``: more environment variables."""
         runs = runs_dir or tmp_path / f"runs-{name}"
         port = kubelab_mcm.free_port()
         inventory = write_inventory(lab, tmp_path / f"inventory-{name}.yaml", unlisted)
         argv = agent_argv(kubelab_mcm, lab, inventory, runs, capabilities or e2e_capabilities, port, extra)
-        agent = AgentProcess(argv, tmp_path / f"{name}.log", port, runs)
+        agent = AgentProcess(argv, tmp_path / f"{name}.log", port, runs, env)
         started.append(agent)
         return agent
 

@@ -4,6 +4,11 @@ MachineDeployments as the static-hosts machine controller expects them, and smal
 MCM refuses to create a Machine whose class Secret lacks ``userData``; the static-hosts driver ignores
 its content (the hosts exist already). ``providerSpec`` is free-form for this driver: it carries
 whatever a node-side updater reads as the desired state.
+
+A MachineClass's ``provider`` picks no driver: MCM's machine controller runs the one driver it was built
+with (v0.62.1 reads the field nowhere) and handles every class of its namespace, so a class may say
+``provider: AWS`` with an AWS credentials Secret for a node-side updater while the static-hosts driver
+still backs its Machines by lab hosts.
 """
 
 from __future__ import annotations
@@ -39,15 +44,25 @@ def secret() -> dict[str, Any]:
     }
 
 
-def machine_class(name: str, provider_spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    return {
+def machine_class(
+    name: str,
+    provider_spec: Mapping[str, Any] | None = None,
+    provider: str = PROVIDER,
+    credentials_secret: str | None = None,
+) -> dict[str, Any]:
+    """``credentials_secret``: the name of a Secret of the namespace, the class's ``credentialsSecretRef``
+    (MCM's machine controller reads it too: it must exist while the class has Machines)."""
+    machine_class: dict[str, Any] = {
         "apiVersion": API_VERSION,
         "kind": "MachineClass",
         "metadata": {"name": name, "namespace": NAMESPACE},
-        "provider": PROVIDER,
+        "provider": provider,
         "providerSpec": dict(provider_spec or {}),
         "secretRef": {"name": USER_DATA_NAME, "namespace": NAMESPACE},
     }
+    if credentials_secret is not None:
+        machine_class["credentialsSecretRef"] = {"name": credentials_secret, "namespace": NAMESPACE}
+    return machine_class
 
 
 def machine_deployment(
