@@ -18,8 +18,8 @@ still accepts connections and answers nothing, as a hung endpoint does, so the a
 read timeout (20 s, ``aws/ec2_tags.py``); moto's state in memory (the instances, their tags) is kept,
 which a restart of the server would lose.
 
-Runtime: about 3 minutes in the MCM unit (measured: the test 142 s at load average 10-12, the outage's
-read timeout about 20 s of it; its pool's creation and removal about 40 s).
+Runtime: about 2.5-3 minutes in the MCM unit (measured: the test 105-142 s at load average 8-12, the
+outage's read timeout about 20 s of it; its pool's creation and removal about 40 s).
 """
 
 from __future__ import annotations
