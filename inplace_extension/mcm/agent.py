@@ -170,10 +170,13 @@ class Agent:
 
     async def _work(self, name: str) -> None:
         try:
-            while not self._stopping and await self._step(name):
-                wake = self._wake[name]
+            wake = self._wake[name]
+            while not self._stopping:
+                # cleared before the step, not after: a wake during the step (the watch event of a write
+                # that made the step's patch a Conflict, the kubelet's after its restart) makes the wait
+                # below return at once instead of sleeping the full tick
                 wake.clear()
-                if self._stopping:  # _stop set the wake before this step ended
+                if not await self._step(name) or self._stopping:  # the agent began to stop during the step
                     break
                 # a Node waiting for its maintenance window is looked at again when the run service says
                 # (or on a change of the Node), not every poll_seconds
