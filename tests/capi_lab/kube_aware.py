@@ -116,12 +116,14 @@ def serving(
     capabilities: Path,
     log_path: Path,
     extra_argv: Sequence[str] = (),
+    workload_kubeconfig: str = "management",
 ) -> Iterator[KubeExtension]:
     """``serve --kubeconfig ... --workload-kubeconfig management`` (TLS from the lab's PKI, an empty
     inventory, ``--retry-after-seconds 1``) with ``capabilities`` and ``extra_argv``, registered with CAPI
     through the ExtensionConfig ``name`` for the namespaces labelled ``selector``; stopped and deregistered
     afterwards. ``name`` is also the serving certificate's file name in the PKI: one per test module, so
-    modules running at once on other workers never share either."""
+    modules running at once on other workers never share either. ``workload_kubeconfig`` ``secret``
+    reaches a real workload cluster through the kubeconfig Secret CAPI writes (test_capi_workload.py)."""
     # short: ssh's ControlPath socket lives under the runs dir (108-byte limit for socket paths)
     work = Path(tempfile.mkdtemp(prefix="ka-"))
     inventory = work / "inventory.yaml"
@@ -131,7 +133,7 @@ def serving(
         "--kubeconfig",
         str(kube.kubeconfig),
         "--workload-kubeconfig",
-        "management",
+        workload_kubeconfig,
         *extra_argv,
     ]
     ext = KubeExtension(kube, hosts, inventory, work / "runs", log_path, argv, dict(selector))

@@ -1,7 +1,8 @@
 """A real workload cluster made by the real CAPI v1.14.2 controllers on the lab's real nodes (issue #27
-item 3): core, KubeadmControlPlane and CABPK on the shared CAPI lab, the lab's infrastructure provider
+item 3), and its workers updated in place under those controllers (item 4, the MachineDeployment part):
+core, KubeadmControlPlane and CABPK on the shared CAPI lab, the lab's infrastructure provider
 (:mod:`kubelab.labprovider`, the stand-in for a bare-metal provider) over a pool of three node-lab nodes
-(systemd, containerd, the real kubelet).
+(systemd, containerd, the real kubelet). One work unit: the cluster is built once, the tests run in order.
 
 The test writes only what a user writes (:mod:`capi_lab.workload`): a Cluster on a LabCluster, a
 KubeadmControlPlane of one at v1.36.1 and a MachineDeployment of two workers at v1.35.4. CABPK renders
@@ -9,18 +10,38 @@ the bootstrap data, the provider carries it out on a pool node (``kubeadm init``
 ``kubeadm join``), CAPI's Machine controller finds each Node by its providerID through the kubeconfig
 Secret KCP writes. Nothing is patched by hand on any Node or Machine. The pool's preparation (images in
 containerd, kubelet and kubeadm staged per version) stands for a bare-metal machine image.
+
+The in-place update: our service in the Kubernetes-aware mode (``serve --kubeconfig``, the workload
+cluster reached through the kubeconfig Secret CAPI writes, as in production) registered through its own
+ExtensionConfig for the cluster's namespace, reaching each worker over SSH through an inventory entry per
+Machine (the pool node's address and pinned host key). The test changes the MachineDeployment as a user
+does: ``version`` v1.35.4 -> v1.36.1 (a minor, to the control plane's) and a new KubeadmConfigTemplate
+with a kubelet flag, a file, a user and NTP servers. CAPI asks the service, which claims it; CAPI updates
+each Machine in place through UpdateMachine, one at a time; the service drains each Node through the
+workload cluster before the disruptive steps (the kubelet flag, ``kubeadm upgrade node``), uncordons it
+and answers done once the real Node is Ready. Not done here: the KubeadmControlPlane in place (CAPI
+v1.14.2's KCP updates in place only with 3 replicas and maxSurge 0: five or more pool nodes), kubelet
+credential rotation, and an unclaimed change rolled out onto a fresh pool node.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import time
+import urllib.error
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
+from hostlab.node_base import PAUSE_IMAGE
 from hostlab.proc import wait_until
 from hostlab.pytest_plugin import nodes_lab
 from kubelab import build, objects
@@ -29,9 +50,21 @@ from kubelab.lab import Lab as KubeLab
 from labprovider.pool import LabMachines, provider_running
 from nodes.images import CONTROL_PLANE_REPOSITORY
 from nodes.kubeadm_cluster import AdminApi, built
+from playbooks.support import ReleaseServer
 
 from .conftest import unique_namespace
-from .workload import cluster_objects, kubeconfig, node_binaries, prepare_pool, workload_api
+from .kube_aware import CORDONED_BY, KubeExtension, serving
+from .workload import (
+    capabilities,
+    cluster_objects,
+    in_place_worker_spec,
+    kubeconfig,
+    machine_inventory,
+    node_binaries,
+    prepare_pool,
+    release_binary,
+    workload_api,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube, pytest.mark.capi]
 
@@ -45,6 +78,18 @@ VERSIONS = (WORKER_VERSION, *build.NODE_VERSIONS)  # staged on every pool node
 BUILD_DEADLINE = 1500.0
 DELETE_DEADLINE = 600.0
 KCP = "kubeadmcontrolplane.controlplane.cluster.x-k8s.io"
+MD = "machinedeployments.cluster.x-k8s.io"
+# this module's ExtensionConfig and the label of the workload cluster's namespace (no other module's)
+EXTENSION = "inplace-extension-workload"
+SELECTOR = {"inplace-extension.io/capi-workload": "yes"}
+TARGET = CONTROL_PLANE_VERSION  # the workers' minor upgrade, to the control plane's version
+# two workers one after the other, each: drain, the binaries downloaded, kubeadm upgrade node, the kubelet
+# restarted, the health gate on the real Node
+ROLLOUT_DEADLINE = 1200.0
+FLAG = ("max-pods", "77")
+FILE = {"path": "/etc/lab-workload/in-place.conf", "content": "in place $(id)\n", "permissions": "0640"}
+NTP = {"enabled": True, "servers": ["ntp1.example.org", "ntp2.example.org"]}
+USER = "labops"
 
 
 @dataclass(frozen=True)
@@ -114,7 +159,7 @@ def pool() -> Iterator[Pool]:
     binaries = built(node_binaries(VERSIONS))
     started = time.monotonic()
     with nodes_lab("wlpool", count=1 + WORKERS) as lab:
-        prepare_pool(lab, binaries, VERSIONS)
+        prepare_pool(lab, binaries, VERSIONS, image=WORKER_VERSION)
         yield Pool(lab, time.monotonic() - started)
 
 
@@ -123,6 +168,11 @@ def workload(kubelab_capi: KubeLab, pool: Pool) -> Iterator[Workload]:
     kube, namespace = kubelab_capi, unique_namespace("workload")
     endpoint = pool.lab.hosts()[0]
     with provider_running(kube, pool.lab, namespace) as machines:
+        # the label by which this module's ExtensionConfig serves the namespace (workload_extension)
+        objects.apply(
+            kube,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": SELECTOR}},
+        )
         started = time.monotonic()
         objects.apply(
             kube,
@@ -203,3 +253,175 @@ def test_capi_builds_a_workload_cluster_on_real_nodes(
     for machine in machines.values():
         managers = {f["manager"] for f in machine["metadata"].get("managedFields", [])}
         assert managers.isdisjoint({"kubelab", "kubectl", "kubectl-patch", "kubectl-edit"}), managers
+
+
+@pytest.fixture(scope="module")
+def workload_extension(
+    kubelab_capi: KubeLab, pool: Pool, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KubeExtension]:
+    """Our service in the Kubernetes-aware mode for the workload cluster's namespace (module docstring),
+    the kubernetes_version role pointed at a release server of the lab's builds on the pool's gateway."""
+    binaries = built(("kubectl", *node_binaries(VERSIONS)))
+    work = tmp_path_factory.mktemp("capi-workload")  # kept after the run: the service's log
+    with ReleaseServer(pool.lab.gateway, release_binary(binaries)) as server:
+        caps = work / "capabilities.yaml"
+        caps.write_text(capabilities(server.base_url))
+        log_path = work / "service.log"
+        with serving(
+            kubelab_capi, pool.lab, EXTENSION, SELECTOR, caps, log_path, workload_kubeconfig="secret"
+        ) as ext:
+            yield ext
+
+
+def _on_node(lab: HostLab, host: Host, *argv: str) -> str:
+    result = lab.exec_in(host, list(argv))
+    assert result.returncode == 0, f"{argv} on {host.name}: {result.stderr}"
+    return result.stdout
+
+
+def _kubelet_pid(lab: HostLab, host: Host) -> int:
+    return int(_on_node(lab, host, "systemctl", "show", "-p", "MainPID", "--value", "kubelet").strip())
+
+
+def _workload_pod(api: AdminApi, node: str) -> str:
+    """A Pod bound to ``node``, run by its real kubelet (the nodes' stand-in pause image, host network);
+    its name once it runs. The drain must evict it."""
+    name = f"app-{node}"
+    container = {"name": "app", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}
+    spec = {
+        "nodeName": node,
+        "hostNetwork": True,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 1,
+        "containers": [container],
+    }
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+    api.post("/api/v1/namespaces/default/pods", pod)
+    assert wait_until(lambda: _pod_phase(api, name) == "Running", 120, 1.0), (
+        f"Pod {name}: {_pod_phase(api, name)}"
+    )
+    return name
+
+
+def _pod_phase(api: AdminApi, name: str) -> str | None:
+    """The Pod's phase, or None once it is gone."""
+    try:
+        return str(api.get(f"/api/v1/namespaces/default/pods/{name}").get("status", {}).get("phase"))
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+def _pod_capacity_is(api: AdminApi, node: str, pods: str) -> bool:
+    return bool(_nodes(api).get(node, {}).get("status", {}).get("capacity", {}).get("pods") == pods)
+
+
+def _events(kube: KubeLab, namespace: str, uid: str) -> dict[str, list[str]]:
+    """The Events about the object ``uid`` (our service's, on the Machine), reason -> messages."""
+    listed = json.loads(kube.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)
+    found: dict[str, list[str]] = {}
+    for event in listed["items"]:
+        if event["involvedObject"].get("uid") == uid:
+            found.setdefault(event["reason"], []).append(event["message"])
+    return found
+
+
+def _rolled_out(kube: KubeLab, namespace: str, template: str) -> bool:
+    """CAPI moved every worker to the new template's MachineSet, each at the target version and
+    UpToDate, and the MachineDeployment counts them all up to date."""
+    md = f"{CLUSTER}-md"
+    if not co.owned_by_template(kube, namespace, md, template):
+        return False
+    workers = co.machines(kube, namespace, deployment=md)
+    deployment = objects.get(kube, MD, md, namespace) or {}
+    return (
+        len(workers) == WORKERS
+        and all(
+            m["spec"].get("version") == TARGET
+            and co.condition_status(m, "UpToDate") == "True"
+            and co.condition_status(m, "Updating") != "True"
+            for m in workers
+        )
+        and deployment.get("status", {}).get("upToDateReplicas") == WORKERS
+    )
+
+
+def test_capi_updates_the_workers_in_place_on_the_real_nodes(
+    workload: Workload, workload_extension: KubeExtension, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube, namespace, api, lab = workload.kube, workload.namespace, workload.api, workload.pool.lab
+    before = {m["metadata"]["name"]: m["metadata"]["uid"] for m in _machines(kube, namespace)}
+    workers = co.machines(kube, namespace, deployment=f"{CLUSTER}-md")
+    pool = {h.name: h for h in lab.hosts()}
+    # the provider names each Node as its pool node (CABPK's local_hostname): Machine -> node
+    hosts = {m["metadata"]["name"]: pool[m["status"]["nodeRef"]["name"]] for m in workers}
+    workload_extension.inventory.write_text(yaml.safe_dump(machine_inventory(lab, hosts), sort_keys=False))
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    user = {
+        "name": USER,
+        "shell": "/bin/bash",
+        "sshAuthorizedKeys": [key.with_suffix(".pub").read_text().strip()],
+    }
+    pids = {name: _kubelet_pid(lab, host) for name, host in hosts.items()}
+    pods = {name: _workload_pod(api, host.name) for name, host in hosts.items()}
+
+    # what a user does: a new KubeadmConfigTemplate, and the MachineDeployment pointed at it and the version
+    template = f"{CLUSTER}-md-in-place"
+    spec = in_place_worker_spec(FLAG, FILE, user, NTP)
+    objects.apply(kube, co.kubeadm_config_template(template, namespace, spec))
+    change = {
+        "spec": {"template": {"spec": {"version": TARGET, "bootstrap": {"configRef": {"name": template}}}}}
+    }
+    started = time.monotonic()
+    kube.kubectl("patch", MD, f"{CLUSTER}-md", "-n", namespace, "--type=merge", "-p", json.dumps(change))
+    if not wait_until(lambda: _rolled_out(kube, namespace, template), ROLLOUT_DEADLINE, 2.0):
+        pytest.fail(
+            f"the workers not updated in place within {ROLLOUT_DEADLINE:g}s:\n{_progress(kube, namespace)}\n"
+            f"service log (end):\n{workload_extension.log()[-6000:]}",
+            pytrace=False,
+        )
+    took = time.monotonic() - started
+    with capsys.disabled():
+        print(f"\n{WORKERS} workers updated in place ({WORKER_VERSION} -> {TARGET} and more) in {took:.0f}s")
+
+    # in place: the same Machines (UIDs), none added, none replaced; CanUpdateMachineSet claimed it
+    assert {m["metadata"]["name"]: m["metadata"]["uid"] for m in _machines(kube, namespace)} == before
+    assert re.search(r"hook=CanUpdateMachineSet .* decision=in-place", workload_extension.log())
+    nodes = _nodes(api)
+    for name, host in hosts.items():
+        node = nodes[host.name]
+        # the minor upgrade by kubeadm upgrade node: the real kubelet reports the target, Ready, schedulable
+        assert node["status"]["nodeInfo"]["kubeletVersion"] == TARGET, host.name
+        assert _node_ready(node), host.name
+        assert not node["spec"].get("unschedulable"), host.name
+        assert CORDONED_BY not in node["metadata"].get("annotations", {}), host.name
+        # the kubelet flag: the restarted kubelet runs with it, the Node reports its pod capacity
+        pid = _kubelet_pid(lab, host)
+        assert pid != pids[name]
+        assert f"--{FLAG[0]}={FLAG[1]}" in _on_node(lab, host, "cat", f"/proc/{pid}/cmdline").split("\0")
+        assert wait_until(partial(_pod_capacity_is, api, host.name, FLAG[1]), 60, 1.0), host.name
+        # the file, its content literal (never run by a shell) and its mode
+        assert _on_node(lab, host, "cat", FILE["path"]) == FILE["content"]
+        assert _on_node(lab, host, "stat", "-c", "%a", FILE["path"]).strip() == FILE["permissions"][1:]
+        # the user logs in over the node's real sshd with its key
+        login = lab.ssh_argv(host, USER)
+        login[login.index("-i") + 1] = str(key)
+        answer = subprocess.run([*login, "--", "id", "-un"], capture_output=True, text=True, timeout=30)
+        assert answer.stdout == f"{USER}\n", answer.stderr
+        # NTP: the real systemd-timesyncd restarted with the servers
+        servers = _on_node(
+            lab, host, "timedatectl", "show-timesync", "--property=SystemNTPServers", "--value"
+        )
+        assert servers.split() == NTP["servers"]
+        # drained through the workload cluster: the Pod evicted and removed by the real kubelet
+        assert _pod_phase(api, pods[name]) is None
+        events = _events(kube, namespace, before[name])
+        assert events.get("Drained") == [f"drained Node {host.name}"], events
+        assert events.get("Uncordoned") == [f"uncordoned Node {host.name}"], events
+    # only CAPI's controllers, the kubelets and our service wrote the Machines and Nodes: not the test
+    by_hand = {"kubelab", "kubectl", "kubectl-patch", "kubectl-edit"}
+    for obj in [*_machines(kube, namespace), *(nodes[h.name] for h in hosts.values())]:
+        managers = {f["manager"] for f in obj["metadata"].get("managedFields", [])}
+        assert managers.isdisjoint(by_hand), (obj["metadata"]["name"], managers)

@@ -8,11 +8,16 @@ What a node of the pool holds before any Machine takes it, as a machine image fo
 - every image kubeadm runs, imported into its containerd (no registry: :mod:`nodes.images`): the
   control plane at both node versions and etcd under ``imageRepository`` ``lab.local``, and the stand-in
   pause image (the nodes' sandbox image, also as kubeadm's ``lab.local/pause``);
-- kubelet and kubeadm at each version the cluster uses, side by side in :data:`STAGED`
-  (``/opt/lab-kubernetes/<version>/``), with the Kubernetes packages' kubelet units (not enabled).
+- kubelet and kubeadm at the **image version** (the workers' starting version) in ``/usr/bin``, as a
+  machine image built for one Kubernetes version carries them, and at each version the cluster uses side
+  by side in :data:`STAGED` (``/opt/lab-kubernetes/<version>/``), with the Kubernetes packages' kubelet
+  units (not enabled).
 
-Everything else is in the KubeadmConfigSpecs, as a user would write it: ``preKubeadmCommands`` install
-the Machine's version of kubelet and kubeadm from :data:`STAGED` and enable the kubelet; the
+Everything else is in the KubeadmConfigSpecs, as a user would write it: the control plane's
+``preKubeadmCommands`` install its version of kubelet and kubeadm from :data:`STAGED`; the workers' use
+the image's and name no version, so that a MachineDeployment's ``version`` can change in place without
+a change of its bootstrap commands (which only run at bootstrap, and which the service leaves to a
+rollout); both enable the kubelet; the
 ``imageRepository``, etcd's image tag and ``skipPhases`` (CoreDNS, kube-proxy: the lab builds no image of
 either); the preflight checks a node of this lab cannot pass
 (:data:`nodes.kubeadm_cluster.IGNORED_PREFLIGHT`);
@@ -22,18 +27,28 @@ field for a KubeletConfiguration. The control plane's advertise address is the f
 also the LabCluster's ``controlPlaneEndpoint``: the provider hands out the pool's nodes in order and the
 control-plane Machine is the first with bootstrap data (CABPK writes the workers' only once the control
 plane is initialized), so it lands there (the test checks it).
+
+For the workers' in-place update (:func:`in_place_worker_spec`, ``test_capi_workload.py``) the service runs
+the kubernetes_version role with the binaries of a release server on the pool's gateway
+(:func:`release_binary`: the lab's own builds in dl.k8s.io's layout) and the role settings of
+:func:`capabilities`: ``kubeadm upgrade node`` with the same :data:`PATCHES_DIR` (else it would write the
+kubelet's configuration from the cluster's ConfigMap alone, without the lab nodes' fields) and the
+preflight check a cgroup v1 node cannot pass. **Stand-in, named:** kubectl, which the role installs beside
+kubelet, is kubelab's own build (:data:`kubelab.build.KUBERNETES_VERSION`) served under every node
+version: the lab builds kubectl at that version only, and nothing on a worker runs it.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from hostlab.errors import LabError
+from hostlab.inventory import service_inventory
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from kubelab import build, node_join, objects
@@ -61,18 +76,23 @@ def node_binaries(versions: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*build.CONTROL_PLANE_BINARIES, *staged)))
 
 
-def prepare_pool(pool: HostLab, binaries: Mapping[str, Path], versions: tuple[str, ...]) -> None:
+def prepare_pool(pool: HostLab, binaries: Mapping[str, Path], versions: tuple[str, ...], image: str) -> None:
     """Every node of ``pool`` as the module's docstring says: the images in its containerd, kubelet and
-    kubeadm at each of ``versions`` staged, the kubelet's units installed."""
+    kubeadm at ``image`` installed and at each of ``versions`` staged, the kubelet's units installed."""
     hosts = pool.hosts()
     import_pause(pool, hosts)
     import_control_plane(pool, hosts, control_plane_images(binaries))
     for host in hosts:
-        _stage(pool, host, binaries, versions)
+        _stage(pool, host, binaries, versions, image)
 
 
-def _stage(pool: HostLab, host: Host, binaries: Mapping[str, Path], versions: tuple[str, ...]) -> None:
+def _stage(
+    pool: HostLab, host: Host, binaries: Mapping[str, Path], versions: tuple[str, ...], image: str
+) -> None:
     root = host.root()
+    for name in ("kubelet", "kubeadm"):
+        (root / "usr/bin" / name).write_bytes(binaries[f"{name}-{image}"].read_bytes())
+        (root / "usr/bin" / name).chmod(0o755)
     for version in versions:
         target = root / STAGED.lstrip("/") / version
         target.mkdir(parents=True, exist_ok=True)
@@ -99,8 +119,7 @@ def _node_registration() -> dict[str, Any]:
     }
 
 
-def _common(version: str) -> dict[str, Any]:
-    binaries = f"{STAGED}/{version}/kubelet {STAGED}/{version}/kubeadm"
+def _common(*install: str) -> dict[str, Any]:
     return {
         "format": "cloud-config",
         "files": [
@@ -110,13 +129,13 @@ def _common(version: str) -> dict[str, Any]:
                 "permissions": "0644",
             }
         ],
-        "preKubeadmCommands": [f"install -m 0755 {binaries} /usr/bin/", "systemctl enable kubelet"],
+        "preKubeadmCommands": [*install, "systemctl enable kubelet"],
     }
 
 
 def control_plane_spec(version: str, advertise_address: str) -> dict[str, Any]:
     """The KubeadmControlPlane's kubeadmConfigSpec (see the module's docstring)."""
-    spec = _common(version)
+    spec = _common(f"install -m 0755 {STAGED}/{version}/kubelet {STAGED}/{version}/kubeadm /usr/bin/")
     patches = {"directory": PATCHES_DIR}
     spec["clusterConfiguration"] = {
         "imageRepository": CONTROL_PLANE_REPOSITORY,
@@ -132,12 +151,57 @@ def control_plane_spec(version: str, advertise_address: str) -> dict[str, Any]:
     return spec
 
 
-def worker_spec(version: str) -> dict[str, Any]:
-    """The workers' KubeadmConfigTemplate spec."""
-    spec = _common(version)
+def worker_spec() -> dict[str, Any]:
+    """The workers' KubeadmConfigTemplate spec: the image's kubelet and kubeadm, whatever the version."""
+    spec = _common()
     patches = {"directory": PATCHES_DIR}
     spec["joinConfiguration"] = {"nodeRegistration": _node_registration(), "patches": patches}
     return spec
+
+
+def in_place_worker_spec(
+    flag: tuple[str, str], file: Mapping[str, str], user: Mapping[str, Any], ntp: Mapping[str, Any]
+) -> dict[str, Any]:
+    """:func:`worker_spec` with what the in-place update adds: a kubelet flag, a file, a user, NTP (each a
+    change the service claims; the lab provider refuses ``users`` and ``ntp`` at creation only)."""
+    spec = worker_spec()
+    spec["files"].append(dict(file))
+    registration = spec["joinConfiguration"]["nodeRegistration"]
+    registration["kubeletExtraArgs"].append({"name": flag[0], "value": flag[1]})
+    spec["users"] = [dict(user)]
+    spec["ntp"] = dict(ntp)
+    return spec
+
+
+def release_binary(binaries: Mapping[str, Path]) -> Callable[[str, str], bytes | None]:
+    """What the pool's release server serves (module docstring): ``binaries``' kubelet and kubeadm at
+    their versions, and kubelab's kubectl (the stand-in) at any version kubelet has."""
+
+    def serve(name: str, version: str) -> bytes | None:
+        wanted = "kubectl" if name == "kubectl" and f"kubelet-{version}" in binaries else f"{name}-{version}"
+        return binaries[wanted].read_bytes() if wanted in binaries else None
+
+    return serve
+
+
+def capabilities(release_url: str) -> str:
+    """The service's capabilities file (module docstring): the kubernetes_version role's settings."""
+    upgrade_args = [f"--ignore-preflight-errors={','.join(IGNORED_PREFLIGHT)}", f"--patches={PATCHES_DIR}"]
+    return (
+        "role_settings:\n"
+        "  kubernetes_version:\n"
+        "    package_source: binary\n"
+        f"    binary_base_url: {release_url}\n"
+        f"    kubeadm_upgrade_args: {json.dumps(upgrade_args)}\n"
+        "    health_delay_seconds: 1\n"
+    )
+
+
+def machine_inventory(pool: HostLab, machines: Mapping[str, Host]) -> dict[str, Any]:
+    """The service's inventory: each Machine (by name) on its pool node, with that node's address and
+    its own pinned host key (hostlab's entries, renamed from the node's name to the Machine's)."""
+    entries = {e["match"]["name"]: e for e in service_inventory(pool)["hosts"]}
+    return {"hosts": [{**entries[host.name], "match": {"name": name}} for name, host in machines.items()]}
 
 
 def cluster_objects(
@@ -177,7 +241,7 @@ def cluster_objects(
     kcp["spec"]["machineTemplate"]["spec"]["infrastructureRef"] = co.ref(
         crds.GROUP, "LabMachineTemplate", f"{name}-cp"
     )
-    bootstrap = co.kubeadm_config_template(f"{name}-md", namespace, worker_spec(worker_version))
+    bootstrap = co.kubeadm_config_template(f"{name}-md", namespace, worker_spec())
     deployment = co.machine_deployment(
         f"{name}-md", namespace, name, workers, worker_version, f"{name}-md", f"{name}-md"
     )

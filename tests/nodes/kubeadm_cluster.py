@@ -192,6 +192,14 @@ class AdminApi:
         with urllib.request.urlopen(url, timeout=timeout, context=self.context) as resp:  # noqa: S310
             return json.load(resp)
 
+    def post(self, path: str, body: dict[str, Any], timeout: float = 10.0) -> Any:
+        """POST ``body`` as JSON to ``path``; the created object, or ``HTTPError`` with the API's refusal."""
+        request = urllib.request.Request(  # noqa: S310 (https:// only, from_admin_conf)
+            self.server + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=timeout, context=self.context) as resp:  # noqa: S310
+            return json.load(resp)
+
     def answers(self, path: str = "/version") -> bool:
         try:
             self.get(path, timeout=PROBE_TIMEOUT)
