@@ -104,7 +104,12 @@ def test_a_job_owns_its_secret_is_created_once_and_reports_its_pod(kubelab: Lab,
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": pod, "namespace": ns, "labels": {JOB_NAME_LABEL: name}},
-            "spec": {"containers": [{"name": "attempt", "image": "registry.invalid/x:1"}]},
+            # no scheduler has this name: the Pod is never bound, so nothing but this test writes the
+            # container status it reads back as the attempt's
+            "spec": {
+                "schedulerName": "inplace-extension-test-unscheduled",
+                "containers": [{"name": "attempt", "image": "registry.invalid/x:1"}],
+            },
         },
     )
     jobs.annotate_pod(ns, pod, PHASE_ANNOTATION, "ntp")
