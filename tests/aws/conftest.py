@@ -14,8 +14,8 @@ from .moto import moto_server
 @pytest.fixture(scope="module")
 def moto_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The emulator's URL; every test module gets a fresh one (moto keeps its state in memory)."""
-    with moto_server(tmp_path_factory.mktemp("moto") / "moto_server.log") as url:
-        yield url
+    with moto_server(tmp_path_factory.mktemp("moto") / "moto_server.log") as server:
+        yield server.url
 
 
 @pytest.fixture

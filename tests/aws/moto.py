@@ -45,7 +45,7 @@ class MotoServer:
     def requests(self, action: str) -> list[dict[str, list[str]]]:
         """The form parameters of each query-protocol request (EC2's) for ``action`` it received, oldest
         first; needs ``record=True``."""
-        assert self.recording is not None, "moto_process(record=True) records the requests"
+        assert self.recording is not None, "moto_server(record=True) records the requests"
         found: list[dict[str, list[str]]] = []
         lines = self.recording.read_text().splitlines() if self.recording.exists() else []
         for line in lines:
@@ -60,7 +60,7 @@ class MotoServer:
 
 
 @contextmanager
-def moto_process(log: Path, record: bool = False) -> Iterator[MotoServer]:
+def moto_server(log: Path, record: bool = False) -> Iterator[MotoServer]:
     """The server once it answers; its output in ``log``; ``record``: moto's recorder writes every
     request to a file beside the log (``MotoServer.requests``)."""
     port = free_port()
@@ -87,10 +87,3 @@ def moto_process(log: Path, record: bool = False) -> Iterator[MotoServer]:
         yield MotoServer(url, proc.pid, recording)
     finally:
         stop_child(proc, 10)
-
-
-@contextmanager
-def moto_server(log: Path) -> Iterator[str]:
-    """The server's URL once it answers; its output in ``log``."""
-    with moto_process(log) as server:
-        yield server.url

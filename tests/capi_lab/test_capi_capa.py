@@ -122,10 +122,10 @@ def setup(
 ) -> Iterator[Setup]:
     kube = kubelab_capi
     work = tmp_path_factory.mktemp("capi-capa")
-    with moto_server(work / "moto.log") as moto, capa.running_capa(kube, moto, work) as manager:
+    with moto_server(work / "moto.log") as server, capa.running_capa(kube, server.url, work) as manager:
         ec2 = boto3.client(
             "ec2",
-            endpoint_url=moto,
+            endpoint_url=server.url,
             region_name=capa.REGION,
             aws_access_key_id=capa.AWS_ENV["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=capa.AWS_ENV["AWS_SECRET_ACCESS_KEY"],

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aws.moto import MotoServer, moto_process
+from aws.moto import MotoServer, moto_server
 from aws.test_ec2_tags import CREDENTIALS, REGION, SECRET, ec2, instance, tags_of, volumes_of
 from hostlab.lab import Host
 from hostlab.proc import wait_until
@@ -91,7 +91,7 @@ def create_tags_naming(moto: MotoServer, resource: str) -> int:
 
 @pytest.fixture
 def moto(tmp_path: Path) -> Iterator[MotoServer]:
-    with moto_process(tmp_path / "moto.log", record=True) as server:
+    with moto_server(tmp_path / "moto.log", record=True) as server:
         yield server
 
 
