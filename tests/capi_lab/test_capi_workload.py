@@ -26,19 +26,23 @@ credential rotation, and an unclaimed change rolled out onto a fresh pool node.
 
 from __future__ import annotations
 
+import base64
+import copy
 import json
 import re
 import subprocess
 import time
 import urllib.error
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.node_base import PAUSE_IMAGE
@@ -55,6 +59,7 @@ from playbooks.support import ReleaseServer
 from .conftest import unique_namespace
 from .kube_aware import CORDONED_BY, KubeExtension, serving
 from .workload import (
+    ROTATION_ANNOTATION,
     capabilities,
     cluster_objects,
     in_place_worker_spec,
@@ -71,7 +76,11 @@ pytestmark = [pytest.mark.lab, pytest.mark.kube, pytest.mark.capi]
 CLUSTER = "wl"
 CONTROL_PLANE_VERSION = build.NODE_VERSIONS[0]  # v1.36.1
 WORKER_VERSION = build.MINOR_UPGRADE_VERSION  # v1.35.4
+CONTROL_PLANES = 1
 WORKERS = 2
+# a node no Machine holds once the cluster is built: the first new Machine of a rollout by replacement
+SPARE = 1
+POOL = CONTROL_PLANES + WORKERS + SPARE
 VERSIONS = (WORKER_VERSION, *build.NODE_VERSIONS)  # staged on every pool node
 # kubeadm init (static Pods on busy cores), CAPI's controllers noticing, two joins: measured 63-65 s at load
 # averages of 12-22 on the 2 shared cores; the deadline leaves room for a far busier machine
@@ -90,6 +99,7 @@ FLAG = ("max-pods", "77")
 FILE = {"path": "/etc/lab-workload/in-place.conf", "content": "in place $(id)\n", "permissions": "0640"}
 NTP = {"enabled": True, "servers": ["ntp1.example.org", "ntp2.example.org"]}
 USER = "labops"
+ROTATION_FILE = "/etc/lab-workload/rotation.conf"  # the claimed change that carries a rotation
 
 
 @dataclass(frozen=True)
@@ -120,7 +130,7 @@ def _node_ready(node: dict[str, Any]) -> bool:
 
 def _all_ready(api: AdminApi) -> bool:
     nodes = _nodes(api)
-    return len(nodes) == 1 + WORKERS and all(_node_ready(n) for n in nodes.values())
+    return len(nodes) == CONTROL_PLANES + WORKERS and all(_node_ready(n) for n in nodes.values())
 
 
 def _progress(kube: KubeLab, namespace: str) -> str:
@@ -143,7 +153,7 @@ def _kcp(kube: KubeLab, namespace: str) -> dict[str, Any]:
 def _built(kube: KubeLab, namespace: str) -> bool:
     """Every Machine Running (its Node found) and KCP Available (its control plane's Pods healthy)."""
     found = _machines(kube, namespace)
-    if not (len(found) == 1 + WORKERS and all(co.running(m) for m in found)):
+    if not (len(found) == CONTROL_PLANES + WORKERS and all(co.running(m) for m in found)):
         return False
     return co.condition_status(_kcp(kube, namespace), "Available") == "True"
 
@@ -158,7 +168,7 @@ class Pool:
 def pool() -> Iterator[Pool]:
     binaries = built(node_binaries(VERSIONS))
     started = time.monotonic()
-    with nodes_lab("wlpool", count=1 + WORKERS) as lab:
+    with nodes_lab("wlpool", count=POOL) as lab:
         prepare_pool(lab, binaries, VERSIONS, image=WORKER_VERSION)
         yield Pool(lab, time.monotonic() - started)
 
@@ -207,14 +217,14 @@ def test_capi_builds_a_workload_cluster_on_real_nodes(
     kube, namespace, api = workload.kube, workload.namespace, workload.api
     with capsys.disabled():
         print(
-            f"\npool of {1 + WORKERS} nodes prepared in {workload.pool.took:.0f}s; workload cluster built "
+            f"\npool of {POOL} nodes prepared in {workload.pool.took:.0f}s; workload cluster built "
             f"by CAPI on them in {workload.took:.0f}s"
         )
     machines = {m["metadata"]["name"]: m for m in _machines(kube, namespace)}
     labels = {name: m["metadata"].get("labels", {}) for name, m in machines.items()}
     control_plane = [m for name, m in machines.items() if co.CONTROL_PLANE_LABEL in labels[name]]
     workers = [m for name, m in machines.items() if labels[name].get(co.DEPLOYMENT_LABEL)]
-    assert len(control_plane) == 1 and len(workers) == WORKERS, sorted(machines)
+    assert len(control_plane) == CONTROL_PLANES and len(workers) == WORKERS, sorted(machines)
 
     nodes = _nodes(api)
     endpoint = workload.pool.lab.hosts()[0]
@@ -327,9 +337,9 @@ def _events(kube: KubeLab, namespace: str, uid: str) -> dict[str, list[str]]:
     return found
 
 
-def _rolled_out(kube: KubeLab, namespace: str, template: str) -> bool:
-    """CAPI moved every worker to the new template's MachineSet, each at the target version and
-    UpToDate, and the MachineDeployment counts them all up to date."""
+def _rolled_out(kube: KubeLab, namespace: str, template: str, version: str = TARGET) -> bool:
+    """CAPI moved every worker to the new template's MachineSet, each at ``version`` and UpToDate, and
+    the MachineDeployment counts them all up to date."""
     md = f"{CLUSTER}-md"
     if not co.owned_by_template(kube, namespace, md, template):
         return False
@@ -338,7 +348,7 @@ def _rolled_out(kube: KubeLab, namespace: str, template: str) -> bool:
     return (
         len(workers) == WORKERS
         and all(
-            m["spec"].get("version") == TARGET
+            m["spec"].get("version") == version
             and co.condition_status(m, "UpToDate") == "True"
             and co.condition_status(m, "Updating") != "True"
             for m in workers
@@ -347,16 +357,27 @@ def _rolled_out(kube: KubeLab, namespace: str, template: str) -> bool:
     )
 
 
+def _worker_hosts(workload: Workload, extension: KubeExtension) -> dict[str, Host]:
+    """The workers' Machines (by name) on their pool nodes, and the service's inventory of them written."""
+    lab = workload.pool.lab
+    pool = {h.name: h for h in lab.hosts()}
+    workers = co.machines(workload.kube, workload.namespace, deployment=f"{CLUSTER}-md")
+    # the provider names each Node as its pool node (CABPK's local_hostname): Machine -> node
+    hosts = {m["metadata"]["name"]: pool[m["status"]["nodeRef"]["name"]] for m in workers}
+    extension.inventory.write_text(yaml.safe_dump(machine_inventory(lab, hosts), sort_keys=False))
+    return hosts
+
+
+def _uids(kube: KubeLab, namespace: str) -> dict[str, str]:
+    return {m["metadata"]["name"]: m["metadata"]["uid"] for m in _machines(kube, namespace)}
+
+
 def test_capi_updates_the_workers_in_place_on_the_real_nodes(
     workload: Workload, workload_extension: KubeExtension, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     kube, namespace, api, lab = workload.kube, workload.namespace, workload.api, workload.pool.lab
-    before = {m["metadata"]["name"]: m["metadata"]["uid"] for m in _machines(kube, namespace)}
-    workers = co.machines(kube, namespace, deployment=f"{CLUSTER}-md")
-    pool = {h.name: h for h in lab.hosts()}
-    # the provider names each Node as its pool node (CABPK's local_hostname): Machine -> node
-    hosts = {m["metadata"]["name"]: pool[m["status"]["nodeRef"]["name"]] for m in workers}
-    workload_extension.inventory.write_text(yaml.safe_dump(machine_inventory(lab, hosts), sort_keys=False))
+    before = _uids(kube, namespace)
+    hosts = _worker_hosts(workload, workload_extension)
     key = tmp_path / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     user = {
@@ -387,7 +408,7 @@ def test_capi_updates_the_workers_in_place_on_the_real_nodes(
         print(f"\n{WORKERS} workers updated in place ({WORKER_VERSION} -> {TARGET} and more) in {took:.0f}s")
 
     # in place: the same Machines (UIDs), none added, none replaced; CanUpdateMachineSet claimed it
-    assert {m["metadata"]["name"]: m["metadata"]["uid"] for m in _machines(kube, namespace)} == before
+    assert _uids(kube, namespace) == before
     assert re.search(r"hook=CanUpdateMachineSet .* decision=in-place", workload_extension.log())
     nodes = _nodes(api)
     for name, host in hosts.items():
@@ -425,3 +446,142 @@ def test_capi_updates_the_workers_in_place_on_the_real_nodes(
     for obj in [*_machines(kube, namespace), *(nodes[h.name] for h in hosts.values())]:
         managers = {f["manager"] for f in obj["metadata"].get("managedFields", [])}
         assert managers.isdisjoint(by_hand), (obj["metadata"]["name"], managers)
+
+
+CLIENT_CERTIFICATE = "/var/lib/kubelet/pki/kubelet-client-current.pem"  # kubeadm's kubelet.conf names it
+KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
+KCT = "kubeadmconfigtemplates.bootstrap.cluster.x-k8s.io"
+
+
+def _client_certificate(lab: HostLab, host: Host) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(_on_node(lab, host, "cat", CLIENT_CERTIFICATE).encode())
+
+
+def _client_csrs(api: AdminApi, node: str) -> dict[str, dict[str, Any]]:
+    """The CertificateSigningRequests of ``node``'s kubelet for its own client certificate, by name."""
+    listed = api.get("/apis/certificates.k8s.io/v1/certificatesigningrequests")["items"]
+    return {
+        c["metadata"]["name"]: c
+        for c in listed
+        if c["spec"]["username"] == f"system:node:{node}" and c["spec"]["signerName"] == KUBELET_CLIENT_SIGNER
+    }
+
+
+def _machine_sets(kube: KubeLab, namespace: str) -> set[str]:
+    sets = co.list_objects(
+        kube, "machinesets.cluster.x-k8s.io", namespace, {co.DEPLOYMENT_LABEL: f"{CLUSTER}-md"}
+    )
+    return {ms["metadata"]["name"] for ms in sets}
+
+
+def _annotated(kube: KubeLab, namespace: str, key: str, value: str) -> bool:
+    workers = co.machines(kube, namespace, deployment=f"{CLUSTER}-md")
+    return len(workers) == WORKERS and all(
+        m["metadata"].get("annotations", {}).get(key) == value for m in workers
+    )
+
+
+def _change_worker_files(
+    kube: KubeLab, namespace: str, extension: KubeExtension, template: str, file: Mapping[str, str]
+) -> float:
+    """What a user does for a change the service claims: a copy of the workers' current KubeadmConfigTemplate
+    with ``file`` added (or replaced), the MachineDeployment pointed at it; the seconds until CAPI has
+    rolled it out to every worker."""
+    deployment = objects.get(kube, MD, f"{CLUSTER}-md", namespace)
+    assert deployment is not None
+    current = deployment["spec"]["template"]["spec"]["bootstrap"]["configRef"]["name"]
+    stored = objects.get(kube, KCT, current, namespace)
+    assert stored is not None, current
+    spec = copy.deepcopy(stored["spec"]["template"]["spec"])
+    spec["files"] = [*(f for f in spec.get("files", []) if f["path"] != file["path"]), dict(file)]
+    objects.apply(kube, co.kubeadm_config_template(template, namespace, spec))
+    change = {"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": template}}}}}}
+    started = time.monotonic()
+    kube.kubectl("patch", MD, f"{CLUSTER}-md", "-n", namespace, "--type=merge", "-p", json.dumps(change))
+    version = deployment["spec"]["template"]["spec"]["version"]
+    if not wait_until(lambda: _rolled_out(kube, namespace, template, version), ROLLOUT_DEADLINE, 2.0):
+        pytest.fail(
+            f"{template} not rolled out within {ROLLOUT_DEADLINE:g}s:\n{_progress(kube, namespace)}\n"
+            f"service log (end):\n{extension.log()[-6000:]}",
+            pytrace=False,
+        )
+    return time.monotonic() - started
+
+
+def test_capi_rotates_the_workers_kubelet_credentials_in_place(
+    workload: Workload, workload_extension: KubeExtension, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube, namespace, api, lab = workload.kube, workload.namespace, workload.api, workload.pool.lab
+    before = _uids(kube, namespace)
+    hosts = _worker_hosts(workload, workload_extension)
+    certificates = {name: _client_certificate(lab, host) for name, host in hosts.items()}
+    csrs = {name: set(_client_csrs(api, host.name)) for name, host in hosts.items()}
+    sets = _machine_sets(kube, namespace)
+    log = len(workload_extension.log())
+
+    # 1. the user asks for a rotation in the MachineDeployment's template metadata; CAPI propagates it to
+    # the MachineSet and the Machines in place, without a rollout: no new MachineSet, no UpdateMachine, the
+    # kubelets keep their certificates (CAPI compares no annotations: module docstring)
+    asked = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rotate = {"spec": {"template": {"metadata": {"annotations": {ROTATION_ANNOTATION: asked}}}}}
+    kube.kubectl("patch", MD, f"{CLUSTER}-md", "-n", namespace, "--type=merge", "-p", json.dumps(rotate))
+    assert wait_until(lambda: _annotated(kube, namespace, ROTATION_ANNOTATION, asked), 120, 1.0), _progress(
+        kube, namespace
+    )
+    assert _machine_sets(kube, namespace) == sets
+    assert "hook=UpdateMachine" not in workload_extension.log()[log:]
+    for name, host in hosts.items():
+        assert _client_certificate(lab, host).serial_number == certificates[name].serial_number, host.name
+
+    # 2. with it, a change the service claims (a file): CAPI updates each worker in place through
+    # UpdateMachine, whose desired Machine carries the timestamp: the rotation runs on the node
+    took = _change_worker_files(
+        kube,
+        namespace,
+        workload_extension,
+        f"{CLUSTER}-md-rotation",
+        {"path": ROTATION_FILE, "content": asked},
+    )
+    with capsys.disabled():
+        print(f"\nkubelet credentials of {WORKERS} workers rotated in place (and a file) in {took:.0f}s")
+    assert _uids(kube, namespace) == before
+    nodes = _nodes(api)
+    rotated = {}
+    for name, host in hosts.items():
+        assert re.search(
+            rf"hook=UpdateMachine machine={re.escape(namespace)}/{re.escape(name)} .*kubelet_credentials.*"
+            r"decision=done",
+            workload_extension.log()[log:],
+        ), name
+        # a new client certificate from a new CSR, approved by the workload cluster's real csrapproving
+        # controller (kube-controller-manager's "self kubelet client certificate" auto-approval)
+        certificate = _client_certificate(lab, host)
+        assert certificate.serial_number != certificates[name].serial_number, host.name
+        assert certificate.not_valid_before_utc > certificates[name].not_valid_before_utc, host.name
+        new = {k: v for k, v in _client_csrs(api, host.name).items() if k not in csrs[name]}
+        issued = {
+            x509.load_pem_x509_certificate(base64.b64decode(c["status"]["certificate"])).serial_number: c
+            for c in new.values()
+            if c.get("status", {}).get("certificate")
+        }
+        assert certificate.serial_number in issued, (host.name, sorted(new))
+        approved = objects.condition(issued[certificate.serial_number], "Approved") or {}
+        assert (approved.get("status"), approved.get("reason")) == ("True", "AutoApproved"), approved
+        assert _node_ready(nodes[host.name]), host.name
+        assert _on_node(lab, host, "cat", ROTATION_FILE) == asked
+        rotated[name] = (certificate.serial_number, set(_client_csrs(api, host.name)))
+
+    # 3. another claimed change with the same timestamp: updated in place again, no second rotation
+    log = len(workload_extension.log())
+    again = {"path": ROTATION_FILE, "content": "again\n"}
+    _change_worker_files(kube, namespace, workload_extension, f"{CLUSTER}-md-no-rotation", again)
+    assert _uids(kube, namespace) == before
+    for name, host in hosts.items():
+        machine = f"{re.escape(namespace)}/{re.escape(name)}"
+        assert re.search(
+            rf"hook=UpdateMachine machine={machine} .*decision=done", workload_extension.log()[log:]
+        )
+        assert _on_node(lab, host, "cat", ROTATION_FILE) == again["content"]
+        serial, requested = rotated[name]
+        assert _client_certificate(lab, host).serial_number == serial, host.name
+        assert set(_client_csrs(api, host.name)) == requested, host.name

@@ -68,6 +68,9 @@ KUBELET_PATCH = {k: v for k, v in KUBELET_CONFIGURATION.items() if k not in ("ap
 # does join; a user running that skew says so on the MachineDeployment, as here.
 SKIP_PREFLIGHT = {"machineset.cluster.x-k8s.io/skip-preflight-checks": "KubeadmVersionSkew"}
 KUBECONFIG_SECRET = "{cluster}-kubeconfig"  # CAPI's: data.value, the admin kubeconfig KCP writes
+# the Machine annotation whose RFC 3339 timestamp asks the shipped kubelet_credentials capability for a
+# rotation (named in :func:`capabilities`); users set it in the MachineDeployment's template metadata
+ROTATION_ANNOTATION = "lab.inplace-extension.dev/rotate-kubelet-credentials"
 
 
 def node_binaries(versions: tuple[str, ...]) -> tuple[str, ...]:
@@ -185,7 +188,9 @@ def release_binary(binaries: Mapping[str, Path]) -> Callable[[str, str], bytes |
 
 
 def capabilities(release_url: str) -> str:
-    """The service's capabilities file (module docstring): the kubernetes_version role's settings."""
+    """The service's capabilities file (module docstring): the kubernetes_version role's settings and the
+    shipped kubelet_credentials capability, asked for by :data:`ROTATION_ANNOTATION` (its default paths
+    are kubeadm's)."""
     upgrade_args = [f"--ignore-preflight-errors={','.join(IGNORED_PREFLIGHT)}", f"--patches={PATCHES_DIR}"]
     return (
         "role_settings:\n"
@@ -194,6 +199,8 @@ def capabilities(release_url: str) -> str:
         f"    binary_base_url: {release_url}\n"
         f"    kubeadm_upgrade_args: {json.dumps(upgrade_args)}\n"
         "    health_delay_seconds: 1\n"
+        "kubelet_credentials:\n"
+        f"  annotation: {ROTATION_ANNOTATION}\n"
     )
 
 
