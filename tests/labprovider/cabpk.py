@@ -49,9 +49,35 @@ def join_configuration(discovery: dict[str, Any] | None = None) -> str:
     return yaml.safe_dump(config, sort_keys=True)
 
 
-def worker_document(kubeadm_command: str, pre_kubeadm: tuple[str, ...] = (), join: str | None = None) -> str:
+# a KubeadmConfig's ntp and users as CABPK's templates render them (ntp.go, users.go), after runcmd
+PASSWD = "$6$labsalt$notTheHashOfAnyPasswordTheTestsLogInWithKeys"  # the shape of a crypt(3) hash
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheLabProviderTests0000000000 alice@lab"
+USERS_AND_NTP = f"""ntp:
+  enabled: true
+  servers:
+    - ntp1.example.org
+    - 192.0.2.7
+users:
+  - name: alice
+    gecos: Alice of the lab
+    groups: adm,labteam
+    lock_passwd: true
+    shell: /bin/bash
+    sudo: ALL=(ALL) NOPASSWD:ALL
+    ssh_authorized_keys:
+      - {KEY}
+  - name: bob
+    passwd: {PASSWD}
+    lock_passwd: false
+"""
+
+
+def worker_document(
+    kubeadm_command: str, pre_kubeadm: tuple[str, ...] = (), join: str | None = None, tail: str = ""
+) -> str:
     """A worker's cloud-config as CABPK renders it, with three user files (plain 0600 owned by nobody with
-    append, base64, gzip+base64) and the join configuration (``join``, else :func:`join_configuration`)."""
+    append, base64, gzip+base64), the join configuration (``join``, else :func:`join_configuration`) and
+    ``tail`` after runcmd (where CABPK puts ntp and users: :data:`USERS_AND_NTP`)."""
     gz = base64.b64encode(gzip.compress(GZIPPED, mtime=0)).decode()
     b64 = base64.b64encode(BASE64).decode()
     join = join or join_configuration()
@@ -89,7 +115,7 @@ write_files:
     content: "{PLACEHOLDER}"
 runcmd:{runcmd}
   - {kubeadm_command} && {SENTINEL_COMMAND}
-"""
+{tail}"""
 
 
 def secret(name: str, namespace: str, document: str, cluster: str) -> dict[str, Any]:

@@ -1,16 +1,28 @@
 """The lab provider reads CABPK's cloud-config as cloud-init would (lab-free): the jinja header's metadata
-rendered with the node's name, files decoded with their modes and owners, runcmd as cloud-init's script;
-and bad or unsupported bootstrap data refused with a message that says what and where."""
+rendered with the node's name, files decoded with their modes and owners, runcmd as cloud-init's script,
+users and ntp servers with cloud-init's defaults; and bad or unsupported bootstrap data refused with a
+message that says what and where."""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 
 import pytest
 from kubelab.labprovider import cloudconfig
 from kubelab.labprovider.cloudconfig import BootstrapDataError
 
-from .cabpk import BASE64, GZIPPED, PLACEHOLDER, SENTINEL_COMMAND, secret, worker_document
+from .cabpk import (
+    BASE64,
+    GZIPPED,
+    KEY,
+    PASSWD,
+    PLACEHOLDER,
+    SENTINEL_COMMAND,
+    USERS_AND_NTP,
+    secret,
+    worker_document,
+)
 
 
 def test_a_cabpk_worker_document_becomes_files_and_a_runcmd_script() -> None:
@@ -39,6 +51,41 @@ def test_a_cabpk_worker_document_becomes_files_and_a_runcmd_script() -> None:
         f"kubeadm join --config /run/kubeadm/kubeadm-join-config.yaml && {SENTINEL_COMMAND}\n"
     )
     assert bootstrap.bootcmd is None
+    assert (bootstrap.users, bootstrap.ntp_servers) == ((), ())
+
+
+def test_cabpks_users_and_ntp_are_read_with_cloud_inits_defaults() -> None:
+    bootstrap = cloudconfig.parse(worker_document("kubeadm join", tail=USERS_AND_NTP), "n1")
+    alice = {
+        "name": "alice",
+        "groups": ("adm", "labteam"),
+        "primary_group": None,
+        "gecos": "Alice of the lab",
+        "homedir": None,
+        "shell": "/bin/bash",
+        "passwd": None,
+        "lock_passwd": True,
+        "inactive": False,
+        "sudo": ("ALL=(ALL) NOPASSWD:ALL",),
+        "ssh_authorized_keys": (KEY,),
+    }
+    assert [dataclasses.asdict(u) for u in bootstrap.users] == [
+        alice,
+        # cloud-init locks a password unless told not to; bob's was
+        {**{k: None for k in alice}, "name": "bob", "groups": (), "sudo": (), "ssh_authorized_keys": ()}
+        | {"passwd": PASSWD, "lock_passwd": False, "inactive": False},
+    ]
+    assert bootstrap.ntp_servers == ("ntp1.example.org", "192.0.2.7")
+    assert "user alice" in cloudconfig.describe(bootstrap)
+    # ntp without enabled is enabled (cloud-init's default); enabled false writes no servers
+    assert cloudconfig.parse("#cloud-config\nntp:\n  servers: [a.example]\n", "n1").ntp_servers == (
+        "a.example",
+    )
+    assert cloudconfig.parse("#cloud-config\nntp: {enabled: false, servers: [a]}\n", "n1").ntp_servers == ()
+    # groups as a list, sudo as a list of rules, inactive
+    listed = "#cloud-config\nusers:\n- {name: c, groups: [a, b], sudo: [r1, r2], inactive: true}\n"
+    user = cloudconfig.parse(listed, "n1").users[0]
+    assert (user.groups, user.sudo, user.inactive) == (("a", "b"), ("r1", "r2"), True)
 
 
 def test_list_entries_are_quoted_words_and_a_document_without_the_header_is_not_rendered() -> None:
@@ -63,8 +110,23 @@ def test_list_entries_are_quoted_words_and_a_document_without_the_header_is_not_
         ),
         ("#!/bin/sh\necho hi\n", "not a cloud-config document: its first line is '#!/bin/sh'"),
         ("#cloud-config\nruncmd: [\n", "not valid YAML"),
-        ("#cloud-config\nusers:\n- name: alice\n", "does not carry out users"),
-        ("#cloud-config\nntp: {enabled: true}\nmounts: [[a, b]]\n", "does not carry out mounts, ntp"),
+        ("#cloud-config\ndisk_setup: {a: b}\nmounts: [[a, b]]\n", "does not carry out disk_setup, mounts"),
+        ("#cloud-config\nusers: {name: a}\n", "users is not a list"),
+        ("#cloud-config\nusers:\n- name: Alice\n", "users[0].name: 'Alice' is not a POSIX user"),
+        ("#cloud-config\nusers:\n- {name: a}\n- {name: a}\n", "users: a name is listed twice"),
+        ("#cloud-config\nusers:\n- {name: a, uid: 0}\n", "users[0]: unknown key uid"),
+        ("#cloud-config\nusers:\n- {name: a, groups: 'x,Y;'}\n", "users[0] (a).groups[1]: 'Y;' is not"),
+        ("#cloud-config\nusers:\n- {name: a, shell: bin/sh}\n", "(a).shell: 'bin/sh' is not an absolute"),
+        ("#cloud-config\nusers:\n- {name: a, homedir: /home/../etc}\n", "(a).homedir: '/home/../etc'"),
+        (
+            '#cloud-config\nusers:\n- {name: a, sudo: "ALL\\nroot ALL"}\n',
+            "(a).sudo[0] is not a string of one line",
+        ),
+        ("#cloud-config\nusers:\n- {name: a, passwd: 'x:y'}\n", "(a).passwd is not a string of one line"),
+        ("#cloud-config\nusers:\n- {name: a, lock_passwd: 'no'}\n", "(a).lock_passwd: 'no' is not true"),
+        ("#cloud-config\nusers:\n- {name: a, ssh_authorized_keys: k}\n", "ssh_authorized_keys is not a list"),
+        ("#cloud-config\nntp: {servers: ['a b']}\n", "ntp.servers[0]: 'a b' is not a host name"),
+        ("#cloud-config\nntp: {pools: [p]}\n", "ntp: unknown key pools"),
         (
             "#cloud-config\nwrite_files:\n- {path: rel/path}\n",
             "write_files[0]: path must be an absolute path",

@@ -29,10 +29,10 @@ from kubelab.config import APISERVER_NAME
 from kubelab.flavours import capi_objects as co
 from kubelab.flavours import nodes
 from kubelab.lab import Lab as KubeLab
-from kubelab.labprovider import crds
+from kubelab.labprovider import crds, node_program
 from kubelab.labprovider.controller import FINALIZER
 
-from .cabpk import BASE64, GZIPPED, join_configuration, secret, worker_document
+from .cabpk import BASE64, GZIPPED, KEY, USERS_AND_NTP, join_configuration, secret, worker_document
 from .pool import LAB_MACHINE, WAIT, LabMachines, clean, provider_running, ready, stat
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
@@ -42,6 +42,8 @@ CLUSTER = "c1"
 STAND_IN_KUBEADM = "test -s /run/kubeadm/kubeadm-join-config.yaml"  # the join configuration was written first
 KUBEADM_JOIN = "kubeadm join --config /run/kubeadm/kubeadm-join-config.yaml "  # CABPK's, no verbosity set
 JOIN_WAIT = 300.0  # kubeadm join and the kubelet's first Ready on 2 shared cores
+IMAGE = "v0.0.1"  # the first test's machine image (stand-in binaries: _stage_image)
+TIMESYNCD_DROPIN = str(node_program.TIMESYNCD_DROPIN)
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +86,9 @@ def _cluster(kube: KubeLab) -> None:
     objects.set_status(kube, "cluster.cluster.x-k8s.io", CLUSTER, NAMESPACE, status)
 
 
-def _machine(kube: KubeLab, name: str, document: str | None) -> None:
+def _machine(kube: KubeLab, name: str, document: str | None, image: str | None = None) -> None:
     """A Machine (bootstrap data Secret ``<name>-bootstrap``, written when ``document`` is given) owning the
-    LabMachine ``name``."""
+    LabMachine ``name`` (of the machine image ``image``, when given)."""
     if document is not None:
         objects.apply(kube, secret(f"{name}-bootstrap", NAMESPACE, document, CLUSTER))
     machine = {
@@ -107,7 +109,25 @@ def _machine(kube: KubeLab, name: str, document: str | None) -> None:
         "labels": {co.CLUSTER_LABEL: CLUSTER},
         "ownerReferences": [owner],
     }
-    objects.apply(kube, {"apiVersion": crds.API_VERSION, "kind": "LabMachine", "metadata": meta, "spec": {}})
+    spec = {"image": image} if image else {}
+    objects.apply(
+        kube, {"apiVersion": crds.API_VERSION, "kind": "LabMachine", "metadata": meta, "spec": spec}
+    )
+
+
+def _stage_image(pool: HostLab) -> None:
+    """:data:`IMAGE` on every node: stand-in kubelet and kubeadm (scripts that print their name; ``kubeadm
+    reset`` then does nothing), where the lab's pools carry real ones."""
+    for host in pool.hosts():
+        target = host.root() / node_program.IMAGES.relative_to("/") / IMAGE
+        target.mkdir(parents=True, exist_ok=True)
+        for binary in node_program.IMAGE_BINARIES:
+            (target / binary.name).write_text(_stand_in(binary.name))
+            (target / binary.name).chmod(0o755)
+
+
+def _stand_in(name: str) -> str:
+    return f"#!/bin/sh\necho stand-in {name} of image {IMAGE}\n"
 
 
 def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_delete_returns_the_node_reset(
@@ -120,11 +140,13 @@ def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_del
     by_name = {h.name: h for h in pool.hosts()}
 
     # no bootstrap data yet: the LabMachine waits, holding no node
-    _machine(kube, "m1", None)
+    _stage_image(pool)
+    _machine(kube, "m1", None, image=IMAGE)
     waiting = machines.wait_reason("m1", "WaitingForBootstrapData")
     assert "Secret m1-bootstrap not found" in ready(waiting)["message"]
     assert "nodeName" not in waiting.get("status", {})
-    objects.apply(kube, secret("m1-bootstrap", NAMESPACE, worker_document(STAND_IN_KUBEADM), CLUSTER))
+    document = worker_document(STAND_IN_KUBEADM, tail=USERS_AND_NTP)
+    objects.apply(kube, secret("m1-bootstrap", NAMESPACE, document, CLUSTER))
 
     m1 = machines.wait_reason("m1", "Provisioned")
     node = m1["status"]["nodeName"]
@@ -150,13 +172,32 @@ def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_del
     join = pool.read_file(host, "/run/kubeadm/kubeadm-join-config.yaml")
     assert f"name: '{node}'" in join and f"value: lab://{node}" in join
     assert pool.read_file(host, "/run/cluster-api/bootstrap-success.complete") == "success\n"  # runcmd ran
+    # the machine image the LabMachine names, installed before the bootstrap
+    for binary in node_program.IMAGE_BINARIES:
+        assert pool.read_file(host, str(binary)) == _stand_in(binary.name)
+    # the users, as cloud-init makes them: groups made, shell, key, sudo rule, password locked unless not
+    assert _on(pool, host, "id", "-nG", "alice").split() == ["alice", "adm", "labteam"]
+    assert _on(pool, host, "getent", "passwd", "alice").split(":")[4:] == [
+        "Alice of the lab",
+        "/home/alice",
+        "/bin/bash\n",
+    ]
+    assert pool.read_file(host, "/home/alice/.ssh/authorized_keys") == f"{KEY}\n"
+    assert stat(pool, host, "/home/alice/.ssh/authorized_keys") == "600 alice:alice"
+    assert "(ALL) NOPASSWD: ALL" in _on(pool, host, "sudo", "-l", "-U", "alice")
+    assert _on(pool, host, "passwd", "-S", "alice").split()[1] == "L"
+    assert _on(pool, host, "passwd", "-S", "bob").split()[1] == "P"  # its hash set, not locked
+    # ntp: the real systemd-timesyncd restarted with the servers
+    assert pool.read_file(host, TIMESYNCD_DROPIN).endswith("[Time]\nNTP=ntp1.example.org 192.0.2.7\n")
+    servers = _on(pool, host, "timedatectl", "show-timesync", "--property=SystemNTPServers", "--value")
+    assert servers.split() == ["ntp1.example.org", "192.0.2.7"]
 
     # bad bootstrap data: a clear condition, and no node taken
-    users = "#cloud-config\nusers:\n- name: alice\nruncmd:\n- echo hi\n"
-    _machine(kube, "m2", users)
+    mounts = "#cloud-config\nmounts: [[/dev/vdb, /data]]\nruncmd:\n- echo hi\n"
+    _machine(kube, "m2", mounts)
     m2 = machines.wait_reason("m2", "BootstrapDataInvalid")
     assert (
-        "bootstrap data Secret m2-bootstrap: the lab provider does not carry out users"
+        "bootstrap data Secret m2-bootstrap: the lab provider does not carry out mounts"
         in ready(m2)["message"]
     )
     assert "nodeName" not in m2.get("status", {})
@@ -179,6 +220,14 @@ def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_del
     objects.wait_gone(kube, LAB_MACHINE, "m1", NAMESPACE, WAIT)
     m4 = machines.wait_reason("m4", "Provisioned")
     assert m4["status"]["nodeName"] == node
+    # the reset undid m1's users, groups, sudo rule, ntp servers and image (the node had no kubelet)
+    for gone in ("alice", "bob"):
+        assert pool.exec_in(host, ["getent", "passwd", gone]).returncode == 2, gone
+    assert pool.exec_in(host, ["getent", "group", "labteam"]).returncode == 2
+    assert pool.exec_in(host, ["getent", "group", "adm"]).returncode == 0  # the node's own group stays
+    for path in ("/home/alice", TIMESYNCD_DROPIN, str(node_program.SUDOERS), "/usr/bin/kubelet"):
+        assert stat(pool, host, path) == "missing", path
+    assert _on(pool, host, "timedatectl", "show-timesync", "--property=SystemNTPServers", "--value") == "\n"
     assert (
         pool.read_file(host, "/etc/lab-test/plain.conf") == f"plain line for {node}\n"
     )  # not appended twice
@@ -190,6 +239,12 @@ def test_a_lab_machine_is_provisioned_on_a_pool_node_from_cabpk_data_and_its_del
     kube.kubectl("delete", LAB_MACHINE, "m4", "-n", NAMESPACE, "--wait=false")
     objects.wait_gone(kube, LAB_MACHINE, "m4", NAMESPACE, WAIT)
     assert clean(pool, host)
+
+
+def _on(pool: HostLab, host: Host, *argv: str) -> str:
+    result = pool.exec_in(host, list(argv))
+    assert result.returncode == 0, f"{argv} on {host.name}: {result.stderr}"
+    return result.stdout
 
 
 GO = "/run/lab-test-go"  # the interrupted bootstrap's runcmd waits for the test to write it

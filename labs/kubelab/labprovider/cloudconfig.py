@@ -1,5 +1,6 @@
 """CABPK's bootstrap data (a ``#cloud-config`` document) read into what a node must carry out: the files of
-``write_files`` (content decoded, mode, owner, append), the ``bootcmd`` and ``runcmd`` scripts. Pure, no I/O.
+``write_files`` (content decoded, mode, owner, append), the ``bootcmd`` and ``runcmd`` scripts, the
+``users`` and the ``ntp`` servers. Pure, no I/O.
 
 What CABPK writes (``bootstrap/kubeadm/pkg/cloudinit`` of CAPI v1.14.2): the header ``## template: jinja``
 and ``#cloud-config``; ``write_files`` entries with ``path``, ``encoding`` (``base64``, ``gzip``,
@@ -14,8 +15,15 @@ module renders exactly those expressions (:data:`METADATA_EXPRESSIONS`) with the
 refuses any other template syntax: the document is data from the cluster, never handed to a template
 engine. ``runcmd``/``bootcmd`` become one script each, as cloud-init makes them (a string entry is a line
 of the script, a list entry its words quoted); they are CABPK's own commands, run by ``/bin/sh`` on the
-node as cloud-init runs them. The keys this provider does not carry out (``ntp``, ``users``, the disk
-keys, anything else) are refused when they hold anything, so nothing is silently skipped.
+node as cloud-init runs them. ``users`` and ``ntp`` are read as cloud-init's ``users_groups`` and ``ntp``
+modules read the keys CABPK's templates write (``users.go``, ``ntp.go``): a user's ``name``, ``passwd``
+(a crypt hash), ``gecos``, ``groups`` (comma-separated or a list), ``homedir``, ``inactive``,
+``lock_passwd`` (cloud-init's default: locked), ``shell``, ``primary_group``, ``sudo`` (a sudoers rule,
+a list of them, or false) and ``ssh_authorized_keys``; ntp's ``enabled`` (cloud-init's default: true)
+and ``servers``. Every value is checked here (a POSIX name, an absolute path, one line, a host name or
+address) because the node program hands them to ``useradd`` and friends as argv items and writes them
+into sudoers and timesyncd files. The keys this provider does not carry out (the disk keys, ntp
+``pools``, anything else) are refused when they hold anything, so nothing is silently skipped.
 """
 
 from __future__ import annotations
@@ -50,7 +58,25 @@ ENCODINGS = {
     "": "",  # no encoding: the content as written
 }
 FILE_KEYS = frozenset({"path", "content", "encoding", "owner", "permissions", "append"})
-CARRIED_OUT = frozenset({"write_files", "bootcmd", "runcmd"})
+CARRIED_OUT = frozenset({"write_files", "bootcmd", "runcmd", "users", "ntp"})
+USER_KEYS = frozenset(
+    {
+        "name",
+        "passwd",
+        "gecos",
+        "groups",
+        "homedir",
+        "inactive",
+        "lock_passwd",
+        "shell",
+        "primary_group",
+        "sudo",
+        "ssh_authorized_keys",
+    }
+)
+NTP_KEYS = frozenset({"enabled", "servers"})
+_POSIX_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # useradd's default NAME_REGEX, without the trailing $
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.:-]{0,252}[A-Za-z0-9])?")  # a host name, IPv4 or IPv6 address
 # The jinja expressions of cloud-init's instance data that the lab renders, each to the node's name (a lab
 # node's hostname, local hostname and instance id are its name). Whitespace inside the braces is free.
 METADATA_EXPRESSIONS = (
@@ -80,10 +106,27 @@ class File:
 
 
 @dataclass(frozen=True)
+class User:
+    name: str
+    groups: tuple[str, ...] = ()
+    primary_group: str | None = None
+    gecos: str | None = None
+    homedir: str | None = None
+    shell: str | None = None
+    passwd: str | None = None  # a crypt(3) hash, as useradd --password takes it
+    lock_passwd: bool = True
+    inactive: bool = False
+    sudo: tuple[str, ...] = ()  # sudoers rules, each "<hosts>=(<runas>) <commands>"
+    ssh_authorized_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Bootstrap:
     files: tuple[File, ...]
     bootcmd: str | None  # a /bin/sh script, or None when there is no bootcmd
     runcmd: str | None
+    users: tuple[User, ...] = ()
+    ntp_servers: tuple[str, ...] = ()  # none: no ntp, or ntp not enabled
 
 
 def parse(document: str, node_name: str) -> Bootstrap:
@@ -110,10 +153,19 @@ def parse(document: str, node_name: str) -> Bootstrap:
     files = data.get("write_files") or []
     if not isinstance(files, list):
         raise BootstrapDataError("write_files is not a list")
+    users = data.get("users") or []
+    if not isinstance(users, list):
+        raise BootstrapDataError("users is not a list")
+    read = tuple(_user(entry, i) for i, entry in enumerate(users))
+    names = [u.name for u in read]
+    if len(set(names)) != len(names):
+        raise BootstrapDataError(f"users: a name is listed twice ({', '.join(names)})")
     return Bootstrap(
         files=tuple(_file(entry, i) for i, entry in enumerate(files)),
         bootcmd=_script("bootcmd", data.get("bootcmd")),
         runcmd=_script("runcmd", data.get("runcmd")),
+        users=read,
+        ntp_servers=_ntp(data.get("ntp")),
     )
 
 
@@ -172,6 +224,95 @@ def _file(entry: Any, index: int) -> File:
         owner=_owner(entry.get("owner"), where),
         append=_append(entry.get("append"), where),
     )
+
+
+def _user(entry: Any, index: int) -> User:
+    where = f"users[{index}]"
+    if not isinstance(entry, dict):
+        raise BootstrapDataError(f"{where} is not a mapping")
+    unknown = sorted(str(k) for k in entry if k not in USER_KEYS)
+    if unknown:
+        raise BootstrapDataError(
+            f"{where}: unknown key {', '.join(unknown)} (known: {', '.join(sorted(USER_KEYS))})"
+        )
+    name = _name(entry.get("name"), f"{where}.name")
+    where = f"{where} ({name})"
+    groups = entry.get("groups") or []
+    listed = groups.split(",") if isinstance(groups, str) else groups
+    if not isinstance(listed, list):
+        raise BootstrapDataError(f"{where}.groups is neither a comma-separated string nor a list")
+    sudo = entry.get("sudo")
+    rules = [] if sudo in (None, False, "") else sudo if isinstance(sudo, list) else [sudo]
+    keys = entry.get("ssh_authorized_keys") or []
+    if not isinstance(keys, list):
+        raise BootstrapDataError(f"{where}.ssh_authorized_keys is not a list")
+    primary = entry.get("primary_group")
+    return User(
+        name=name,
+        groups=tuple(_name(str(g).strip(), f"{where}.groups[{i}]") for i, g in enumerate(listed)),
+        primary_group=_name(primary, f"{where}.primary_group") if primary else None,
+        gecos=_line(entry.get("gecos"), f"{where}.gecos", forbidden=":"),
+        homedir=_absolute(entry.get("homedir"), f"{where}.homedir"),
+        shell=_absolute(entry.get("shell"), f"{where}.shell"),
+        passwd=_line(entry.get("passwd"), f"{where}.passwd", forbidden=":"),
+        lock_passwd=_flag(entry.get("lock_passwd"), f"{where}.lock_passwd", default=True),
+        inactive=_flag(entry.get("inactive"), f"{where}.inactive", default=False),
+        sudo=tuple(_line(r, f"{where}.sudo[{i}]") or "" for i, r in enumerate(rules)),
+        ssh_authorized_keys=tuple(
+            _line(k, f"{where}.ssh_authorized_keys[{i}]") or "" for i, k in enumerate(keys)
+        ),
+    )
+
+
+def _ntp(value: Any) -> tuple[str, ...]:
+    if value in (None, {}):
+        return ()
+    if not isinstance(value, dict):
+        raise BootstrapDataError("ntp is not a mapping")
+    unknown = sorted(str(k) for k in value if k not in NTP_KEYS)
+    if unknown:
+        raise BootstrapDataError(
+            f"ntp: unknown key {', '.join(unknown)} (known: {', '.join(sorted(NTP_KEYS))})"
+        )
+    servers = value.get("servers") or []
+    if not isinstance(servers, list):
+        raise BootstrapDataError("ntp.servers is not a list")
+    for i, server in enumerate(servers):
+        if not isinstance(server, str) or not _HOST.fullmatch(server):
+            raise BootstrapDataError(f"ntp.servers[{i}]: {server!r} is not a host name or address")
+    return tuple(servers) if _flag(value.get("enabled"), "ntp.enabled", default=True) else ()
+
+
+def _name(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _POSIX_NAME.fullmatch(value):
+        raise BootstrapDataError(f"{where}: {value!r} is not a POSIX user or group name")
+    return value
+
+
+def _line(value: Any, where: str, forbidden: str = "") -> str | None:
+    """A one-line string (or None when unset); ``forbidden`` characters refused too."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or re.search(rf"[\x00-\x1f\x7f{re.escape(forbidden)}]", value):
+        refused = f" or {forbidden!r}" if forbidden else ""
+        raise BootstrapDataError(f"{where} is not a string of one line without control characters{refused}")
+    return value
+
+
+def _absolute(value: Any, where: str) -> str | None:
+    text = _line(value, where, forbidden=":")
+    if text is not None and (not text.startswith("/") or ".." in text.split("/")):
+        raise BootstrapDataError(f"{where}: {text!r} is not an absolute path without '..'")
+    return text
+
+
+def _flag(value: Any, where: str, default: bool) -> bool:
+    """A YAML boolean; CABPK writes Go's ``true``/``false``, which YAML reads as booleans."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    raise BootstrapDataError(f"{where}: {value!r} is not true or false")
 
 
 def _decode(content: str, encoding: str, where: str) -> bytes:
@@ -253,5 +394,7 @@ def _b64text(value: Any, key: str) -> str:
 def describe(bootstrap: Bootstrap) -> Sequence[str]:
     """One line per thing the node will do, for the controller's log (paths only, never contents)."""
     lines = [f"write {f.path} mode {f.permissions:04o} owner {f.owner}" for f in bootstrap.files]
+    lines += [f"user {u.name}" for u in bootstrap.users]
+    lines += [f"ntp servers {' '.join(bootstrap.ntp_servers)}"] if bootstrap.ntp_servers else []
     lines += [f"run {key}" for key in ("bootcmd", "runcmd") if getattr(bootstrap, key)]
     return lines

@@ -6,7 +6,8 @@ bootstrap data Secret and its Cluster's infrastructure is provisioned: the contr
 the cloud-config (:mod:`kubelab.labprovider.cloudconfig`; bad data is the condition
 ``Ready=False, BootstrapDataInvalid`` and holds no node), takes a free node of the pool (recorded in
 ``status.nodeName`` before anything runs on it), carries the bootstrap out over SSH
-(:mod:`kubelab.labprovider.remote`, in a worker thread per node), checks CABPK's success sentinel, then
+(:mod:`kubelab.labprovider.remote`, in a worker thread per node; over the machine image ``spec.image``
+names, when it names one), checks CABPK's success sentinel, then
 sets ``spec.providerID`` (``lab://<node name>``), ``status.addresses`` (the node's Hostname and
 InternalIP) and ``status.initialization.provisioned``. A bootstrap that fails is a terminal failure
 (``Ready=False, BootstrapFailed`` with the end of the failed command's output): the node keeps what it
@@ -281,14 +282,15 @@ class Provider:
         self.started_here.add(uid)
         for line in cloudconfig.describe(bootstrap):
             self.log(f"labmachines {_key(lab_machine)} on {node}: {line}")
+        image = lab_machine.get("spec", {}).get("image")
         self.jobs[uid] = (
             "provision",
-            self.workers.submit(_guarded, self.bootstrap_node, host, bootstrap, earlier),
+            self.workers.submit(_guarded, self.bootstrap_node, host, bootstrap, image, earlier),
         )
         waiting("Provisioning", f"carrying out the bootstrap data on node {node}")
 
     def bootstrap_node(
-        self, host: Host, bootstrap: cloudconfig.Bootstrap, reset_first: bool
+        self, host: Host, bootstrap: cloudconfig.Bootstrap, image: str | None, reset_first: bool
     ) -> remote.Outcome:
         if reset_first:  # an earlier controller left this node mid-bootstrap
             self.log(
@@ -297,7 +299,7 @@ class Provider:
             outcome = remote.reset(self.pool_lab, host)
             if not outcome.ok:
                 return outcome
-        return remote.provision(self.pool_lab, host, bootstrap)
+        return remote.provision(self.pool_lab, host, bootstrap, image)
 
     def provisioned(self, lab_machine: dict[str, Any], outcome: remote.Outcome) -> None:
         node = lab_machine["status"]["nodeName"]

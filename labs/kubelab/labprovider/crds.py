@@ -7,8 +7,10 @@ version to use for a contract through it) and the ``cluster-api`` category. The 
 name every field the contract reads: ``spec.providerID``, ``status.initialization.provisioned``,
 ``status.addresses`` and ``status.conditions`` of a LabMachine; ``spec.controlPlaneEndpoint`` and
 ``status.initialization.provisioned`` of a LabCluster; ``spec.template.spec`` of a LabMachineTemplate (for
-MachineDeployments and KubeadmControlPlane). ``status.nodeName`` is the lab's own: the pool node the
-LabMachine holds. No LabClusterTemplate: it serves only ClusterClass, which the lab does not use.
+MachineDeployments and KubeadmControlPlane). ``spec.image`` and ``status.nodeName`` are the lab's own: the
+machine image to provision (a Kubernetes version, as a bare-metal provider's template names the image to
+write, Metal3's ``image.url``), and the pool node the LabMachine holds.
+No LabClusterTemplate: it serves only ClusterClass, which the lab does not use.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ PLURALS = {
     "LabMachineTemplate": "labmachinetemplates",
 }
 
+IMAGE_PATTERN = r"^v[0-9]+\.[0-9]+\.[0-9]+$"
 _STRING = {"type": "string"}
 _CONDITIONS = {
     "type": "array",
@@ -49,7 +52,12 @@ _CONDITIONS = {
 _INITIALIZATION = {"type": "object", "properties": {"provisioned": {"type": "boolean"}}}
 _MACHINE_SPEC = {
     "type": "object",
-    "properties": {"providerID": {"type": "string", "minLength": 1, "maxLength": 512}},
+    "properties": {
+        "providerID": {"type": "string", "minLength": 1, "maxLength": 512},
+        # the lab's own: the machine image to provision, by its Kubernetes version (its kubelet and
+        # kubeadm, which every pool node carries); unset: the node's own
+        "image": {"type": "string", "pattern": IMAGE_PATTERN},
+    },
 }
 _MACHINE_STATUS = {
     "type": "object",

@@ -7,6 +7,7 @@ on its way to the node.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -33,7 +34,11 @@ class Outcome:
     message: str  # what failed, with the end of the failed script's output; "" when ok
 
 
-def provision(lab: HostLab, host: Host, bootstrap: cloudconfig.Bootstrap) -> Outcome:
+def provision(
+    lab: HostLab, host: Host, bootstrap: cloudconfig.Bootstrap, image: str | None = None
+) -> Outcome:
+    """The bootstrap carried out on ``host`` over ``image`` (a Kubernetes version the node carries; None:
+    the node's own kubelet and kubeadm)."""
     files = [
         {
             "path": f.path,
@@ -49,6 +54,9 @@ def provision(lab: HostLab, host: Host, bootstrap: cloudconfig.Bootstrap) -> Out
         "files": files,
         "bootcmd": bootstrap.bootcmd,
         "runcmd": bootstrap.runcmd,
+        "users": [dataclasses.asdict(u) for u in bootstrap.users],
+        "ntp_servers": list(bootstrap.ntp_servers),
+        "image": image,
         "sentinel": cloudconfig.SENTINEL,
     }
     answer = _run(lab, host, request)
