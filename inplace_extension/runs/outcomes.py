@@ -78,13 +78,21 @@ def health_failure(data: dict[str, Any]) -> str | None:
 
 def _host_state_answers(data: dict[str, Any]) -> list[dict[str, Any]]:
     """What an event says of the host lock and stamp: the ``inplace_host_state`` module's answer, and
-    ``host_stamp``, the stamp a role's module wrote after the last step's work."""
+    those of a role's module: ``host_lock``, the lock it took before the first step's work, and
+    ``host_stamp``, the stamp it wrote after the last step's work."""
     res = data.get("res") or {}
     answers = [res] if _ran_module(data, HOST_STATE_MODULE) else []
-    rider = res.get("host_stamp")
-    if isinstance(rider, dict):
-        answers.append(rider)
+    for rider in (res.get("host_lock"), res.get("host_stamp")):
+        if isinstance(rider, dict):
+            answers.append(rider)
     return answers
+
+
+def _lock_not_had(data: dict[str, Any]) -> bool:
+    """A failed event of a role's module that could not take the host lock (``host_lock`` says it is
+    not held: the wait timed out)."""
+    rider = (data.get("res") or {}).get("host_lock")
+    return isinstance(rider, dict) and rider.get("locked") is False and not rider.get("up_to_date")
 
 
 def stamp_confirmed(events: Sequence[dict[str, Any]], fingerprint: str) -> bool:
@@ -109,12 +117,14 @@ def stamp_confirmed(events: Sequence[dict[str, Any]], fingerprint: str) -> bool:
 
 def skipped_steps(events: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     """The steps the play skipped because the host's stamp showed them applied with the same inputs:
-    ``unchanged`` in the answer of the ``inplace_host_state`` module's lock task (all of them when the
-    host already had the whole update)."""
+    ``unchanged`` in the answer of the ``inplace_host_state`` module's lock task, or of the first step's
+    module that took the lock (all of them when the host already had the whole update)."""
     for event in events:
         data = event.get("event_data") or {}
-        if event.get("event") == "runner_on_ok" and _ran_module(data, HOST_STATE_MODULE):
-            unchanged = (data.get("res") or {}).get("unchanged")
+        if event.get("event") != "runner_on_ok":
+            continue
+        for res in _host_state_answers(data):
+            unchanged = res.get("unchanged")
             if isinstance(unchanged, list):
                 return tuple(str(step) for step in unchanged)
     return ()
@@ -147,10 +157,14 @@ def classify(batch: BatchRef, fingerprint: str, finished: float | None = None) -
         return Outcome(OutcomeKind.UNREACHABLE, detail=detail, finished=when)
     if failed:
         data = failed[0].get("event_data") or {}
-        if _ran_module(data, HOST_STATE_MODULE) or (data.get("res") or {}).get("lost_lock") is True:
-            # waiting for the host lock timed out, or a stale-lock takeover took it from us (also
-            # found by the last step's module when it came to write the stamp): another run owns the
-            # host right now, which is not a failure of this update
+        if (
+            _ran_module(data, HOST_STATE_MODULE)
+            or _lock_not_had(data)
+            or (data.get("res") or {}).get("lost_lock") is True
+        ):
+            # waiting for the host lock timed out (in the lock task or the first step's module), or a
+            # stale-lock takeover took it from us (also found by the last step's module when it came to
+            # write the stamp): another run owns the host right now, which is not a failure of this update
             return Outcome(OutcomeKind.HOST_BUSY, detail=detail, finished=when)
         return Outcome(
             OutcomeKind.TASK_FAILED,

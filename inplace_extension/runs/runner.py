@@ -42,6 +42,10 @@ HEALTH_TAG = "update_machine_health"
 STEP_TAG = (
     "update_machine_step_{}"  # a built-in step's include (not its bare name: a user's role may tag with it)
 )
+LOCK_TAG = "update_machine_lock"  # the lock task, which a first step's module can do instead
+# update_machine.yml's update_machine_lock_riders: the steps whose module takes the host lock and reads
+# the stamp in its own execution when it is the first step of the play
+LOCK_RIDERS = frozenset({"ntp", "kubeadm_files", "kubelet_args"})
 
 
 class RunStartError(Exception):
@@ -185,8 +189,9 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
 def skip_tags(spec: BatchSpec) -> list[str]:
     """The play's tags this batch leaves out: the re-checks of what Python checked (the inputs were made
     and validated by :mod:`inplace_extension.inplace`, the run parameters by :func:`run_parameters`), the
-    built-in steps no Machine of the batch has, and the drain points, user-defined steps and health
-    gate command checks when none of its Machines has any."""
+    built-in steps no Machine of the batch has, the drain points, user-defined steps and health gate
+    command checks when none of its Machines has any, and the lock task when every Machine's first
+    step takes the lock."""
     steps = {cap for run in spec.hosts for cap in run.capabilities}
     tags = [RECHECK_TAG, *(STEP_TAG.format(c.name) for c in CAPABILITIES if c.name not in steps)]
     if all(run.drain_before is None for run in spec.hosts):
@@ -195,7 +200,22 @@ def skip_tags(spec: BatchSpec) -> list[str]:
         tags.append(CUSTOM_TAG)
     if not spec.host_checks:
         tags.append(HEALTH_TAG)
+    if all(lock_rides_on_first_step(run) for run in spec.hosts):
+        tags.append(LOCK_TAG)
     return tags
+
+
+def lock_rides_on_first_step(run: HostRun) -> bool:
+    """Whether the play has ``run``'s first step take the host lock in its own module execution
+    (update_machine.yml's ``update_machine_lock_rides_on`` for a run of the service, which never leaves
+    out a step of its own): the step is one of :data:`LOCK_RIDERS`, the play has the lock token and no
+    drain point. Every host of a batch that takes it so lets the batch leave the lock task out."""
+    return (
+        bool(run.lock_token)
+        and bool(run.capabilities)
+        and run.capabilities[0] in LOCK_RIDERS
+        and run.drain_before is None
+    )
 
 
 def _role_vars_args(spec: BatchSpec) -> list[str]:

@@ -19,7 +19,10 @@ an Ansible handler does after a failed play).
 
 When this is the last step the play runs, the play passes ``host_stamp``: after the steps above
 succeeded, the host's stamp is written and the lock released in this same execution
-(``module_utils/inplace_lock_stamp.py``), which saves the stamp task's round trip.
+(``module_utils/inplace_lock_stamp.py``), which saves the stamp task's round trip. When this is the
+first step, the play passes ``host_lock``: before step 1 the host lock is taken and the stamp read
+in this same execution, which saves the lock task's round trip; the steps are left out when the stamp
+shows them applied.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ansible.module_utils import inplace_lock_stamp as host_state
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.inplace_atomic_file import replace_file
-from ansible.module_utils.inplace_lock_stamp import STAMP_OPTION, HostStateError, stamp_after
 
 DOCUMENTATION = r"""
 module: inplace_service_file
@@ -68,6 +71,13 @@ options:
       same execution (the arguments of inplace_host_state state=stamped; the play passes them to the last
       step it runs, saving the stamp task's round trip).
     type: dict
+  host_lock:
+    description: Before this module's work, take the host lock and read the stamp in the same execution
+      (the arguments of inplace_host_state state=locked and I(step), the step this module is; the play
+      passes them to the first step it runs, saving the lock task's round trip). The work is left out
+      when the stamp shows the host has the whole update (the lock is given back) or this step applied
+      with these inputs.
+    type: dict
 """
 
 # The file belongs to the user the module runs as: root, as the roles run with become (and the tests,
@@ -79,6 +89,8 @@ path: {description: The file this run looked after (I(path), or the matching alt
 written: {description: The file was written or removed by this run., type: bool}
 restarted: {description: The restart command ran (and the service got healthy)., type: bool}
 host_stamp: {description: What writing the stamp answered (only with I(host_stamp))., type: dict}
+host_lock: {description: What taking the lock answered (only with I(host_lock)); inplace_host_state's
+            state=locked fields., type: dict}
 """
 
 
@@ -153,7 +165,8 @@ def main() -> None:
                     "restart": {"type": "list", "elements": "str", "default": []},
                 },
             },
-            "host_stamp": STAMP_OPTION,
+            "host_stamp": host_state.STAMP_OPTION,
+            "host_lock": host_state.LOCK_OPTION,
         },
         required_if=[("state", "present", ["content"])],
         supports_check_mode=True,
@@ -170,6 +183,12 @@ def main() -> None:
     if not path.is_absolute() or mode & ~0o7777:
         module.fail_json(msg="path must be absolute and mode at most 07777")
     marker = Path(p["restart_marker"]) if p["restart_marker"] else None
+    try:  # the host lock and the stamp's answer, when this is the first step the play runs
+        locked, work = host_state.lock_before(p["host_lock"], module.check_mode)
+    except host_state.HostStateError as exc:
+        module.fail_json(msg=exc.msg, **host_state.lock_failure(exc))
+    if not work:
+        _done(module, locked, changed=False, path=str(path), written=False, restarted=False)
     if p["state"] == "present":
         content = (p["content"] or "").encode("utf-8")
         written = _differs(path, content, mode)
@@ -177,7 +196,7 @@ def main() -> None:
         written = path.exists() or path.is_symlink()
     pending = bool(p["restart"]) and (written or (marker is not None and marker.exists()))
     if module.check_mode:
-        _done(module, changed=written or pending, path=str(path), written=written, restarted=False)
+        _done(module, locked, changed=written or pending, path=str(path), written=written, restarted=False)
     if written and marker is not None and p["restart"]:
         # first the marker, then the file: a run killed in between restarts next time, never the reverse
         marker.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -188,14 +207,17 @@ def main() -> None:
         path.unlink()
     if pending:
         _restart(module, p, marker)
-    _done(module, changed=written or pending, path=str(path), written=written, restarted=pending)
+    _done(module, locked, changed=written or pending, path=str(path), written=written, restarted=pending)
 
 
-def _done(module: AnsibleModule, **result: Any) -> None:
-    """Exit with ``result``, after writing the stamp when the play asked for it (``host_stamp``)."""
+def _done(module: AnsibleModule, locked: dict[str, Any], **result: Any) -> None:
+    """Exit with ``result`` and what taking the lock answered (``locked``: ``lock_before``'s fields), after
+    writing the stamp when the play asked for it (``host_stamp``)."""
+    result.update(locked)
     try:
-        result.update(stamp_after(module.params["host_stamp"], module.check_mode))
-    except HostStateError as exc:
+        rider = host_state.stamp_rider(module.params["host_stamp"], locked)
+        result.update(host_state.stamp_after(rider, module.check_mode))
+    except host_state.HostStateError as exc:
         module.fail_json(msg=exc.msg, **{**result, **exc.fields})
     module.exit_json(**result)
 

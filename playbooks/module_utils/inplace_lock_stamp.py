@@ -1,7 +1,9 @@
 """The host lock and the applied-fingerprint stamp of inplace-extension, shared by the modules that
 look after them: ``inplace_host_state`` (the lock task, the stamp task and the release) and the roles'
-own modules, which write the stamp in the same execution as the last step's work when the play asks
-(their ``host_stamp`` option, :func:`stamp_after`), saving a module execution (an SSH round trip).
+own modules, which take the lock and read the stamp in the same execution as the first step's work
+(their ``host_lock`` option, :func:`lock_before`) and write the stamp in the same execution as the last
+step's work (their ``host_stamp`` option, :func:`stamp_after`) when the play asks, each saving a module
+execution (an SSH round trip).
 
 What lives on the host, the lock's rules and the per-step fingerprints: the ``inplace_host_state``
 module's docstring and docs/playbooks.md. Failures are :class:`HostStateError`; a module turns them
@@ -43,6 +45,54 @@ STAMP_OPTION: dict[str, Any] = {
         "state_dir": {"type": "path", "default": "/var/lib/inplace-extension"},
     },
 }
+
+
+# The ``host_lock`` option of a module that can take the lock and read the stamp before its own work:
+# the arguments of state=locked, and the step the module is (``step``). The token is the play's own
+# (the service's), so that the play's release needs nothing of this module's answer.
+LOCK_OPTION: dict[str, Any] = {
+    "type": "dict",
+    "options": {
+        "step": {"type": "str", "required": True},
+        "ident": {"type": "str", "required": True},
+        "fingerprint": {"type": "str", "required": True},
+        "steps": {"type": "dict", "default": {}},
+        "token": {"type": "str", "required": True, "no_log": False},  # a per-run nonce, not a secret
+        "takeover_tokens": {"type": "list", "elements": "str", "default": [], "no_log": False},
+        "state_dir": {"type": "path", "default": "/var/lib/inplace-extension"},
+        "wait_seconds": {"type": "float", "default": 300.0},
+        "stale_seconds": {"type": "float", "default": 1800.0},
+        "poll_seconds": {"type": "float", "default": 0.5},
+    },
+}
+
+
+def lock_before(rider: dict[str, Any] | None, check_mode: bool) -> tuple[dict[str, Any], bool]:
+    """Before a module's own work, when it is the play's first step: state=locked (wait for the lock,
+    read the stamp, take out of it what this run changes). Returns the result fields to add (``host_lock``:
+    what state=locked answers; nothing without ``rider``) and whether the module is to do its work: not
+    when the host already has the whole update (the lock is given back) nor when the stamp shows this
+    step applied with these inputs. Raises :class:`HostStateError` when the lock cannot be had."""
+    if not rider:
+        return {}, True
+    if rider["wait_seconds"] < 0 or rider["stale_seconds"] <= 0 or rider["poll_seconds"] <= 0:
+        raise HostStateError("host_lock: wait_seconds must be >= 0, stale_seconds and poll_seconds > 0")
+    Path(rider["state_dir"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+    answer = acquire(rider, check_mode)
+    return {"host_lock": answer}, not answer["up_to_date"] and rider["step"] not in answer["unchanged"]
+
+
+def lock_failure(exc: HostStateError) -> dict[str, Any]:
+    """The result fields of a module whose ``host_lock`` could not be had (:func:`lock_before` raised):
+    ``host_lock`` says the lock is not held, and by whom (the service counts the host busy)."""
+    return {"host_lock": {"locked": False, "up_to_date": False, **exc.fields}}
+
+
+def stamp_rider(host_stamp: dict[str, Any] | None, locked: dict[str, Any]) -> dict[str, Any] | None:
+    """The module's ``host_stamp`` unless its own ``host_lock`` found the host up to date (``locked``:
+    what :func:`lock_before` added): the lock is given back then, and the stamp holds this update."""
+    answer = locked.get("host_lock") or {}
+    return None if answer.get("up_to_date") else host_stamp
 
 
 def stamp_after(rider: dict[str, Any] | None, check_mode: bool) -> dict[str, Any]:

@@ -96,12 +96,24 @@ class RunResult:
 
     @property
     def unchanged(self) -> list[str]:
-        """The steps the lock task found applied with the same inputs in the host's stamp (skipped)."""
+        """The steps the lock task (or the first step's module that took the lock) found applied with the
+        same inputs in the host's stamp (skipped)."""
+        return list(self.lock_answer.get("unchanged", []))
+
+    @property
+    def lock_answer(self) -> dict[str, Any]:
+        """What taking the host lock answered: the lock task's result, or the ``host_lock`` of the first
+        step's module that took it."""
         for event in self.events:
             data = event.get("event_data", {})
-            if event["event"] == "runner_on_ok" and data.get("task") == LOCK_TASK:
-                return list(data.get("res", {}).get("unchanged", []))
-        raise AssertionError("the lock task did not run")
+            if event["event"] not in ("runner_on_ok", "runner_on_failed"):
+                continue
+            res = data.get("res", {})
+            if data.get("task") == LOCK_TASK:
+                return dict(res)
+            if isinstance(res.get("host_lock"), dict):
+                return dict(res["host_lock"])
+        raise AssertionError("nothing took the lock")
 
     @property
     def failed_roles(self) -> list[str | None]:
@@ -170,6 +182,9 @@ class RunSpec:
     step_fingerprints: bool = False
     # ansible-playbook options after the playbook (ansible-runner's cmdline), e.g. the service's --skip-tags
     cmdline: str | None = None
+    # hold the host lock with a token of the caller's, as inplace_extension.runs does (the first step's
+    # module then takes the lock when it can: update_machine_lock_rides_on)
+    lock_token: bool = False
 
     @property
     def ident(self) -> str:
@@ -207,6 +222,7 @@ def start_update(
             "update_machine_capabilities": caps,
             "update_machine_inputs_file": str(inputs_file),
             **(steps if spec.step_fingerprints else {}),
+            **({"update_machine_lock_token": uuid.uuid4().hex} if spec.lock_token else {}),
             **spec.extravars,
         },
         envvars=envvars(spec.lab, spec.workdir),

@@ -85,14 +85,16 @@ def test_playbook_runs_the_roles_in_table_order() -> None:
         if "ansible.builtin.include_role" in task:
             role = task["ansible.builtin.include_role"]["name"]
             # each role gets exactly its inputs, read from the inputs file; a role whose one module can
-            # write the play's stamp after its work also gets that (<role>_host_stamp, ours, no input)
-            rider = f"{role}_host_stamp"
-            assert sorted(set(task["vars"]) - {rider}) == sorted(role_options(role))
+            # write the play's stamp after its work also gets that (<role>_host_stamp, ours, no input),
+            # and the lock before its work (<role>_host_lock)
+            riders = {f"{role}_host_stamp": "stamp", f"{role}_host_lock": "lock"}
+            assert sorted(set(task["vars"]) - set(riders)) == sorted(role_options(role))
             for name, value in task["vars"].items():
-                if name == rider:
-                    assert role in play["vars"]["update_machine_stamp_riders"]
-                    when = f"update_machine_stamp_rides_on == '{role}'"
-                    assert str(value).strip() == f"{{{{ update_machine_stamp_rider if {when} else None }}}}"
+                if name in riders:
+                    what = riders[name]
+                    assert role in play["vars"][f"update_machine_{what}_riders"]
+                    when = f"update_machine_{what}_rides_on == '{role}'"
+                    assert str(value).strip() == f"{{{{ update_machine_{what}_rider if {when} else None }}}}"
                     continue
                 assert f"update_machine_inputs.{role}.{name}" in str(value)
             # listed, and not skipped as applied with these inputs (the stamp's per-step fingerprints)

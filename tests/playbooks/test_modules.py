@@ -397,3 +397,69 @@ def test_files_invalid_entries_are_refused_all_at_once_and_nothing_is_written(tm
     ):
         assert expected in got["msg"]
     assert not good.exists()
+
+
+def test_files_take_the_lock_first_and_leave_their_work_to_the_stamp(tmp_path: Path) -> None:
+    """``host_lock``: the module takes the lock and reads the stamp in its own execution before the files
+    (the play's first step); it leaves the files alone when the stamp shows this step applied with these
+    inputs, and does nothing but give the lock back when the host has the whole update."""
+    sd, conf = tmp_path / "state", tmp_path / "a.conf"
+    files = [{"path": str(conf), "content": "v1\n", "owner": ME, "permissions": "0644"}]
+    steps = {"kubeadm_files": "s1", "kubelet_args": "s2"}
+
+    def lock(ident: str, fingerprint: str, **more: Any) -> dict[str, Any]:
+        rider = {"step": "kubeadm_files", "ident": ident, "fingerprint": fingerprint, "steps": steps}
+        return {"host_lock": {**rider, "token": f"token-{ident}", "state_dir": str(sd), **more}}
+
+    first = run(FILES, tmp_path, {**files_args(tmp_path, files), **lock("a", "fp1")})
+    assert (first["written"], first["host_lock"]["locked"], first["host_lock"]["unchanged"]) == (
+        [str(conf)],
+        True,
+        [],
+    )
+    assert (
+        json.loads((sd / "lock" / "owner.json").read_text())["token"] == "token-a"
+    )  # held for the next steps
+    stamped = lock_args(sd, "stamped", "a", fingerprint="fp1", steps=steps, token="token-a", release=True)
+    assert run(HOST_STATE, tmp_path, stamped)["released"] is True
+
+    conf.write_text("changed by hand\n")  # left as it is by a step the stamp shows applied
+    unchanged = run(FILES, tmp_path, {**files_args(tmp_path, files), **lock("b", "fp2")})
+    assert (unchanged["changed"], unchanged["written"], unchanged["host_lock"]["unchanged"]) == (
+        False,
+        [],
+        ["kubeadm_files", "kubelet_args"],
+    )
+    assert conf.read_text() == "changed by hand\n" and (sd / "lock").exists()
+    stamped = lock_args(sd, "stamped", "b", fingerprint="fp2", steps=steps, token="token-b", release=True)
+    assert run(HOST_STATE, tmp_path, stamped)["released"] is True  # the play's stamp task, then
+
+    # the whole update is there: the lock goes back in the same execution, no stamp written with it
+    stamp_rider = {
+        "ident": "c",
+        "fingerprint": "fp1",
+        "steps": steps,
+        "token": "token-c",
+        "state_dir": str(sd),
+    }
+    args = {**files_args(tmp_path, files), **lock("c", "fp2"), "host_stamp": stamp_rider}
+    up_to_date = run(FILES, tmp_path, args)
+    assert (up_to_date["changed"], up_to_date["host_lock"]["up_to_date"], "host_stamp" in up_to_date) == (
+        False,
+        True,
+        False,
+    )
+    assert not (sd / "lock").exists()
+    assert len((sd / "stamp.log").read_text().splitlines()) == 2
+
+
+def test_files_that_cannot_have_the_lock_fail_naming_the_holder_and_write_nothing(tmp_path: Path) -> None:
+    sd, conf = tmp_path / "state", tmp_path / "a.conf"
+    holder = run(HOST_STATE, tmp_path, lock_args(sd, "locked", "other", fingerprint="fp0"))
+    files = [{"path": str(conf), "content": "v1\n", "owner": ME, "permissions": "0644"}]
+    rider = {"step": "kubeadm_files", "ident": "a", "fingerprint": "fp1", "token": "t", "state_dir": str(sd)}
+    got = run(FILES, tmp_path, {**files_args(tmp_path, files), "host_lock": {**rider, "wait_seconds": 0.2}})
+    assert got["failed"] is True and "held by run other" in got["msg"]
+    assert (got["host_lock"]["locked"], got["host_lock"]["holder"]) == (False, "other")
+    assert not conf.exists()
+    assert json.loads((sd / "lock" / "owner.json").read_text())["token"] == holder["token"]

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hostlab.lab import Host, Lab
 
 from .inputs import inputs
 from .support import (
+    LOCK_TASK,
     STAMP_TASK,
     STATE_DIR,
     RunResult,
@@ -31,6 +33,9 @@ from .support import (
 
 pytestmark = pytest.mark.lab
 FILES_TASK = "Write the files and remove the ones no longer listed"  # kubeadm_files' one module execution
+# the lock taken by the lock task (no lock token given) or, as the service's runs do, by the first step's
+# module (update_machine_lock_rides_on: the service's lock token, a first step whose module can take it)
+BOTH_LOCKS = pytest.mark.parametrize("first_step_locks", [False, True], ids=["lock-task", "first-step-locks"])
 
 
 def test_full_update_converges_and_the_stamp_short_circuits(lab: Lab, host: Host, tmp_path: Path) -> None:
@@ -107,6 +112,72 @@ def test_an_unchanged_step_is_skipped_without_touching_the_host(lab: Lab, host: 
     assert any(" --version" in line for line in calls(lab, host)[calls_before:])
 
 
+def test_the_first_step_takes_the_lock_in_its_own_execution(lab: Lab, host: Host, tmp_path: Path) -> None:
+    """As the service runs it (its lock token, its --skip-tags with the lock task's tag): the first
+    step's module takes the lock and reads the stamp, the last one's writes it; the lock task is never
+    queued. The measured case (bench/update.py --real-nodes): new files and kubelet flags, the same
+    Kubernetes version, in two module executions on the host."""
+    caps = ("kubeadm_files", "kubelet_args", "kubernetes_version")
+    service = "--skip-tags update_machine_recheck,update_machine_lock"
+
+    def run(changes: dict[str, dict[str, Any]], fingerprint: str | None = None) -> RunResult:
+        spec = RunSpec(lab, host, tmp_path, changes, step_fingerprints=True, cmdline=service, lock_token=True)
+        if fingerprint is not None:
+            spec.fingerprint = fingerprint
+        result = run_update(spec)
+        assert result.status == "successful", result.failure_messages
+        assert not any(e["event_data"].get("task") == LOCK_TASK for e in result.events)
+        assert not host_exists(lab, host, f"{STATE_DIR}/lock")
+        return result
+
+    first = run(inputs(*caps))
+    assert (first.roles_run, first.unchanged) == (list(caps), [])
+    changed = inputs(*caps)
+    changed["kubeadm_files"]["kubeadm_files_files"][0]["content"] = "whole file\nnew line two\n"
+    changed["kubelet_args"]["kubelet_args_extra_args"][1]["value"] = "61"
+    calls_before = len(calls(lab, host))
+    second = run(changed)
+    assert second.unchanged == ["kubernetes_version"]
+    assert second.roles_run == ["kubeadm_files", "kubelet_args"]
+    assert host_executions(second) == 2  # the lock with the files, the kubelet flags with the stamp
+    assert not second.ran(STAMP_TASK) and STAMP_TASK in second.changed_tasks
+    assert not any(" --version" in line for line in calls(lab, host)[calls_before:])
+    assert lab.read_file(host, "/etc/inplace-test/nested/whole.conf") == "whole file\nnew line two\n"
+    assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] == second.fingerprint
+
+    # the same fingerprint again: the first step's module finds it, gives the lock back and does nothing
+    third = run(changed, fingerprint=second.fingerprint)
+    assert third.lock_answer["up_to_date"] is True
+    assert (third.changed_tasks, host_executions(third)) == ([], 1)
+    assert third.roles_run == ["kubeadm_files"]  # its argument check and the module that took the lock
+    # the same inputs under a new fingerprint: every step unchanged, the files left alone, one new stamp
+    fourth = run(changed)
+    assert fourth.unchanged == list(caps)
+    assert fourth.changed_tasks == [STAMP_TASK] and fourth.ran(STAMP_TASK)
+    assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] == fourth.fingerprint
+    lock_events = host_json_lines(lab, host, f"{STATE_DIR}/lock.log")
+    assert [(e["event"], e["ident"], e.get("reason")) for e in lock_events][-6:] == [
+        ("acquired", second.ident, None),
+        ("released", second.ident, None),
+        ("acquired", third.ident, None),
+        ("released", third.ident, "up-to-date"),
+        ("acquired", fourth.ident, None),
+        ("released", fourth.ident, None),
+    ]
+
+
+def test_a_single_step_takes_the_lock_and_stamps_in_one_execution(
+    lab: Lab, host: Host, tmp_path: Path
+) -> None:
+    spec = RunSpec(lab, host, tmp_path, inputs("kubelet_args"), step_fingerprints=True, lock_token=True)
+    result = run_update(spec)
+    assert result.status == "successful", result.failure_messages
+    assert host_executions(result) == 1
+    assert result.lock_answer["locked"] is True
+    assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] == result.fingerprint
+    assert not host_exists(lab, host, f"{STATE_DIR}/lock")
+
+
 def host_executions(result: RunResult) -> int:
     """Module executions on the host (SSH round trips): the task results of actions that do not run on
     the controller (as bench/plays.py counts them)."""
@@ -165,10 +236,14 @@ def test_the_drain_point_is_passed_when_every_step_after_it_is_unchanged(
     assert "kubelet_args" not in third.roles_run
 
 
-def test_a_failing_role_releases_the_lock_and_writes_no_stamp(lab: Lab, host: Host, tmp_path: Path) -> None:
+@BOTH_LOCKS
+def test_a_failing_role_releases_the_lock_and_writes_no_stamp(
+    lab: Lab, host: Host, tmp_path: Path, first_step_locks: bool
+) -> None:
     bad = inputs("kubeadm_files", "kubelet_args")
     bad["kubelet_args"]["kubelet_args_extra_args"][0]["value"] = "has space"
-    result = run_update(RunSpec(lab, host, tmp_path, bad))
+    result = run_update(RunSpec(lab, host, tmp_path, bad, lock_token=first_step_locks))
+    assert result.ran(LOCK_TASK) is not first_step_locks
     assert result.status == "failed"
     assert result.failed_roles == ["kubelet_args"]
     assert "kubelet_args_extra_args[0].value must not contain whitespace" in result.failure_messages[0]
@@ -241,11 +316,15 @@ def test_missing_inputs_file_is_refused_before_the_lock(lab: Lab, host: Host, tm
     assert not host_exists(lab, host, f"{STATE_DIR}/lock.log")
 
 
-def test_concurrent_runs_on_one_host_never_interleave(lab: Lab, host: Host, tmp_path: Path) -> None:
+@BOTH_LOCKS
+def test_concurrent_runs_on_one_host_never_interleave(
+    lab: Lab, host: Host, tmp_path: Path, first_step_locks: bool
+) -> None:
     # Run A holds the lock for a while: its kubelet restart is slowed down on the host.
     slow = {"kubelet_args_restart_command": ["/bin/sh", "-c", "sleep 4; exec systemctl restart kubelet"]}
-    spec_a = RunSpec(lab, host, tmp_path, inputs("kubeadm_files", "kubelet_args"), extravars=slow)
-    spec_b = RunSpec(lab, host, tmp_path, inputs("kubeadm_files", "ntp"))
+    two = inputs("kubeadm_files", "kubelet_args")
+    spec_a = RunSpec(lab, host, tmp_path, two, extravars=slow, lock_token=first_step_locks)
+    spec_b = RunSpec(lab, host, tmp_path, inputs("kubeadm_files", "ntp"), lock_token=first_step_locks)
     run_a = start_update(spec_a)
     deadline = time.monotonic() + 60
     while not host_exists(lab, host, f"{STATE_DIR}/lock"):
@@ -270,6 +349,7 @@ def test_concurrent_runs_on_one_host_never_interleave(lab: Lab, host: Host, tmp_
     assert lock_events[1]["holder"] == spec_a.ident
     stamps = host_json_lines(lab, host, f"{STATE_DIR}/stamp.log")
     assert [s["ident"] for s in stamps] == [spec_a.ident, spec_b.ident]
+    assert (result_a.ran(LOCK_TASK), result_b.ran(LOCK_TASK)) == (not first_step_locks, not first_step_locks)
 
 
 def _plant_lock(lab: Lab, host: Host, ident: str, age_seconds: float) -> None:
@@ -278,11 +358,13 @@ def _plant_lock(lab: Lab, host: Host, ident: str, age_seconds: float) -> None:
     host_root(lab, host, ["tee", f"{STATE_DIR}/lock/owner.json"], stdin=json.dumps(owner))
 
 
+@BOTH_LOCKS
 def test_a_held_lock_makes_the_run_wait_then_fail_naming_the_holder(
-    lab: Lab, host: Host, tmp_path: Path
+    lab: Lab, host: Host, tmp_path: Path, first_step_locks: bool
 ) -> None:
     _plant_lock(lab, host, "other.machine.0123456789ab", age_seconds=5)
-    spec = RunSpec(lab, host, tmp_path, inputs("ntp"), extravars={"update_machine_lock_wait_seconds": 2})
+    wait = {"update_machine_lock_wait_seconds": 2}
+    spec = RunSpec(lab, host, tmp_path, inputs("ntp"), extravars=wait, lock_token=first_step_locks)
     started = time.monotonic()
     result = run_update(spec)
     assert result.status == "failed"
@@ -290,15 +372,21 @@ def test_a_held_lock_makes_the_run_wait_then_fail_naming_the_holder(
     [message] = result.failure_messages
     assert "held by run other.machine.0123456789ab" in message
     assert "gave up after waiting 2s" in message
-    assert result.roles_run == []
+    # the ntp role's module waited for the lock and did nothing else (the role's argument check ran)
+    assert result.failed_roles == (["ntp"] if first_step_locks else [None])
+    answer = result.lock_answer
+    assert (answer["locked"], answer["holder"]) == (False, "other.machine.0123456789ab")
+    assert not host_exists(lab, host, "/etc/systemd/timesyncd.conf.d/inplace-extension.conf")
     # the holder's lock is left alone: release only removes a lock this run owns
     owner = json.loads(lab.read_file(host, f"{STATE_DIR}/lock/owner.json"))
     assert owner["ident"] == "other.machine.0123456789ab"
 
 
-def test_a_stale_lock_is_taken_over(lab: Lab, host: Host, tmp_path: Path) -> None:
+@BOTH_LOCKS
+def test_a_stale_lock_is_taken_over(lab: Lab, host: Host, tmp_path: Path, first_step_locks: bool) -> None:
     _plant_lock(lab, host, "killed.machine.0123456789ab", age_seconds=7200)
-    spec = RunSpec(lab, host, tmp_path, inputs("ntp"), extravars={"update_machine_lock_stale_seconds": 3600})
+    stale = {"update_machine_lock_stale_seconds": 3600}
+    spec = RunSpec(lab, host, tmp_path, inputs("ntp"), extravars=stale, lock_token=first_step_locks)
     result = run_update(spec)
     assert result.status == "successful", result.failure_messages
     events = host_json_lines(lab, host, f"{STATE_DIR}/lock.log")

@@ -228,6 +228,37 @@ def test_lock_timeout_is_host_busy_not_a_failure(tmp_path: Path) -> None:
     assert classify(ref(tmp_path), FP).kind is OutcomeKind.HOST_BUSY
 
 
+def test_the_lock_taken_by_the_first_steps_module_gives_the_skipped_steps_and_the_early_end(
+    tmp_path: Path,
+) -> None:
+    """The first step's module took the lock (host_lock): its answer says what was unchanged, or that the
+    host already had the update (the play ends there, no stamp written)."""
+    unchanged = ["kubernetes_version"]
+    folded = [
+        step_module("runner_on_ok", {"host_lock": {"up_to_date": False, "unchanged": unchanged}}),
+        host_state("runner_on_ok", {"changed": True, "fingerprint": FP}, task="Write the stamp"),
+    ]
+    write_artifacts(tmp_path / "f", BATCH, "successful", 0, folded)
+    outcome = classify(ref(tmp_path / "f"), FP)
+    assert (outcome.kind, outcome.skipped) == (OutcomeKind.SUCCESSFUL, tuple(unchanged))
+    early = {"up_to_date": True, "applied_fingerprint": FP, "unchanged": ["kubelet_args"], "locked": False}
+    ended = [step_module("runner_on_ok", {"host_lock": early})]
+    write_artifacts(tmp_path / "e", BATCH, "successful", 0, ended)
+    assert classify(ref(tmp_path / "e"), FP).kind is OutcomeKind.SUCCESSFUL
+
+
+def test_a_lock_timeout_in_the_first_steps_module_is_host_busy(tmp_path: Path) -> None:
+    busy = {"msg": "host lock held", "host_lock": {"locked": False, "up_to_date": False, "holder": "x"}}
+    events = [{"event": "playbook_on_play_start", "event_data": {}}, step_module("runner_on_failed", busy)]
+    write_artifacts(tmp_path / "b", BATCH, "failed", 2, events)
+    assert classify(ref(tmp_path / "b"), FP).kind is OutcomeKind.HOST_BUSY
+    # a failure of the step's own work after it took the lock is the step's
+    taken = {"msg": "restart failed", "host_lock": {"locked": True, "up_to_date": False, "unchanged": []}}
+    events = [{"event": "playbook_on_play_start", "event_data": {}}, step_module("runner_on_failed", taken)]
+    write_artifacts(tmp_path / "t", BATCH, "failed", 2, events)
+    assert classify(ref(tmp_path / "t"), FP).kind is OutcomeKind.TASK_FAILED
+
+
 def test_each_host_of_a_batch_is_classified_from_its_own_events(tmp_path: Path) -> None:
     other = f"ns.m2.{FP[:12]}"
     events = [

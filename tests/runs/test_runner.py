@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import socket
@@ -186,6 +187,26 @@ def test_role_settings_reach_a_real_play_as_extra_vars_over_the_role_defaults(tm
     assert (batch_dir / "role_settings.json").stat().st_mode & 0o777 == 0o600
 
 
+def test_the_lock_task_is_left_out_when_every_machines_first_step_takes_the_lock(tmp_path: Path) -> None:
+    """update_machine.yml's update_machine_lock_rides_on for the service's runs: the lock token given, the
+    first step one whose module can take the lock, no drain point."""
+    plain = host_run(tmp_path)  # ntp first, but no lock token: the lock task takes it
+    with_token = dataclasses.replace(plain, lock_token="f" * 32)
+    drained = dataclasses.replace(with_token, drain_before="ntp", drain_wait_seconds=60)
+    users_first = dataclasses.replace(with_token, capabilities=("users", "ntp"))
+
+    def leaves_out(*runs: runner.HostRun) -> bool:
+        spec = runner.BatchSpec("b", tmp_path, runs, PLAYBOOK, None, tmp_path, tmp_path / "w")
+        return runner.LOCK_TAG in runner.skip_tags(spec)
+
+    assert leaves_out(with_token)
+    assert not leaves_out(plain) and not leaves_out(drained) and not leaves_out(users_first)
+    assert not leaves_out(with_token, users_first)  # one Machine of the batch needs the lock task
+    # the riders named here are the ones the play names
+    play = PLAYBOOK.read_text()
+    assert f"update_machine_lock_riders: [{', '.join(sorted(runner.LOCK_RIDERS, key=play.index))}]" in play
+
+
 def test_the_play_leaves_out_by_tag_only_what_python_checked_and_what_no_machine_of_the_batch_has(
     tmp_path: Path,
 ) -> None:
@@ -234,7 +255,7 @@ def test_the_play_leaves_out_by_tag_only_what_python_checked_and_what_no_machine
         (PLAYBOOK.parent / "roles" / role / "tasks" / "main.yml").read_text()
         for role in ("kubeadm_files", "kubelet_args")
     )
-    for tag in (runner.RECHECK_TAG, runner.DRAIN_TAG, runner.CUSTOM_TAG, runner.HEALTH_TAG):
+    for tag in (runner.RECHECK_TAG, runner.DRAIN_TAG, runner.CUSTOM_TAG, runner.HEALTH_TAG, runner.LOCK_TAG):
         assert f"tags: [{tag}]" in play or f"tags: [always, {tag}]" in play, tag
     for cap in ("users", "ntp", "kubeadm_files", "kubelet_args", "kubernetes_version"):
         # the built-in step's include carries a tag of ours: a user's role may tag its tasks with a bare name

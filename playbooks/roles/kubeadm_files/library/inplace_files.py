@@ -20,7 +20,10 @@ option is ``no_log``), because kubeadm files may carry keys.
 
 When this is the last step the play runs, the play passes ``host_stamp``: after the files converged,
 the host's stamp is written and the lock released in this same execution (the playbooks'
-``module_utils/inplace_lock_stamp.py``), which saves the stamp task's round trip.
+``module_utils/inplace_lock_stamp.py``), which saves the stamp task's round trip. When this is the
+first step, the play passes ``host_lock``: before the files the host lock is taken and the stamp read
+in this same execution, which saves the lock task's round trip; the files are left alone when the
+stamp shows them applied.
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ import re
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ansible.module_utils import inplace_lock_stamp as host_state
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.inplace_atomic_file import replace_file
-from ansible.module_utils.inplace_lock_stamp import STAMP_OPTION, HostStateError, stamp_after
 
 DOCUMENTATION = r"""
 module: inplace_files
@@ -60,6 +63,11 @@ options:
       same execution (the arguments of inplace_host_state state=stamped; the play passes them to the last
       step it runs, saving the stamp task's round trip).
     type: dict
+  host_lock:
+    description: Take the host lock and read the stamp first, in this execution (inplace_host_state's
+      state=locked arguments and I(step), this module's step); the play's first step gets them. The
+      files are left alone when the stamp holds this update (the lock goes back) or this step's inputs.
+    type: dict
 """
 
 RETURN = r"""
@@ -67,6 +75,8 @@ written: {description: Paths whose content, owner or mode changed., type: list, 
 removed: {description: Paths (or appended blocks) removed because no longer desired., type: list,
           elements: str}
 host_stamp: {description: What writing the stamp answered (only with I(host_stamp))., type: dict}
+host_lock: {description: What taking the lock answered (only with I(host_lock)); inplace_host_state's
+            state=locked fields., type: dict}
 """
 
 MODE_RE = re.compile(r"^0?[0-7]{3,4}$")
@@ -275,15 +285,32 @@ def main() -> None:
                 },
             },
             "manifest": {"type": "path", "default": "/var/lib/inplace-extension/kubeadm_files.json"},
-            "host_stamp": STAMP_OPTION,
+            "host_stamp": host_state.STAMP_OPTION,
+            "host_lock": host_state.LOCK_OPTION,
         },
         supports_check_mode=True,
     )
     entries, errors = prepare(module.params["files"])
     if errors:
         module.fail_json(msg="invalid kubeadm files: " + "; ".join(errors))
-    manifest_path = Path(module.params["manifest"])
     check = module.check_mode
+    try:  # the host lock and the stamp's answer, when this is the first step the play runs
+        locked, work = host_state.lock_before(module.params["host_lock"], check)
+    except host_state.HostStateError as exc:
+        module.fail_json(msg=exc.msg, **host_state.lock_failure(exc))
+    result = converge(module, entries, check) if work else {"changed": False, "written": [], "removed": []}
+    result.update(locked)
+    try:  # the play's stamp, when it rides on this step (the last it runs)
+        rider = host_state.stamp_rider(module.params["host_stamp"], locked)
+        result.update(host_state.stamp_after(rider, check))
+    except host_state.HostStateError as exc:
+        module.fail_json(msg=exc.msg, **{**result, **exc.fields})
+    module.exit_json(**result)
+
+
+def converge(module: AnsibleModule, entries: list[dict[str, Any]], check: bool) -> dict[str, Any]:
+    """Write the files, remove the ones no longer listed and keep the manifest; the result fields."""
+    manifest_path = Path(module.params["manifest"])
     try:
         previous = load_manifest(manifest_path)
     except ValueError as exc:
@@ -319,12 +346,7 @@ def main() -> None:
     manifest_changed = previous != managed or not manifest_path.exists()
     if manifest_changed and not check:
         save_manifest(manifest_path, {e["path"]: e["append"] for e in entries})
-    result = {"changed": bool(written or removed or manifest_changed), "written": written, "removed": removed}
-    try:  # the play's stamp, when it rides on this step (the last it runs)
-        result.update(stamp_after(module.params["host_stamp"], check))
-    except HostStateError as exc:
-        module.fail_json(msg=exc.msg, **{**result, **exc.fields})
-    module.exit_json(**result)
+    return {"changed": bool(written or removed or manifest_changed), "written": written, "removed": removed}
 
 
 def save_manifest(path: Path, managed: dict[str, bool]) -> None:
