@@ -43,6 +43,9 @@ STAMP_OPTION: dict[str, Any] = {
         "steps": {"type": "dict", "default": {}},
         "token": {"type": "str", "required": True, "no_log": False},  # a per-run nonce, not a secret
         "state_dir": {"type": "path", "default": "/var/lib/inplace-extension"},
+        # the steps of the play after this one: given to a first step that takes the lock, which writes
+        # the stamp only when its read of the stamp shows every one of them unchanged (see stamp_rider)
+        "after": {"type": "list", "elements": "str", "default": []},
     },
 }
 
@@ -89,10 +92,15 @@ def lock_failure(exc: HostStateError) -> dict[str, Any]:
 
 
 def stamp_rider(host_stamp: dict[str, Any] | None, locked: dict[str, Any]) -> dict[str, Any] | None:
-    """The module's ``host_stamp`` unless its own ``host_lock`` found the host up to date (``locked``:
-    what :func:`lock_before` added): the lock is given back then, and the stamp holds this update."""
+    """The module's ``host_stamp``, to write after its work (``locked``: what :func:`lock_before` added).
+    None when its own ``host_lock`` found the host up to date (the lock is given back then, and the stamp
+    holds this update), and when a step of its ``after`` still runs: one the stamp just read does not
+    show unchanged (that step, or the play's stamp task, writes it)."""
     answer = locked.get("host_lock") or {}
-    return None if answer.get("up_to_date") else host_stamp
+    if not host_stamp or answer.get("up_to_date"):
+        return None
+    unchanged = set(answer.get("unchanged") or ())
+    return host_stamp if unchanged.issuperset(host_stamp.get("after") or ()) else None
 
 
 def stamp_after(rider: dict[str, Any] | None, check_mode: bool) -> dict[str, Any]:

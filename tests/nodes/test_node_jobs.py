@@ -192,6 +192,24 @@ def test_a_job_on_another_real_node_updates_the_node_over_ssh(
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert json.loads(terminated["message"])["kind"] == "successful", terminated
 
+    # Another file at the same version: the stamp now shows the version step applied with these inputs.
+    # The Job's first step (the files, whose module takes the host lock) learns that only from its own
+    # read of the stamp, and is then the last step that runs: it writes the stamp too. (The case a whole
+    # CI run met after other node tests had stamped this node's version: a successful play that left no
+    # stamp, answered interrupted.)
+    again = f"{RELEASE_DIR}/job-{uuid.uuid4().hex[:8]}"
+    polled = poll_update_machine(
+        service.client, host.name, _file_spec(node_cluster, host, again, "again\n"), within=WITHIN
+    )
+    assert (polled.status, polled.message) == ("Success", "update applied"), (
+        polled.messages,
+        _diagnosis(node_cluster, jobs_namespace),
+    )
+    outcome = _record(node_cluster, host.name)["attempts"][-1]["o"]
+    assert (outcome["kind"], outcome.get("skipped")) == ("successful", ["kubernetes_version"]), outcome
+    assert on_node(node_cluster, host, "cat", again) == "again\n"
+    assert stamp_writes(node_cluster, host) == stamps + 2
+
 
 def _held_in_health_gate(polled_message: str) -> bool:
     return "health" in polled_message

@@ -150,10 +150,12 @@ def test_the_first_step_takes_the_lock_in_its_own_execution(lab: Lab, host: Host
     assert third.lock_answer["up_to_date"] is True
     assert (third.changed_tasks, host_executions(third)) == ([], 1)
     assert third.roles_run == ["kubeadm_files"]  # its argument check and the module that took the lock
-    # the same inputs under a new fingerprint: every step unchanged, the files left alone, one new stamp
+    # the same inputs under a new fingerprint: every step unchanged, the files left alone, one new stamp,
+    # written by the first step's module as well (every step after it unchanged)
     fourth = run(changed)
     assert fourth.unchanged == list(caps)
-    assert fourth.changed_tasks == [STAMP_TASK] and fourth.ran(STAMP_TASK)
+    assert fourth.changed_tasks == [STAMP_TASK] and not fourth.ran(STAMP_TASK)
+    assert host_executions(fourth) == 1
     assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] == fourth.fingerprint
     lock_events = host_json_lines(lab, host, f"{STATE_DIR}/lock.log")
     assert [(e["event"], e["ident"], e.get("reason")) for e in lock_events][-6:] == [
@@ -175,6 +177,40 @@ def test_a_single_step_takes_the_lock_and_stamps_in_one_execution(
     assert host_executions(result) == 1
     assert result.lock_answer["locked"] is True
     assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] == result.fingerprint
+    assert not host_exists(lab, host, f"{STATE_DIR}/lock")
+
+
+@pytest.mark.parametrize("later", ["kubernetes_version", "kubelet_args"])
+def test_the_first_step_that_took_the_lock_stamps_when_every_later_step_is_unchanged(
+    lab: Lab, host: Host, tmp_path: Path, later: str
+) -> None:
+    """The case the whole CI run met (tests/nodes/test_node_jobs.py after other node tests had stamped the
+    node's version): the first step takes the lock and only then learns from the stamp that every step
+    after it is unchanged, so it is the last step to run. It writes the stamp itself, in the same
+    execution (before, the play had already chosen a later step to carry the stamp and then skipped it:
+    a successful play left no stamp, and the service answered it interrupted)."""
+    caps = ("kubeadm_files", later)
+    first = run_update(RunSpec(lab, host, tmp_path, inputs(*caps), step_fingerprints=True, lock_token=True))
+    assert first.status == "successful", first.failure_messages
+    assert first.roles_run == list(caps)
+    changed = inputs(*caps)
+    changed["kubeadm_files"]["kubeadm_files_files"][0]["content"] = "whole file\nnew line two\n"
+    calls_before = len(calls(lab, host))
+
+    second = run_update(RunSpec(lab, host, tmp_path, changed, step_fingerprints=True, lock_token=True))
+
+    assert second.status == "successful", second.failure_messages
+    assert (second.roles_run, second.unchanged) == (["kubeadm_files"], [later])
+    assert not second.ran(LOCK_TASK) and not second.ran(STAMP_TASK)
+    stamp = json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))
+    assert (stamp["fingerprint"], list(stamp["steps"])) == (second.fingerprint, list(caps))
+    assert host_executions(second) == 1  # the lock, the files and the stamp
+    assert calls(lab, host)[calls_before:] == []  # the later step did not touch the host
+    assert lab.read_file(host, "/etc/inplace-test/nested/whole.conf") == "whole file\nnew line two\n"
+    assert [(e["event"], e["ident"]) for e in host_json_lines(lab, host, f"{STATE_DIR}/lock.log")][2:] == [
+        ("acquired", second.ident),
+        ("released", second.ident),
+    ]
     assert not host_exists(lab, host, f"{STATE_DIR}/lock")
 
 
