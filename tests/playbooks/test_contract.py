@@ -93,8 +93,12 @@ def test_playbook_runs_the_roles_in_table_order() -> None:
                 if name in riders:
                     what = riders[name]
                     assert role in play["vars"][f"update_machine_{what}_riders"]
-                    when = f"update_machine_{what}_rides_on == '{role}'"
-                    assert str(value).strip() == f"{{{{ update_machine_{what}_rider if {when} else None }}}}"
+                    # the stamp: the step's entry of update_machine_stamp_for (the last step, or a first
+                    # step that took the lock when every step after it is unchanged)
+                    lock = f"update_machine_lock_rider if update_machine_lock_rides_on == '{role}' else None"
+                    stamp = f"update_machine_stamp_for.{role} | default(None)"
+                    expected = f"{{{{ {stamp if what == 'stamp' else lock} }}}}"
+                    assert str(value).strip() == expected
                     continue
                 assert f"update_machine_inputs.{role}.{name}" in str(value)
             # listed, and not skipped as applied with these inputs (the stamp's per-step fingerprints)
