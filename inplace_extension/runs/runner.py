@@ -40,7 +40,7 @@ DRAIN_TAG = "update_machine_drain"
 CUSTOM_TAG = "update_machine_custom"
 HEALTH_TAG = "update_machine_health"
 STEP_TAG = (
-    "update_machine_step_{}"  # a built-in step's include (not its bare name: a user's role may tag with it)
+    "update_machine_step_{}"  # a built-in step's role (not its bare name: a user's role may tag with it)
 )
 LOCK_TAG = "update_machine_lock"  # the lock task, which a first step's module can do instead
 # update_machine.yml's update_machine_lock_riders: the steps whose module takes the host lock and reads

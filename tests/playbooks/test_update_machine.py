@@ -330,6 +330,42 @@ def test_the_service_skip_tags_leave_a_whole_update_but_a_needed_step_skipped_wr
     assert not host_exists(lab, host, f"{STATE_DIR}/lock")
 
 
+def test_the_roles_argument_specs_check_a_run_by_hand_and_not_the_services(
+    lab: Lab, host: Host, tmp_path: Path
+) -> None:
+    """The roles' meta/argument_specs.yml are validated (ansible-core's validate_argument_spec) in a play
+    run by hand; the service's runs leave out update_machine_recheck (it validated the same inputs in
+    Python), and with it those validations: no task result of theirs on the host."""
+    bad = inputs("kubeadm_files", "kubelet_args")
+    bad["kubelet_args"]["kubelet_args_extra_args"] = "max-pods=7"  # a string, not a list of flags
+    by_hand = run_update(RunSpec(lab, host, tmp_path, bad))
+    assert by_hand.status == "failed"
+    assert by_hand.failed_roles == ["kubelet_args"]
+    [message] = by_hand.failure_messages
+    assert message.startswith("Validation of arguments failed"), message
+    assert "kubelet_args_extra_args" in message
+    assert not host_exists(lab, host, f"{STATE_DIR}/stamp.json")
+    assert not host_exists(lab, host, f"{STATE_DIR}/lock")
+
+    good = inputs("kubeadm_files", "kubelet_args")
+    skip = "--skip-tags update_machine_recheck"
+    result = run_update(RunSpec(lab, host, tmp_path, good, cmdline=skip))
+    assert result.status == "successful", result.failure_messages
+    assert result.roles_run == ["kubeadm_files", "kubelet_args"]
+    actions = [str(e["event_data"].get("task_action")) for e in result.events]
+    assert not [action for action in actions if "validate_argument_spec" in action]
+    # ...where a run by hand of the same good inputs validates both roles
+    checked = run_update(RunSpec(lab, host, tmp_path, inputs("kubeadm_files", "kubelet_args")))
+    assert checked.status == "successful", checked.failure_messages
+    validated = {
+        e["event_data"].get("role")
+        for e in checked.events
+        if e["event"] == "runner_on_ok"
+        and "validate_argument_spec" in str(e["event_data"].get("task_action"))
+    }
+    assert validated == {"kubeadm_files", "kubelet_args"}
+
+
 def test_only_the_listed_capabilities_run(lab: Lab, host: Host, tmp_path: Path) -> None:
     result = run_update(RunSpec(lab, host, tmp_path, inputs("ntp", "kubelet_args")))
     assert result.status == "successful", result.failure_messages
