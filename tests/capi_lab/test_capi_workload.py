@@ -33,7 +33,7 @@ import re
 import subprocess
 import time
 import urllib.error
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -64,6 +64,7 @@ from .workload import (
     cluster_objects,
     in_place_worker_spec,
     kubeconfig,
+    lab_machine_template,
     machine_inventory,
     node_binaries,
     prepare_pool,
@@ -372,6 +373,26 @@ def _uids(kube: KubeLab, namespace: str) -> dict[str, str]:
     return {m["metadata"]["name"]: m["metadata"]["uid"] for m in _machines(kube, namespace)}
 
 
+def _change_deployment(
+    kube: KubeLab,
+    namespace: str,
+    extension: KubeExtension,
+    change: Mapping[str, Any],
+    done: Callable[[], bool],
+    what: str,
+) -> float:
+    """The MachineDeployment patched with ``change`` as a user patches it; the seconds until ``done``."""
+    started = time.monotonic()
+    kube.kubectl("patch", MD, f"{CLUSTER}-md", "-n", namespace, "--type=merge", "-p", json.dumps(change))
+    if not wait_until(done, ROLLOUT_DEADLINE, 2.0):
+        pytest.fail(
+            f"not {what} within {ROLLOUT_DEADLINE:g}s:\n{_progress(kube, namespace)}\n"
+            f"service log (end):\n{extension.log()[-6000:]}",
+            pytrace=False,
+        )
+    return time.monotonic() - started
+
+
 def test_capi_updates_the_workers_in_place_on_the_real_nodes(
     workload: Workload, workload_extension: KubeExtension, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -395,15 +416,10 @@ def test_capi_updates_the_workers_in_place_on_the_real_nodes(
     change = {
         "spec": {"template": {"spec": {"version": TARGET, "bootstrap": {"configRef": {"name": template}}}}}
     }
-    started = time.monotonic()
-    kube.kubectl("patch", MD, f"{CLUSTER}-md", "-n", namespace, "--type=merge", "-p", json.dumps(change))
-    if not wait_until(lambda: _rolled_out(kube, namespace, template), ROLLOUT_DEADLINE, 2.0):
-        pytest.fail(
-            f"the workers not updated in place within {ROLLOUT_DEADLINE:g}s:\n{_progress(kube, namespace)}\n"
-            f"service log (end):\n{workload_extension.log()[-6000:]}",
-            pytrace=False,
-        )
-    took = time.monotonic() - started
+    done = partial(_rolled_out, kube, namespace, template)
+    took = _change_deployment(
+        kube, namespace, workload_extension, change, done, "the workers updated in place"
+    )
     with capsys.disabled():
         print(f"\n{WORKERS} workers updated in place ({WORKER_VERSION} -> {TARGET} and more) in {took:.0f}s")
 
@@ -496,16 +512,8 @@ def _change_worker_files(
     spec["files"] = [*(f for f in spec.get("files", []) if f["path"] != file["path"]), dict(file)]
     objects.apply(kube, co.kubeadm_config_template(template, namespace, spec))
     change = {"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": template}}}}}}
-    started = time.monotonic()
-    kube.kubectl("patch", MD, f"{CLUSTER}-md", "-n", namespace, "--type=merge", "-p", json.dumps(change))
-    version = deployment["spec"]["template"]["spec"]["version"]
-    if not wait_until(lambda: _rolled_out(kube, namespace, template, version), ROLLOUT_DEADLINE, 2.0):
-        pytest.fail(
-            f"{template} not rolled out within {ROLLOUT_DEADLINE:g}s:\n{_progress(kube, namespace)}\n"
-            f"service log (end):\n{extension.log()[-6000:]}",
-            pytrace=False,
-        )
-    return time.monotonic() - started
+    done = partial(_rolled_out, kube, namespace, template, deployment["spec"]["template"]["spec"]["version"])
+    return _change_deployment(kube, namespace, extension, change, done, f"{template} rolled out")
 
 
 def test_capi_rotates_the_workers_kubelet_credentials_in_place(
@@ -585,3 +593,129 @@ def test_capi_rotates_the_workers_kubelet_credentials_in_place(
         serial, requested = rotated[name]
         assert _client_certificate(lab, host).serial_number == serial, host.name
         assert set(_client_csrs(api, host.name)) == requested, host.name
+
+
+RESET_PATHS = ("/etc/kubernetes/kubelet.conf", "/run/cluster-api", "/var/lib/hostlab-lab-provider")
+
+
+def _replaced(kube: KubeLab, namespace: str, template: str, old: set[str]) -> bool:
+    """CAPI replaced every worker: WORKERS Machines, none of ``old`` (UIDs) left, all on the MachineSet of the
+    LabMachineTemplate ``template``, Running and UpToDate, and the MachineDeployment counts them."""
+    md = f"{CLUSTER}-md"
+    if not co.owned_by_template(kube, namespace, md, template, infrastructure=True):
+        return False
+    workers = co.machines(kube, namespace, deployment=md)
+    deployment = objects.get(kube, MD, md, namespace) or {}
+    return (
+        len(workers) == WORKERS
+        and not {m["metadata"]["uid"] for m in workers} & old
+        and all(co.running(m) and co.condition_status(m, "UpToDate") == "True" for m in workers)
+        and deployment.get("status", {}).get("upToDateReplicas") == WORKERS
+    )
+
+
+def _free_nodes(workload: Workload) -> set[str]:
+    taken = {lm.get("status", {}).get("nodeName") for lm in workload.machines.all()}
+    return {h.name for h in workload.pool.lab.hosts()} - taken
+
+
+def test_capi_replaces_the_workers_for_a_new_machine_image_on_the_pools_nodes(
+    workload: Workload, workload_extension: KubeExtension, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube, namespace, api, lab = workload.kube, workload.namespace, workload.api, workload.pool.lab
+    pool = {h.name: h for h in lab.hosts()}
+    machines = _machines(kube, namespace)
+    old = {m["metadata"]["uid"]: m["status"]["nodeRef"]["name"] for m in machines if _is_worker(m)}
+    control_plane = {
+        m["metadata"]["uid"]: m["status"]["nodeRef"]["name"] for m in machines if not _is_worker(m)
+    }
+    kubelets = {node: _kubelet_pid(lab, pool[node]) for node in control_plane.values()}
+    spare = _free_nodes(workload)
+    assert len(spare) == SPARE, spare
+    old_lab_machines = {m["spec"]["infrastructureRef"]["name"] for m in machines if _is_worker(m)}
+    deployment = objects.get(kube, MD, f"{CLUSTER}-md", namespace)
+    assert deployment is not None
+    version = deployment["spec"]["template"]["spec"]["version"]
+    bootstrap = objects.get(
+        kube, KCT, deployment["spec"]["template"]["spec"]["bootstrap"]["configRef"]["name"], namespace
+    )
+    assert bootstrap is not None
+    config = bootstrap["spec"]["template"]["spec"]
+    log = len(workload_extension.log())
+
+    # what a user does: a LabMachineTemplate of the machine image for the workers' version (the service
+    # claims no LabMachineTemplate field), the MachineDeployment pointed at it and rolled out with a surge
+    # (a new worker joins before an old one goes)
+    template = f"{CLUSTER}-md-{version.replace('.', '-')}"
+    objects.apply(kube, lab_machine_template(template, namespace, image=version))
+    change = {
+        "spec": {
+            "template": {"spec": {"infrastructureRef": {"name": template}}},
+            "rollout": co.rolling_update(1, 0),
+        }
+    }
+    done = partial(_replaced, kube, namespace, template, set(old))
+    took = _change_deployment(kube, namespace, workload_extension, change, done, "the workers replaced")
+    with capsys.disabled():
+        print(f"\n{WORKERS} workers replaced onto the pool's nodes (machine image {version}) in {took:.0f}s")
+
+    # not in place: CanUpdateMachineSet answered so, no UpdateMachine; new Machines, the old ones gone
+    new_log = workload_extension.log()[log:]
+    assert re.search(r"hook=CanUpdateMachineSet .* decision=rollout", new_log), new_log[-3000:]
+    assert "hook=UpdateMachine" not in new_log
+    machines = _machines(kube, namespace)
+    workers = [m for m in machines if _is_worker(m)]
+    assert not {m["metadata"]["uid"] for m in workers} & set(old)
+    # the first new worker joined on the spare node; the second on an old worker's node, reset and
+    # returned to the pool when its Machine went; the other old node is back in the pool, reset
+    new_nodes = {m["status"]["nodeRef"]["name"] for m in workers}
+    assert spare < new_nodes and len(new_nodes & set(old.values())) == WORKERS - SPARE, (new_nodes, old)
+    assert _free_nodes(workload) == set(old.values()) - new_nodes
+    assert not old_lab_machines & {lm["metadata"]["name"] for lm in workload.machines.all()}
+    nodes = _nodes(api)
+    for free in _free_nodes(workload):
+        assert free not in nodes, free  # CAPI deleted its Node
+        active = lab.exec_in(pool[free], ["systemctl", "is-active", "kubelet"]).stdout.strip()
+        assert active != "active", free
+        for path in RESET_PATHS:
+            assert lab.exec_in(pool[free], ["test", "-e", path]).returncode == 1, (free, path)
+    # the new Nodes: Ready at the MachineDeployment's version with the template's files, flags, users, NTP
+    for machine in workers:
+        host = pool[machine["status"]["nodeRef"]["name"]]
+        node = nodes[host.name]
+        assert node["spec"]["providerID"] == machine["spec"]["providerID"] == f"lab://{host.name}"
+        assert node["status"]["nodeInfo"]["kubeletVersion"] == version, host.name
+        assert _node_ready(node), host.name
+        _carries(lab, host, config)
+    # the control plane untouched: the same Machines, their kubelets not restarted
+    assert {m["metadata"]["uid"]: m["status"]["nodeRef"]["name"] for m in machines if not _is_worker(m)} == (
+        control_plane
+    )
+    assert {node: _kubelet_pid(lab, pool[node]) for node in control_plane.values()} == kubelets
+
+
+def _is_worker(machine: Mapping[str, Any]) -> bool:
+    return bool(machine["metadata"].get("labels", {}).get(co.DEPLOYMENT_LABEL))
+
+
+def _carries(lab: HostLab, host: Host, config: Mapping[str, Any]) -> None:
+    """What the KubeadmConfigTemplate spec ``config`` asks of a node, on ``host``: its plain files, its
+    kubelet flags (the running kubelet's command line), its users' keys, its NTP servers."""
+    for file in config.get("files", []):
+        if not file.get("encoding") and "{{" not in file.get("content", ""):
+            assert _on_node(lab, host, "cat", file["path"]) == file["content"], (host.name, file["path"])
+    cmdline = _on_node(lab, host, "cat", f"/proc/{_kubelet_pid(lab, host)}/cmdline").split("\0")
+    for arg in config["joinConfiguration"]["nodeRegistration"].get("kubeletExtraArgs", []):
+        value = arg["value"].replace("{{ ds.meta_data.local_hostname }}", host.name)
+        assert f"--{arg['name']}={value}" in cmdline, (host.name, arg)
+    for user in config.get("users", []):
+        home = _on_node(lab, host, "getent", "passwd", user["name"]).split(":")[5]
+        keys = _on_node(lab, host, "cat", f"{home}/.ssh/authorized_keys").splitlines()
+        assert set(user.get("sshAuthorizedKeys", [])) <= set(keys), (host.name, user["name"])
+    if config.get("ntp", {}).get("servers"):
+        servers = _on_node(
+            lab, host, "timedatectl", "show-timesync", "--property=SystemNTPServers", "--value"
+        )
+        # as a set: a node reused after an in-place update also keeps the service's own drop-in (the
+        # provider's reset undoes only what the provider did), which names the same servers
+        assert set(servers.split()) == set(config["ntp"]["servers"]), host.name

@@ -10,8 +10,9 @@ What a node of the pool holds before any Machine takes it, as a machine image fo
   pause image (the nodes' sandbox image, also as kubeadm's ``lab.local/pause``);
 - kubelet and kubeadm at the **image version** (the workers' starting version) in ``/usr/bin``, as a
   machine image built for one Kubernetes version carries them, and at each version the cluster uses side
-  by side in :data:`STAGED` (``/opt/lab-kubernetes/<version>/``), with the Kubernetes packages' kubelet
-  units (not enabled).
+  by side in :data:`STAGED` (``/opt/lab-kubernetes/<version>/``: the machine images a LabMachineTemplate
+  may name, :func:`lab_machine_template`, which the provider installs before the bootstrap), with the
+  Kubernetes packages' kubelet units (not enabled).
 
 Everything else is in the KubeadmConfigSpecs, as a user would write it: the control plane's
 ``preKubeadmCommands`` install its version of kubelet and kubeadm from :data:`STAGED`; the workers' use
@@ -55,11 +56,12 @@ from kubelab import build, node_join, objects
 from kubelab.flavours import capi_objects as co
 from kubelab.flavours.nodes import CONTAINERD_SOCKET, KUBELET_CONFIGURATION
 from kubelab.lab import Lab as KubeLab
-from kubelab.labprovider import crds
+from kubelab.labprovider import crds, node_program
 from nodes.images import CONTROL_PLANE_REPOSITORY, control_plane_images, import_control_plane, import_pause
 from nodes.kubeadm_cluster import API_PORT, IGNORED_PREFLIGHT, AdminApi
 
-STAGED = "/opt/lab-kubernetes"  # <version>/kubelet and <version>/kubeadm on every pool node
+# <version>/kubelet and <version>/kubeadm on every pool node: the machine images a LabMachine may name
+STAGED = str(node_program.IMAGES)
 PATCHES_DIR = "/etc/kubernetes/lab-patches"  # kubeadm's --patches directory, written by the KubeadmConfig
 # the lab nodes' KubeletConfiguration fields, as a JSON merge patch kubeadm applies to the kubelet's config
 KUBELET_PATCH = {k: v for k, v in KUBELET_CONFIGURATION.items() if k not in ("apiVersion", "kind")}
@@ -228,15 +230,7 @@ def cluster_objects(
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"controlPlaneEndpoint": {"host": endpoint.address, "port": API_PORT}},
     }
-    templates = [
-        {
-            "apiVersion": crds.API_VERSION,
-            "kind": "LabMachineTemplate",
-            "metadata": {"name": template, "namespace": namespace},
-            "spec": {"template": {"spec": {}}},
-        }
-        for template in (f"{name}-cp", f"{name}-md")
-    ]
+    templates = [lab_machine_template(template, namespace) for template in (f"{name}-cp", f"{name}-md")]
     kcp = co.kubeadm_control_plane(
         f"{name}-cp",
         namespace,
@@ -257,6 +251,18 @@ def cluster_objects(
         crds.GROUP, "LabMachineTemplate", f"{name}-md"
     )
     return [lab_cluster, cluster, *templates, kcp, bootstrap, deployment]
+
+
+def lab_machine_template(name: str, namespace: str, image: str | None = None) -> dict[str, Any]:
+    """A LabMachineTemplate: its Machines on the pool nodes as they are, or over the machine image of the
+    Kubernetes version ``image`` (the lab provider installs that version's kubelet and kubeadm)."""
+    spec = {"image": image} if image else {}
+    return {
+        "apiVersion": crds.API_VERSION,
+        "kind": "LabMachineTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"template": {"spec": spec}},
+    }
 
 
 def kubeconfig(kube: KubeLab, cluster: str, namespace: str) -> str | None:

@@ -245,16 +245,19 @@ def machine_with_status(
     return machine
 
 
-def owned_by_template(lab: Lab, namespace: str, deployment: str, template: str) -> bool:
+def owned_by_template(
+    lab: Lab, namespace: str, deployment: str, template: str, infrastructure: bool = False
+) -> bool:
     """Every Machine of the MachineDeployment belongs to the one MachineSet whose Machines are
-    bootstrapped from the KubeadmConfigTemplate ``template``: CAPI moved them there (in place or by
-    replacing them). Right after a template change the Machines still look UpToDate, so a test that
-    waits for "UpToDate" alone can pass before CAPI even noticed the change."""
+    bootstrapped from the KubeadmConfigTemplate ``template`` (with ``infrastructure``: made from the
+    InfraMachineTemplate ``template``): CAPI moved them there (in place or by replacing them). Right after
+    a template change the Machines still look UpToDate, so a test that waits for "UpToDate" alone can pass
+    before CAPI even noticed the change."""
     sets = list_objects(lab, "machinesets.cluster.x-k8s.io", namespace, {DEPLOYMENT_LABEL: deployment})
     new = [
         ms["metadata"]["name"]
         for ms in sets
-        if ms["spec"]["template"]["spec"]["bootstrap"]["configRef"]["name"] == template
+        if _template_ref(ms["spec"]["template"]["spec"], infrastructure)["name"] == template
     ]
     owned = machines(lab, namespace, deployment=deployment)
     return (
@@ -262,6 +265,13 @@ def owned_by_template(lab: Lab, namespace: str, deployment: str, template: str) 
         and bool(owned)
         and all(any(o["name"] == new[0] for o in m["metadata"].get("ownerReferences", [])) for m in owned)
     )
+
+
+def _template_ref(machine_spec: Mapping[str, Any], infrastructure: bool) -> Mapping[str, Any]:
+    ref: Mapping[str, Any] = (
+        machine_spec["infrastructureRef"] if infrastructure else machine_spec["bootstrap"]["configRef"]
+    )
+    return ref
 
 
 def condition_status(obj: Mapping[str, Any], kind: str) -> str | None:
