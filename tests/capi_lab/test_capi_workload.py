@@ -1,8 +1,9 @@
-"""A real workload cluster made by the real CAPI v1.14.2 controllers on the lab's real nodes (issue #27
-item 3), and its workers updated in place under those controllers (item 4, the MachineDeployment part):
-core, KubeadmControlPlane and CABPK on the shared CAPI lab, the lab's infrastructure provider
-(:mod:`kubelab.labprovider`, the stand-in for a bare-metal provider) over a pool of three node-lab nodes
-(systemd, containerd, the real kubelet). One work unit: the cluster is built once, the tests run in order.
+"""A real workload cluster made by the real CAPI v1.14.2 controllers on the lab's real nodes (issue #27 item
+3), and its workers updated in place, their kubelet credentials rotated and then replaced under those
+controllers (item 4, the MachineDeployment part): core, KubeadmControlPlane and CABPK on the shared CAPI
+lab, the lab's infrastructure provider (:mod:`kubelab.labprovider`, the stand-in for a bare-metal provider)
+over a pool of :data:`POOL` node-lab nodes (systemd, containerd, the real kubelet): one per Machine and
+:data:`SPARE` for a rollout by replacement. One work unit: the cluster is built once, the tests run in order.
 
 The test writes only what a user writes (:mod:`capi_lab.workload`): a Cluster on a LabCluster, a
 KubeadmControlPlane of one at v1.36.1 and a MachineDeployment of two workers at v1.35.4. CABPK renders
@@ -19,9 +20,24 @@ does: ``version`` v1.35.4 -> v1.36.1 (a minor, to the control plane's) and a new
 with a kubelet flag, a file, a user and NTP servers. CAPI asks the service, which claims it; CAPI updates
 each Machine in place through UpdateMachine, one at a time; the service drains each Node through the
 workload cluster before the disruptive steps (the kubelet flag, ``kubeadm upgrade node``), uncordons it
-and answers done once the real Node is Ready. Not done here: the KubeadmControlPlane in place (CAPI
-v1.14.2's KCP updates in place only with 3 replicas and maxSurge 0: five or more pool nodes), kubelet
-credential rotation, and an unclaimed change rolled out onto a fresh pool node.
+and answers done once the real Node is Ready.
+
+Kubelet credential rotation: the service's capabilities file enables the shipped ``kubelet_credentials``
+with :data:`~capi_lab.workload.ROTATION_ANNOTATION`. A user sets the timestamp in the MachineDeployment's
+``spec.template.metadata.annotations``; CAPI v1.14.2 propagates template metadata to the MachineSet and
+its Machines in place (``computeDesiredMachineSet`` and the MachineSet's ``syncMachines``) and compares no
+metadata when it decides on a rollout (``MachineTemplateUpToDate``), so the annotation alone changes
+nothing on the nodes. The rotation runs with the next in-place update, whose desired Machine carries it:
+the user pairs it with a change the service claims (here a file in a new KubeadmConfigTemplate). A later
+update with the same timestamp does not rotate again.
+
+The rollout by replacement: a LabMachineTemplate naming the machine image of the workers' version (the
+lab provider's ``spec.image``), a field the service does not claim: CanUpdateMachineSet answers
+``rollout``, CAPI creates new Machines (a surge of one), the first on the spare node, deletes the old ones,
+whose nodes the provider resets and returns to the pool, where the next new Machine takes one. The
+provider carries out the workers' bootstrap data with its ``users`` and ``ntp``, as cloud-init does.
+Not done here: the KubeadmControlPlane in place (CAPI v1.14.2's KCP updates in place only with 3 replicas
+and maxSurge 0: five or more pool nodes).
 """
 
 from __future__ import annotations
@@ -152,11 +168,15 @@ def _kcp(kube: KubeLab, namespace: str) -> dict[str, Any]:
 
 
 def _built(kube: KubeLab, namespace: str) -> bool:
-    """Every Machine Running (its Node found) and KCP Available (its control plane's Pods healthy)."""
+    """Every Machine Running (its Node found) and KCP Available (its control plane's Pods healthy) with
+    every replica counted ready and available: KCP says Available (etcd and the API answer) while it may
+    still count a Machine whose static Pods' probes have not passed as not ready (seen once)."""
     found = _machines(kube, namespace)
     if not (len(found) == CONTROL_PLANES + WORKERS and all(co.running(m) for m in found)):
         return False
-    return co.condition_status(_kcp(kube, namespace), "Available") == "True"
+    kcp = _kcp(kube, namespace)
+    counted = (kcp.get("status", {}).get("readyReplicas"), kcp.get("status", {}).get("availableReplicas"))
+    return co.condition_status(kcp, "Available") == "True" and counted == (CONTROL_PLANES, CONTROL_PLANES)
 
 
 @dataclass(frozen=True)
@@ -703,7 +723,9 @@ def _carries(lab: HostLab, host: Host, config: Mapping[str, Any]) -> None:
     kubelet flags (the running kubelet's command line), its users' keys, its NTP servers."""
     for file in config.get("files", []):
         if not file.get("encoding") and "{{" not in file.get("content", ""):
-            assert _on_node(lab, host, "cat", file["path"]) == file["content"], (host.name, file["path"])
+            # CABPK writes the content as a YAML block (``content: |``), which ends it with a line break
+            written = file["content"] if file["content"].endswith("\n") else f"{file['content']}\n"
+            assert _on_node(lab, host, "cat", file["path"]) == written, (host.name, file["path"])
     cmdline = _on_node(lab, host, "cat", f"/proc/{_kubelet_pid(lab, host)}/cmdline").split("\0")
     for arg in config["joinConfiguration"]["nodeRegistration"].get("kubeletExtraArgs", []):
         value = arg["value"].replace("{{ ds.meta_data.local_hostname }}", host.name)
