@@ -13,7 +13,7 @@ A play's expected duration is, first found:
 The expected remaining time is that duration less the time since the attempt began (the record's
 ``started``; else when this process launched it or first saw it in flight). The play may end early by
 up to the **end window**: :data:`EARLY_SHARE` of its expected duration, at least
-:data:`NEAR_END_SECONDS` (a play's duration varies with the machine's load). A poll then:
+:data:`WINDOW_MIN_SECONDS` (a play's duration varies with the machine's load). A poll then:
 
 - remaining inside the end window (or past the expected end): waits for the end, at most
   :data:`NEAR_END_SECONDS` (well inside CAPI's 10 s call timeout), and answers from the record if the
@@ -41,6 +41,13 @@ from inplace_extension.runs.model import RunRequest
 NEAR_END_SECONDS: Final = 2.0
 # a play may end this share of its expected duration early: its polls wait for the end from then on
 EARLY_SHARE: Final = 0.25
+# The shortest end window. Shorter than the near-end wait: the poll the window's start asks for lands up
+# to a second after it (retryAfterSeconds is whole seconds) and waits NEAR_END_SECONDS from there, so
+# that wait reaches past the expected end (a second past for a play of up to 4 s), and a play a little
+# longer than the shortest of its last plays (the expectation) is still answered as it ends. A window
+# as long as the wait ended the wait at the expected end: such a play was answered on the next poll,
+# up to a second late (bench/README.md, issue 31, fewer controller-side tasks).
+WINDOW_MIN_SECONDS: Final = 1.0
 # how many ended plays the expectation looks at; the shortest wins: a play longer than expected costs
 # at most a second (in its end window polls are held 2 s of every 3), one far shorter than expected up
 # to a whole retryAfterSeconds (measured: bench/README.md, issue 31 item 3)
@@ -66,7 +73,7 @@ def known_cost(capabilities: Sequence[str]) -> float:
 
 def end_window(expected: float) -> float:
     """How long before its expected end a play of ``expected`` seconds may end: polls wait for it then."""
-    return max(NEAR_END_SECONDS, EARLY_SHARE * expected)
+    return max(WINDOW_MIN_SECONDS, EARLY_SHARE * expected)
 
 
 def retry_after(remaining: float, window: float, longest: int) -> int:

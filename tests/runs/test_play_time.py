@@ -28,12 +28,25 @@ def test_retry_after_lands_the_next_poll_as_the_end_window_opens_within_bounds()
     assert retry_after(120.0, 2.0, 1) == 1
 
 
-def test_the_end_window_is_a_share_of_the_expected_duration_at_least_the_near_end_wait() -> None:
-    assert end_window(4.0) == play_time.NEAR_END_SECONDS
+def test_the_end_window_is_a_share_of_the_expected_duration_at_least_its_minimum() -> None:
+    assert end_window(3.0) == play_time.WINDOW_MIN_SECONDS
+    assert end_window(6.0) == 1.5
     assert end_window(40.0) == 10.0  # a play a quarter faster than expected still ends inside it
     times = PlayTimes()
     times.learn(req("m1"), [attempt(1, 100.0, 140.0)])
     assert times.window(req("m1")) == 10.0
+
+
+def test_a_poll_as_the_window_opens_waits_past_the_expected_end() -> None:
+    """The wait of the poll that lands as the window opens (up to a second after: whole seconds) reaches
+    past the expected end, at least a second past for a play of up to 4 s, however far into the play the
+    first poll came: a play a little longer than expected is answered as it ends, not on the next poll."""
+    for expected, past in ((2.5, 1.0), (2.9, 1.0), (3.0, 1.0), (4.0, 1.0), (6.0, 0.5), (7.9, 0.0)):
+        window = end_window(expected)
+        for gone in (0.0, 0.3, 0.7):
+            lands = gone + retry_after(expected - gone, window, 10)
+            assert expected - window <= lands  # in the window: it waits
+            assert lands + play_time.NEAR_END_SECONDS >= expected + past, (expected, gone)
 
 
 def test_known_costs_count_the_start_and_each_step() -> None:

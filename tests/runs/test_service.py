@@ -255,7 +255,7 @@ async def test_a_poll_early_in_a_play_answers_at_once_one_near_its_end_waits_for
     settings: Settings, fake: FakeRunner
 ) -> None:
     """The play's expected duration here is its steps' known cost (nothing learned yet): 2 s of start-up,
-    1 s for ntp, 1 s for kubeadm_files; its end window the last 2 s. Early, a poll answers at once with
+    1 s for ntp, 1 s for kubeadm_files; its end window the last 1 s. Early, a poll answers at once with
     retryAfterSeconds that lands the next poll as that window opens; in it, a poll waits for the end and
     answers done."""
     clock = Clock(1_000_000.0)
@@ -266,15 +266,15 @@ async def test_a_poll_early_in_a_play_answers_at_once_one_near_its_end_waits_for
         first = await service.poll(req())
         assert (first.message, first.retry_after_seconds, first.in_flight) == (
             "queued: position 1 of 1",
-            2,
+            3,
             True,
         )
         assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
         started = time.monotonic()
         early = await service.poll(req())  # 4 s expected, 0 s gone: no wait
         assert time.monotonic() - started < 0.5
-        assert (early.message, early.retry_after_seconds) == ("running: kubeadm_files", 2)
-        clock.now += 2.5  # 1.5 s left: within the near-end wait
+        assert (early.message, early.retry_after_seconds) == ("running: kubeadm_files", 3)
+        clock.now += 3.2  # 0.8 s left: within the end window (1 s)
         threading.Timer(0.3, fake.gate.set).start()
         started = time.monotonic()
         done = await service.poll(req())
@@ -289,8 +289,8 @@ async def test_the_expected_end_is_learned_from_the_machines_last_play_and_an_ov
     settings: Settings, fake: FakeRunner
 ) -> None:
     """A play that took 6.5 s (by the service's clock) sets the next play's expectation: its first answer
-    asks again in 5 s (as its end window opens, 2 s before), not the known cost's 2 s. A play past its
-    expected end is answered after a near-end wait with retryAfterSeconds 1."""
+    asks again in 5 s (as its end window opens, a quarter of it before), not the known cost's. A play
+    past its expected end is answered after a near-end wait with retryAfterSeconds 1."""
     clock = Clock(1_000_000.0)
     fake.gate = threading.Event()
     service = run_service(settings.model_copy(update={"retry_after_seconds": 10}), clock=clock)
@@ -302,7 +302,7 @@ async def test_the_expected_end_is_learned_from_the_machines_last_play_and_an_ov
         assert (await settle(service, req())).state is ProgressState.DONE  # read from the record: learned
         fake.gate = threading.Event()
         newer = req(fp="cd" * 32)
-        assert (await service.poll(newer)).retry_after_seconds == 5  # ceil(6.5 - 2)
+        assert (await service.poll(newer)).retry_after_seconds == 5  # ceil(6.5 - 6.5 / 4)
         assert wait_until(lambda: fake.count("m1") == 2, 5, 0.01)
         clock.now += 7  # past the expected end, and the play goes on
         started = time.monotonic()
