@@ -205,6 +205,10 @@ def test_the_first_step_that_took_the_lock_stamps_when_every_later_step_is_uncha
     stamp = json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))
     assert (stamp["fingerprint"], list(stamp["steps"])) == (second.fingerprint, list(caps))
     assert host_executions(second) == 1  # the lock, the files and the stamp
+    # and the play ended there for the host: the unchanged step, the stamp task and the release were
+    # not even queued (update_machine_complete)
+    after = {e["event_data"].get("task") for e in second.events} & {STAMP_TASK, "Release the host lock"}
+    assert after == set()
     assert calls(lab, host)[calls_before:] == []  # the later step did not touch the host
     assert lab.read_file(host, "/etc/inplace-test/nested/whole.conf") == "whole file\nnew line two\n"
     assert [(e["event"], e["ident"]) for e in host_json_lines(lab, host, f"{STATE_DIR}/lock.log")][2:] == [
