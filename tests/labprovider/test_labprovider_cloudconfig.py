@@ -1,5 +1,5 @@
 """The lab provider reads CABPK's cloud-config as cloud-init would (lab-free): the jinja header's metadata
-rendered with the node's name, files decoded with their modes and owners, runcmd as cloud-init's script,
+rendered with the node's name and address, files decoded with their modes and owners, runcmd as cloud-init's script,
 users and ntp servers with cloud-init's defaults; and bad or unsupported bootstrap data refused with a
 message that says what and where."""
 
@@ -28,7 +28,7 @@ from .cabpk import (
 def test_a_cabpk_worker_document_becomes_files_and_a_runcmd_script() -> None:
     document = worker_document("kubeadm join --config /run/kubeadm/kubeadm-join-config.yaml", ("hostname x",))
     text = cloudconfig.secret_document(secret("w-1", "ns", document, "c"))
-    bootstrap = cloudconfig.parse(text, "hl3h2")
+    bootstrap = cloudconfig.parse(text, "hl3h2", "10.10.0.3")
     files = {f.path: f for f in bootstrap.files}
     plain = files["/etc/lab-test/plain.conf"]
     assert (plain.content, plain.permissions, plain.owner, plain.append) == (
@@ -55,7 +55,7 @@ def test_a_cabpk_worker_document_becomes_files_and_a_runcmd_script() -> None:
 
 
 def test_cabpks_users_and_ntp_are_read_with_cloud_inits_defaults() -> None:
-    bootstrap = cloudconfig.parse(worker_document("kubeadm join", tail=USERS_AND_NTP), "n1")
+    bootstrap = cloudconfig.parse(worker_document("kubeadm join", tail=USERS_AND_NTP), "n1", "10.10.0.2")
     alice = {
         "name": "alice",
         "groups": ("adm", "labteam"),
@@ -78,19 +78,35 @@ def test_cabpks_users_and_ntp_are_read_with_cloud_inits_defaults() -> None:
     assert bootstrap.ntp_servers == ("ntp1.example.org", "192.0.2.7")
     assert "user alice" in cloudconfig.describe(bootstrap)
     # ntp without enabled is enabled (cloud-init's default); enabled false writes no servers
-    assert cloudconfig.parse("#cloud-config\nntp:\n  servers: [a.example]\n", "n1").ntp_servers == (
-        "a.example",
+    assert cloudconfig.parse(
+        "#cloud-config\nntp:\n  servers: [a.example]\n", "n1", "10.10.0.2"
+    ).ntp_servers == ("a.example",)
+    assert (
+        cloudconfig.parse(
+            "#cloud-config\nntp: {enabled: false, servers: [a]}\n", "n1", "10.10.0.2"
+        ).ntp_servers
+        == ()
     )
-    assert cloudconfig.parse("#cloud-config\nntp: {enabled: false, servers: [a]}\n", "n1").ntp_servers == ()
     # groups as a list, sudo as a list of rules, inactive
     listed = "#cloud-config\nusers:\n- {name: c, groups: [a, b], sudo: [r1, r2], inactive: true}\n"
-    user = cloudconfig.parse(listed, "n1").users[0]
+    user = cloudconfig.parse(listed, "n1", "10.10.0.2").users[0]
     assert (user.groups, user.sudo, user.inactive) == (("a", "b"), ("r1", "r2"), True)
+
+
+def test_the_local_ipv4_expression_is_the_nodes_address() -> None:
+    # a joining control plane's advertiseAddress, where kubeadm finds no default route to take it from
+    join = "controlPlane:\n  localAPIEndpoint:\n    advertiseAddress: '{{ ds.meta_data.local_ipv4 }}'\n"
+    document = (
+        "## template: jinja\n#cloud-config\nwrite_files:\n- path: /run/kubeadm/kubeadm-join-config.yaml\n"
+        f"  content: {join!r}\n"
+    )
+    bootstrap = cloudconfig.parse(document, "hl3h4", "10.10.0.5")
+    assert bootstrap.files[0].content.decode() == join.replace("{{ ds.meta_data.local_ipv4 }}", "10.10.0.5")
 
 
 def test_list_entries_are_quoted_words_and_a_document_without_the_header_is_not_rendered() -> None:
     text = "#cloud-config\nbootcmd:\n- [echo, 'a b', \"$HOME\"]\nruncmd:\n- echo '{{ v1.local_hostname }}'\n"
-    bootstrap = cloudconfig.parse(text, "n1")
+    bootstrap = cloudconfig.parse(text, "n1", "10.10.0.2")
     assert bootstrap.bootcmd == "#!/bin/sh\necho 'a b' '$HOME'\n"
     assert (
         bootstrap.runcmd == "#!/bin/sh\necho '{{ v1.local_hostname }}'\n"
@@ -156,7 +172,7 @@ def test_bad_or_unsupported_bootstrap_data_is_refused_with_what_and_where(
     document: str, message: str
 ) -> None:
     with pytest.raises(BootstrapDataError) as caught:
-        cloudconfig.parse(document, "n1")
+        cloudconfig.parse(document, "n1", "10.10.0.2")
     assert message in str(caught.value)
 
 

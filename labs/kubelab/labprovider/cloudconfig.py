@@ -10,8 +10,10 @@ and ``ntp``, ``users``, ``disk_setup``, ``fs_setup``, ``mounts`` when the Kubead
 
 cloud-init renders a document with the jinja header against the instance's metadata before reading it;
 the KubeadmConfigs users write name the host through it (``'{{ ds.meta_data.local_hostname }}'`` in
-``nodeRegistration.name``, ``hostname "{{ ds.meta_data.hostname }}"`` in ``preKubeadmCommands``). This
-module renders exactly those expressions (:data:`METADATA_EXPRESSIONS`) with the node's name and
+``nodeRegistration.name``, ``hostname "{{ ds.meta_data.hostname }}"`` in ``preKubeadmCommands``) and its
+address (``'{{ ds.meta_data.local_ipv4 }}'`` as a control plane's ``advertiseAddress``, where the host
+has no default route for kubeadm to find it by). This module renders exactly those expressions
+(:data:`METADATA_EXPRESSIONS` with the node's name, :data:`ADDRESS_EXPRESSIONS` with its address) and
 refuses any other template syntax: the document is data from the cluster, never handed to a template
 engine. ``runcmd``/``bootcmd`` become one script each, as cloud-init makes them (a string entry is a line
 of the script, a list entry its words quoted); they are CABPK's own commands, run by ``/bin/sh`` on the
@@ -88,6 +90,8 @@ METADATA_EXPRESSIONS = (
     "local_hostname",
     "instance_id",
 )
+# ... and the one rendered to the node's address (EC2-style instance metadata, as cloud-init names it)
+ADDRESS_EXPRESSIONS = ("ds.meta_data.local_ipv4",)
 _EXPRESSION = re.compile(r"\{\{\s*([A-Za-z0-9_.]+)\s*\}\}")
 _TEMPLATE_SYNTAX = re.compile(r"\{\{|\{%|\{#")
 
@@ -129,9 +133,10 @@ class Bootstrap:
     ntp_servers: tuple[str, ...] = ()  # none: no ntp, or ntp not enabled
 
 
-def parse(document: str, node_name: str) -> Bootstrap:
-    """The bootstrap data of a node named ``node_name``; :class:`BootstrapDataError` if it cannot be."""
-    text = render(document, node_name)
+def parse(document: str, node_name: str, address: str) -> Bootstrap:
+    """The bootstrap data of a node named ``node_name`` at ``address``; :class:`BootstrapDataError` if it
+    cannot be."""
+    text = render(document, node_name, address)
     first = text.lstrip().splitlines()[:1]
     if first != [CLOUD_CONFIG]:
         raise BootstrapDataError(
@@ -169,19 +174,22 @@ def parse(document: str, node_name: str) -> Bootstrap:
     )
 
 
-def render(document: str, node_name: str) -> str:
+def render(document: str, node_name: str, address: str) -> str:
     """The document as cloud-init reads it: with the jinja header, the metadata expressions replaced by
-    ``node_name`` and the header line dropped; without it, unchanged (cloud-init renders nothing)."""
+    ``node_name`` or ``address`` and the header line dropped; without it, unchanged (cloud-init renders
+    nothing)."""
     lines = document.splitlines(keepends=True)
     if not lines or lines[0].rstrip() != JINJA_HEADER:
         return document
     body = "".join(lines[1:])
 
     def value(match: re.Match[str]) -> str:
+        if match.group(1) in ADDRESS_EXPRESSIONS:
+            return address
         if match.group(1) not in METADATA_EXPRESSIONS:
             raise BootstrapDataError(
                 f"template expression {match.group(0)!r} is not one the lab provider renders"
-                f" ({', '.join(METADATA_EXPRESSIONS)})"
+                f" ({', '.join((*METADATA_EXPRESSIONS, *ADDRESS_EXPRESSIONS))})"
             )
         return node_name
 

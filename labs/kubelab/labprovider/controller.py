@@ -266,7 +266,10 @@ class Provider:
             return
         node = lab_machine.get("status", {}).get("nodeName") or self.free_node(all_machines)
         try:  # before a node is taken: bad data holds none (read for the first node when none is free)
-            bootstrap = cloudconfig.parse(cloudconfig.secret_document(secret), node or self.pool[0])
+            rendered_for = self.pool_lab.host(node or self.pool[0])
+            bootstrap = cloudconfig.parse(
+                cloudconfig.secret_document(secret), rendered_for.name, rendered_for.address
+            )
         except cloudconfig.BootstrapDataError as exc:
             waiting("BootstrapDataInvalid", f"bootstrap data Secret {secret_name}: {exc}")
             return
