@@ -1,15 +1,17 @@
 """A real workload cluster made by the real CAPI v1.14.2 controllers on the lab's real nodes (issue #27 item
 3), and its workers updated in place, their kubelet credentials rotated and then replaced under those
-controllers (item 4, the MachineDeployment part): core, KubeadmControlPlane and CABPK on the shared CAPI
-lab, the lab's infrastructure provider (:mod:`kubelab.labprovider`, the stand-in for a bare-metal provider)
-over a pool of :data:`POOL` node-lab nodes (systemd, containerd, the real kubelet): one per Machine and
-:data:`SPARE` for a rollout by replacement. One work unit: the cluster is built once, the tests run in order.
+controllers, and its control plane updated in place (item 4): core, KubeadmControlPlane and CABPK on the
+shared CAPI lab, the lab's infrastructure provider (:mod:`kubelab.labprovider`, the stand-in for a
+bare-metal provider) over a pool of :data:`POOL` node-lab nodes (systemd, containerd, the real kubelet):
+one per Machine and :data:`SPARE` for a rollout by replacement. One work unit: the cluster is built once,
+the tests run in order.
 
 The test writes only what a user writes (:mod:`capi_lab.workload`): a Cluster on a LabCluster, a
-KubeadmControlPlane of one at v1.36.1 and a MachineDeployment of two workers at v1.35.4. CABPK renders
-the bootstrap data, the provider carries it out on a pool node (``kubeadm init`` with the real static Pods,
-``kubeadm join``), CAPI's Machine controller finds each Node by its providerID through the kubeconfig
-Secret KCP writes. Nothing is patched by hand on any Node or Machine. The pool's preparation (images in
+KubeadmControlPlane of three (``maxSurge: 0``) at v1.36.1 and a MachineDeployment of two workers at
+v1.35.4. CABPK renders the bootstrap data, the provider carries it out on a pool node (``kubeadm init``
+with the real static Pods, ``kubeadm join --control-plane`` with a stacked etcd member, ``kubeadm
+join``), CAPI's Machine controller finds each Node by its providerID through the kubeconfig Secret KCP
+writes. Nothing is patched by hand on any Node or Machine. The pool's preparation (images in
 containerd, kubelet and kubeadm staged per version) stands for a bare-metal machine image.
 
 The in-place update: our service in the Kubernetes-aware mode (``serve --kubeconfig``, the workload
@@ -36,8 +38,14 @@ lab provider's ``spec.image``), a field the service does not claim: CanUpdateMac
 ``rollout``, CAPI creates new Machines (a surge of one), the first on the spare node, deletes the old ones,
 whose nodes the provider resets and returns to the pool, where the next new Machine takes one. The
 provider carries out the workers' bootstrap data with its ``users`` and ``ntp``, as cloud-init does.
-Not done here: the KubeadmControlPlane in place (CAPI v1.14.2's KCP updates in place only with 3 replicas
-and maxSurge 0: five or more pool nodes).
+
+The control plane in place: the user bumps the KubeadmControlPlane's ``version`` v1.36.1 -> v1.36.3.
+KCP (3 replicas, ``maxSurge: 0``: the only way CAPI v1.14.2's KCP updates in place) writes the version
+into the workload cluster's kubeadm-config, asks CanUpdateMachine and takes one Machine at a time through
+UpdateMachine; the service runs ``kubeadm upgrade node`` on each (kubeadm-config already at the target)
+and swaps the kubelet. A thread reads the workload API throughout, through the controlPlaneEndpoint (the
+first node's apiserver: a real site puts a VIP or load balancer there) and through any of the three
+apiservers, and the longest gaps are printed.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ import subprocess
 import time
 import urllib.error
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -69,7 +77,7 @@ from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab as KubeLab
 from labprovider.pool import LabMachines, provider_running
 from nodes.images import CONTROL_PLANE_REPOSITORY
-from nodes.kubeadm_cluster import AdminApi, built
+from nodes.kubeadm_cluster import API_PORT, AdminApi, ApiProbe, built
 from playbooks.support import ReleaseServer
 
 from .conftest import unique_namespace
@@ -79,6 +87,7 @@ from .workload import (
     capabilities,
     cluster_objects,
     in_place_worker_spec,
+    kubeadm_upgrades,
     kubeconfig,
     lab_machine_template,
     machine_inventory,
@@ -93,7 +102,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.kube, pytest.mark.capi]
 CLUSTER = "wl"
 CONTROL_PLANE_VERSION = build.NODE_VERSIONS[0]  # v1.36.1
 WORKER_VERSION = build.MINOR_UPGRADE_VERSION  # v1.35.4
-CONTROL_PLANES = 1
+CONTROL_PLANES = 3  # KCP's maxSurge 0, so that it updates in place, needs 3 (CAPI's webhook)
 WORKERS = 2
 # a node no Machine holds once the cluster is built: the first new Machine of a rollout by replacement
 SPARE = 1
@@ -104,6 +113,16 @@ VERSIONS = (WORKER_VERSION, *build.NODE_VERSIONS)  # staged on every pool node
 BUILD_DEADLINE = 1500.0
 DELETE_DEADLINE = 600.0
 KCP = "kubeadmcontrolplane.controlplane.cluster.x-k8s.io"
+KCP_HEALTHY = ("Available", "EtcdClusterHealthy", "ControlPlaneComponentsHealthy")
+# KCP's conditions on each control-plane Machine: its etcd member (in the member list, healthy) and the
+# static Pods it reads through the workload API
+CP_MACHINE_HEALTHY = (
+    "EtcdMemberHealthy",
+    "EtcdPodHealthy",
+    "APIServerPodHealthy",
+    "ControllerManagerPodHealthy",
+    "SchedulerPodHealthy",
+)
 MD = "machinedeployments.cluster.x-k8s.io"
 # this module's ExtensionConfig and the label of the workload cluster's namespace (no other module's)
 EXTENSION = "inplace-extension-workload"
@@ -117,6 +136,24 @@ FILE = {"path": "/etc/lab-workload/in-place.conf", "content": "in place $(id)\n"
 NTP = {"enabled": True, "servers": ["ntp1.example.org", "ntp2.example.org"]}
 USER = "labops"
 ROTATION_FILE = "/etc/lab-workload/rotation.conf"  # the claimed change that carries a rotation
+# the field managers of a write by hand (the test's kubelab client, kubectl): none may show on a Machine/Node
+BY_HAND = {"kubelab", "kubectl", "kubectl-patch", "kubectl-edit"}
+CP_TARGET = build.NODE_VERSIONS[-1]  # v1.36.3: the control plane's patch upgrade
+# three control-plane Machines one after the other, each: the binaries downloaded, kubeadm upgrade (the
+# static Pods restarted, the local apiserver among them), the kubelet restarted, KCP's health checks
+KCP_ROLLOUT_DEADLINE = 1800.0
+# kubeadm's upgrade on each control-plane Machine: "node" on all three. The role runs "apply" where the
+# cluster's kubeadm-config still names the old version, but KCP writes the new version there itself
+# before it updates any Machine (UpdateClusterConfiguration in update.go), and does the cluster-wide
+# parts apply would (kubeadm-config, RBAC, kube-proxy and CoreDNS) itself
+KUBEADM_MODES = ["kubeadm upgrade node"] * CONTROL_PLANES
+# seconds the workload API may go unanswered through the controlPlaneEndpoint (the first node's own
+# apiserver, restarted by its upgrade): generous, the measured figure is in docs/development.md
+API_GAP_LIMIT = 300.0
+# the service's log of its plays: one "started" and one end per play (inplace_extension/runs/local.py)
+RUN_STATE = re.compile(
+    r"machine=(\S+) run=\S+ state=(started|successful|task_failed|unreachable|interrupted)"
+)
 
 
 @dataclass(frozen=True)
@@ -145,6 +182,27 @@ def _node_ready(node: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def _static_images(api: AdminApi, node: str) -> dict[str, str]:
+    """The static Pods on ``node`` running with every container ready: name (less the node's) -> image."""
+    pods = api.get(f"/api/v1/namespaces/kube-system/pods?fieldSelector=spec.nodeName%3D{node}")["items"]
+    return {
+        p["metadata"]["name"].removesuffix(f"-{node}"): p["spec"]["containers"][0]["image"]
+        for p in pods
+        if p.get("status", {}).get("phase") == "Running"
+        and all(c.get("ready") for c in p["status"].get("containerStatuses", [{}]))
+    }
+
+
+def _expected_images(version: str) -> dict[str, str]:
+    """The static Pods' images at ``version``: the control plane's, etcd's own tag whatever the version."""
+    images = {c: f"{CONTROL_PLANE_REPOSITORY}/{c}:{version}" for c in build.CONTROL_PLANE}
+    return {"etcd": f"{CONTROL_PLANE_REPOSITORY}/etcd:{build.ETCD_VERSION}", **images}
+
+
+def _static_at(api: AdminApi, node: str, version: str) -> bool:
+    return _static_images(api, node) == _expected_images(version)
+
+
 def _all_ready(api: AdminApi) -> bool:
     nodes = _nodes(api)
     return len(nodes) == CONTROL_PLANES + WORKERS and all(_node_ready(n) for n in nodes.values())
@@ -168,15 +226,22 @@ def _kcp(kube: KubeLab, namespace: str) -> dict[str, Any]:
 
 
 def _built(kube: KubeLab, namespace: str) -> bool:
-    """Every Machine Running (its Node found) and KCP Available (its control plane's Pods healthy) with
-    every replica counted ready and available: KCP says Available (etcd and the API answer) while it may
-    still count a Machine whose static Pods' probes have not passed as not ready (seen once)."""
+    """Every Machine Running (its Node found) and KCP Available with every replica counted ready and
+    available and etcd and the components healthy: KCP says Available (etcd and the API answer) while it
+    may still count a Machine whose static Pods' probes have not passed as not ready (seen once)."""
     found = _machines(kube, namespace)
     if not (len(found) == CONTROL_PLANES + WORKERS and all(co.running(m) for m in found)):
         return False
-    kcp = _kcp(kube, namespace)
-    counted = (kcp.get("status", {}).get("readyReplicas"), kcp.get("status", {}).get("availableReplicas"))
-    return co.condition_status(kcp, "Available") == "True" and counted == (CONTROL_PLANES, CONTROL_PLANES)
+    return _control_plane_healthy(_kcp(kube, namespace))
+
+
+def _control_plane_healthy(kcp: dict[str, Any]) -> bool:
+    """KCP counts all its Machines ready and available and says etcd and the components are healthy."""
+    status = kcp.get("status", {})
+    counts = (status.get("readyReplicas"), status.get("availableReplicas"))
+    return counts == (CONTROL_PLANES, CONTROL_PLANES) and all(
+        co.condition_status(kcp, kind) == "True" for kind in KCP_HEALTHY
+    )
 
 
 @dataclass(frozen=True)
@@ -207,7 +272,13 @@ def workload(kubelab_capi: KubeLab, pool: Pool) -> Iterator[Workload]:
         started = time.monotonic()
         objects.apply(
             kube,
-            *cluster_objects(CLUSTER, namespace, endpoint, CONTROL_PLANE_VERSION, WORKERS, WORKER_VERSION),
+            *cluster_objects(
+                CLUSTER,
+                namespace,
+                endpoint,
+                (CONTROL_PLANES, CONTROL_PLANE_VERSION),
+                (WORKERS, WORKER_VERSION),
+            ),
         )
         try:
             if not wait_until(lambda: _built(kube, namespace), BUILD_DEADLINE, 2.0):
@@ -250,40 +321,39 @@ def test_capi_builds_a_workload_cluster_on_real_nodes(
     nodes = _nodes(api)
     endpoint = workload.pool.lab.hosts()[0]
     # each Machine's Node found by CAPI through the workload API: its providerID, the kubelet's version
-    expected = [(control_plane[0], CONTROL_PLANE_VERSION), *((w, WORKER_VERSION) for w in workers)]
+    expected = [*((c, CONTROL_PLANE_VERSION) for c in control_plane), *((w, WORKER_VERSION) for w in workers)]
     for machine, version in expected:
         node_name = machine["status"]["nodeRef"]["name"]
         node = nodes[node_name]
         assert node["spec"]["providerID"] == machine["spec"]["providerID"] == f"lab://{node_name}"
         assert node["status"]["nodeInfo"]["kubeletVersion"] == version, node_name
         assert _node_ready(node)
-    # the control plane is on the endpoint's node (the LabCluster's controlPlaneEndpoint)
-    assert control_plane[0]["status"]["nodeRef"]["name"] == endpoint.name
+    # the first control plane (kubeadm init) is on the endpoint's node (the LabCluster's
+    # controlPlaneEndpoint), the two others joined as control planes on other nodes
+    cp_nodes = sorted(m["status"]["nodeRef"]["name"] for m in control_plane)
+    assert endpoint.name in cp_nodes and len(set(cp_nodes)) == CONTROL_PLANES, cp_nodes
     assert api.server == f"https://{endpoint.address}:6443"
 
-    # the static Pods kubeadm init made, from the images imported into containerd (lab.local)
-    pods = api.get(f"/api/v1/namespaces/kube-system/pods?fieldSelector=spec.nodeName%3D{endpoint.name}")
-    images = {
-        p["metadata"]["name"].removesuffix(f"-{endpoint.name}"): p["spec"]["containers"][0]["image"]
-        for p in pods["items"]
-        if p.get("status", {}).get("phase") == "Running"
-    }
-    assert images == {
-        "etcd": f"{CONTROL_PLANE_REPOSITORY}/etcd:{build.ETCD_VERSION}",
-        **{c: f"{CONTROL_PLANE_REPOSITORY}/{c}:{CONTROL_PLANE_VERSION}" for c in build.CONTROL_PLANE},
-    }
+    # on each control-plane node the static Pods kubeadm made (init, then join --control-plane), from the
+    # images imported into containerd (lab.local); none on a worker
+    for node_name in cp_nodes:
+        assert _static_images(api, node_name) == _expected_images(CONTROL_PLANE_VERSION), node_name
+    for worker in workers:
+        assert _static_images(api, worker["status"]["nodeRef"]["name"]) == {}
     assert api.get("/version")["gitVersion"] == CONTROL_PLANE_VERSION
 
-    # KCP read the workload cluster (etcd through the API, the static Pods) and says it is available
-    status = _kcp(kube, namespace)["status"]
-    assert status["initialization"]["controlPlaneInitialized"] is True
-    assert (status.get("readyReplicas"), status.get("availableReplicas")) == (1, 1), json.dumps(status)[:2000]
-    for kind in ("EtcdClusterHealthy", "ControlPlaneComponentsHealthy"):
-        assert co.condition_status(_kcp(kube, namespace), kind) == "True", kind
+    # KCP read the workload cluster (etcd's members through the API, the static Pods): every Machine's
+    # etcd member and Pods healthy, 3 of 3 ready and available
+    kcp = _kcp(kube, namespace)
+    assert kcp["status"]["initialization"]["controlPlaneInitialized"] is True
+    assert _control_plane_healthy(kcp), json.dumps(kcp["status"])[:2000]
+    for machine in control_plane:
+        for kind in CP_MACHINE_HEALTHY:
+            assert co.condition_status(machine, kind) == "True", (machine["metadata"]["name"], kind)
     # nothing but CAPI's controllers wrote the Machines: no field manager of the test (kubelab/kubectl)
     for machine in machines.values():
         managers = {f["manager"] for f in machine["metadata"].get("managedFields", [])}
-        assert managers.isdisjoint({"kubelab", "kubectl", "kubectl-patch", "kubectl-edit"}), managers
+        assert managers.isdisjoint(BY_HAND), managers
 
 
 @pytest.fixture(scope="module")
@@ -292,7 +362,7 @@ def workload_extension(
 ) -> Iterator[KubeExtension]:
     """Our service in the Kubernetes-aware mode for the workload cluster's namespace (module docstring),
     the kubernetes_version role pointed at a release server of the lab's builds on the pool's gateway."""
-    binaries = built(("kubectl", *node_binaries(VERSIONS)))
+    binaries = built(node_binaries(VERSIONS))
     work = tmp_path_factory.mktemp("capi-workload")  # kept after the run: the service's log
     with ReleaseServer(pool.lab.gateway, release_binary(binaries)) as server:
         caps = work / "capabilities.yaml"
@@ -478,10 +548,9 @@ def test_capi_updates_the_workers_in_place_on_the_real_nodes(
         assert events.get("Drained") == [f"drained Node {host.name}"], events
         assert events.get("Uncordoned") == [f"uncordoned Node {host.name}"], events
     # only CAPI's controllers, the kubelets and our service wrote the Machines and Nodes: not the test
-    by_hand = {"kubelab", "kubectl", "kubectl-patch", "kubectl-edit"}
     for obj in [*_machines(kube, namespace), *(nodes[h.name] for h in hosts.values())]:
         managers = {f["manager"] for f in obj["metadata"].get("managedFields", [])}
-        assert managers.isdisjoint(by_hand), (obj["metadata"]["name"], managers)
+        assert managers.isdisjoint(BY_HAND), (obj["metadata"]["name"], managers)
 
 
 CLIENT_CERTIFICATE = "/var/lib/kubelet/pki/kubelet-client-current.pem"  # kubeadm's kubelet.conf names it
@@ -741,3 +810,127 @@ def _carries(lab: HostLab, host: Host, config: Mapping[str, Any]) -> None:
         # as a set: a node reused after an in-place update also keeps the service's own drop-in (the
         # provider's reset undoes only what the provider did), which names the same servers
         assert set(servers.split()) == set(config["ntp"]["servers"]), host.name
+
+
+def _control_plane_upgraded(kube: KubeLab, namespace: str, api: AdminApi, before: dict[str, str]) -> bool:
+    """KCP counts every control-plane Machine up to date at :data:`CP_TARGET`, none Updating, and healthy;
+    each one's real kubelet reports the target. Fails at once if KCP created a Machine (a replacement)."""
+    machines = co.machines(kube, namespace, control_plane=True)
+    created = {m["metadata"]["name"] for m in machines} - set(before)
+    assert not created, (
+        f"KCP created {sorted(created)} instead of updating in place\n{_progress(kube, namespace)}"
+    )
+    kcp = _kcp(kube, namespace)
+    if not (
+        len(machines) == CONTROL_PLANES
+        and kcp.get("status", {}).get("upToDateReplicas") == CONTROL_PLANES
+        and _control_plane_healthy(kcp)
+    ):
+        return False
+    nodes = _nodes(api)
+    return all(
+        m["spec"].get("version") == CP_TARGET
+        and co.condition_status(m, "UpToDate") == "True"
+        and co.condition_status(m, "Updating") != "True"
+        and nodes.get(m["status"]["nodeRef"]["name"], {})
+        .get("status", {})
+        .get("nodeInfo", {})
+        .get("kubeletVersion")
+        == CP_TARGET
+        for m in machines
+    )
+
+
+def test_capi_upgrades_the_control_plane_in_place_on_the_real_nodes(
+    workload: Workload, workload_extension: KubeExtension, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube, namespace, api, lab = workload.kube, workload.namespace, workload.api, workload.pool.lab
+    before = {m["metadata"]["name"]: m["metadata"]["uid"] for m in _machines(kube, namespace)}
+    control_plane = co.machines(kube, namespace, control_plane=True)
+    pool = {h.name: h for h in lab.hosts()}
+    hosts = {m["metadata"]["name"]: pool[m["status"]["nodeRef"]["name"]] for m in _machines(kube, namespace)}
+    # every Machine of the cluster on its pool node: the control plane's now, the workers' still
+    workload_extension.inventory.write_text(yaml.safe_dump(machine_inventory(lab, hosts), sort_keys=False))
+    cp_uids = {m["metadata"]["name"]: m["metadata"]["uid"] for m in control_plane}
+    assert len(cp_uids) == CONTROL_PLANES
+
+    # what a user does: the KubeadmControlPlane's version, one patch release up. The workload API read
+    # throughout through the controlPlaneEndpoint (the first node's apiserver: what the kubeconfig names)
+    # and, for comparison, through any of the three apiservers (what a load balancer in front of them
+    # would answer; each apiserver's certificate names its node's address)
+    apiservers = [replace(api, server=f"https://{hosts[name].address}:{API_PORT}") for name in cp_uids]
+    change = {"spec": {"version": CP_TARGET}}
+    started = time.monotonic()
+    with ApiProbe(api) as probe, ApiProbe(*apiservers) as any_probe:
+        kube.kubectl("patch", KCP, f"{CLUSTER}-cp", "-n", namespace, "--type=merge", "-p", json.dumps(change))
+        upgraded = wait_until(
+            lambda: _control_plane_upgraded(kube, namespace, api, cp_uids), KCP_ROLLOUT_DEADLINE, 2.0
+        )
+        took = time.monotonic() - started
+    with capsys.disabled():  # the measured figures in every run's output, passed or not
+        print(
+            f"\ncontrol plane of {CONTROL_PLANES} in place ({CONTROL_PLANE_VERSION} -> {CP_TARGET}): "
+            f"{took:.0f}s; the workload API's longest gap {probe.longest_gap:.1f}s ({probe.unanswered} of "
+            f"{probe.answered + probe.unanswered} reads unanswered); through any of the three apiservers "
+            f"{any_probe.longest_gap:.1f}s ({any_probe.unanswered} of "
+            f"{any_probe.answered + any_probe.unanswered} unanswered)"
+        )
+    if not upgraded:
+        pytest.fail(
+            f"the control plane not updated in place within {KCP_ROLLOUT_DEADLINE:g}s:\n"
+            f"{_progress(kube, namespace)}\nservice log (end):\n{workload_extension.log()[-6000:]}",
+            pytrace=False,
+        )
+
+    # in place: the same Machines (UIDs), none added; CanUpdateMachine claimed each control-plane Machine
+    assert {m["metadata"]["name"]: m["metadata"]["uid"] for m in _machines(kube, namespace)} == before
+    log = workload_extension.log()
+    for name in cp_uids:
+        assert re.search(rf"hook=CanUpdateMachine machine=\S*\b{name} decision=in-place", log), name
+    # one Machine at a time: no two of the control plane's plays overlapped
+    runs = [
+        (machine, state) for machine, state in RUN_STATE.findall(log) if machine.split("/")[-1] in cp_uids
+    ]
+    assert {machine.split("/")[-1] for machine, state in runs if state == "started"} == set(cp_uids), runs
+    in_flight = 0
+    for _, state in runs:
+        in_flight += 1 if state == "started" else -1
+        assert in_flight <= 1, runs
+
+    for name in cp_uids:
+        host = hosts[name]
+        # the four static Pods Running at the target's images (etcd's own tag unchanged), the kubelet too
+        assert wait_until(partial(_static_at, api, host.name, CP_TARGET), 120, 1.0), (
+            host.name,
+            _static_images(api, host.name),
+        )
+        assert _on_node(lab, host, "kubelet", "--version").split()[-1] == CP_TARGET, host.name
+        node = _nodes(api)[host.name]
+        assert node["status"]["nodeInfo"]["kubeletVersion"] == CP_TARGET and _node_ready(node), host.name
+        assert not node["spec"].get("unschedulable"), host.name
+        assert CORDONED_BY not in node["metadata"].get("annotations", {}), host.name
+    assert api.get("/version")["gitVersion"] == CP_TARGET
+    kcp = _kcp(kube, namespace)
+    assert _control_plane_healthy(kcp) and kcp["status"].get("upToDateReplicas") == CONTROL_PLANES
+    for machine in co.machines(kube, namespace, control_plane=True):
+        for kind in ("UpToDate", *CP_MACHINE_HEALTHY):
+            assert co.condition_status(machine, kind) == "True", (machine["metadata"]["name"], kind)
+
+    # the workload API answered at the end and its longest gap stayed within the generous bound
+    assert probe.answered > 0 and api.answers(), "the workload API does not answer"
+    assert probe.longest_gap < API_GAP_LIMIT, f"the workload API did not answer for {probe.longest_gap:.1f}s"
+    # kubeadm's upgrade on each control-plane Machine, once, as KUBEADM_MODES says (the service's run
+    # records): KCP had written the target into the cluster's kubeadm-config before the first one
+    upgrades = {name: kubeadm_upgrades(workload_extension, name) for name in cp_uids}
+    assert all(len(ran) == 1 for ran in upgrades.values()), upgrades
+    modes = sorted(" ".join(ran[0][:3]) for ran in upgrades.values())
+    assert modes == KUBEADM_MODES, upgrades
+    config = api.get("/api/v1/namespaces/kube-system/configmaps/kubeadm-config")["data"][
+        "ClusterConfiguration"
+    ]
+    assert f"kubernetesVersion: {CP_TARGET}" in config, config
+    # only CAPI's controllers, the kubelets and our service wrote the Machines and Nodes: not the test
+    nodes = _nodes(api)
+    for obj in [*_machines(kube, namespace), *(nodes[hosts[name].name] for name in cp_uids)]:
+        managers = {f["manager"] for f in obj["metadata"].get("managedFields", [])}
+        assert managers.isdisjoint(BY_HAND), (obj["metadata"]["name"], managers)

@@ -9,10 +9,10 @@ What a node of the pool holds before any Machine takes it, as a machine image fo
   control plane at both node versions and etcd under ``imageRepository`` ``lab.local``, and the stand-in
   pause image (the nodes' sandbox image, also as kubeadm's ``lab.local/pause``);
 - kubelet and kubeadm at the **image version** (the workers' starting version) in ``/usr/bin``, as a
-  machine image built for one Kubernetes version carries them, and at each version the cluster uses side
-  by side in :data:`STAGED` (``/opt/lab-kubernetes/<version>/``: the machine images a LabMachineTemplate
-  may name, :func:`lab_machine_template`, which the provider installs before the bootstrap), with the
-  Kubernetes packages' kubelet units (not enabled).
+  machine image built for one Kubernetes version carries them (and kubectl: the stand-in below), and at
+  each version the cluster uses side by side in :data:`STAGED` (``/opt/lab-kubernetes/<version>/``: the
+  machine images a LabMachineTemplate may name, :func:`lab_machine_template`, which the provider installs
+  before the bootstrap), with the Kubernetes packages' kubelet units (not enabled).
 
 Everything else is in the KubeadmConfigSpecs, as a user would write it: the control plane's
 ``preKubeadmCommands`` install its version of kubelet and kubeadm from :data:`STAGED`; the workers' use
@@ -36,7 +36,8 @@ the kubernetes_version role with the binaries of a release server on the pool's 
 kubelet's configuration from the cluster's ConfigMap alone, without the lab nodes' fields) and the
 preflight check a cgroup v1 node cannot pass. **Stand-in, named:** kubectl, which the role installs beside
 kubelet, is kubelab's own build (:data:`kubelab.build.KUBERNETES_VERSION`) served under every node
-version: the lab builds kubectl at that version only, and nothing on a worker runs it.
+version and in the pool's ``/usr/bin``: the lab builds kubectl at that version only; nothing on a worker
+runs it, and on a control-plane node the role runs it once, to read the ``kubeadm-config`` ConfigMap.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ from kubelab.labprovider import crds, node_program
 from nodes.images import CONTROL_PLANE_REPOSITORY, control_plane_images, import_control_plane, import_pause
 from nodes.kubeadm_cluster import API_PORT, IGNORED_PREFLIGHT, AdminApi
 
+from .kube_aware import KubeExtension, run_attempts
+
 # <version>/kubelet and <version>/kubeadm on every pool node: the machine images a LabMachine may name
 STAGED = str(node_program.IMAGES)
 PATCHES_DIR = "/etc/kubernetes/lab-patches"  # kubeadm's --patches directory, written by the KubeadmConfig
@@ -73,12 +76,30 @@ KUBECONFIG_SECRET = "{cluster}-kubeconfig"  # CAPI's: data.value, the admin kube
 # the Machine annotation whose RFC 3339 timestamp asks the shipped kubelet_credentials capability for a
 # rotation (named in :func:`capabilities`); users set it in the MachineDeployment's template metadata
 ROTATION_ANNOTATION = "lab.inplace-extension.dev/rotate-kubelet-credentials"
+# kubeadm init's addon phases skipped (the lab builds no CoreDNS or kube-proxy image) by a line added to
+# the InitConfiguration in CABPK's init file, not by initConfiguration.skipPhases: KCP v1.14.2 compares
+# the first control-plane Machine's InitConfiguration as a JoinConfiguration (PrepareKubeadmConfigsForDiff
+# in controlplane/kubeadm/pkg/filters.go), kubeadm join refuses addon phases ("invalid phase name"), so
+# with skipPhases in init only that Machine differs from the desired one in a field no extension claims,
+# and KCP replaces it instead of updating it in place. On a joining node the file does not exist.
+INIT_FILE = "/run/kubeadm/kubeadm.yaml"  # CABPK's kubeadm init --config file
+SKIP_ADDONS = (
+    f"[ ! -f {INIT_FILE} ] || sed -i "
+    f"'s|^kind: InitConfiguration$|&\\nskipPhases: [addon/coredns, addon/kube-proxy]|' {INIT_FILE}"
+)
+# kubeadm upgrade's preflight checks skipped: the lab nodes' (cgroup v1) and, on a control-plane node,
+# ImagePull: `upgrade node` pulls every image of the cluster's kubeadm-config, CoreDNS and kube-proxy
+# included (the skipped addon phases are not recorded there), and the lab builds neither; the control
+# plane's own images are in containerd already
+UPGRADE_IGNORED_PREFLIGHT = (*IGNORED_PREFLIGHT, "ImagePull")
+KUBEADM_UPGRADE_TASK = "Upgrade the node with kubeadm"  # the kubernetes_version role's (upgrade.yml)
 
 
 def node_binaries(versions: tuple[str, ...]) -> tuple[str, ...]:
-    """The kubelab binaries a pool needs: the control plane's and kubelet and kubeadm at ``versions``."""
+    """The kubelab binaries a pool needs: the control plane's, kubelet and kubeadm at ``versions``, and
+    kubectl."""
     staged = (f"{name}-{version}" for version in versions for name in ("kubelet", "kubeadm"))
-    return tuple(dict.fromkeys((*build.CONTROL_PLANE_BINARIES, *staged)))
+    return tuple(dict.fromkeys((*build.CONTROL_PLANE_BINARIES, *staged, "kubectl")))
 
 
 def prepare_pool(pool: HostLab, binaries: Mapping[str, Path], versions: tuple[str, ...], image: str) -> None:
@@ -95,8 +116,14 @@ def _stage(
     pool: HostLab, host: Host, binaries: Mapping[str, Path], versions: tuple[str, ...], image: str
 ) -> None:
     root = host.root()
-    for name in ("kubelet", "kubeadm"):
-        (root / "usr/bin" / name).write_bytes(binaries[f"{name}-{image}"].read_bytes())
+    # kubectl beside them, as the Kubernetes packages install it: the kubernetes_version role reads the
+    # cluster's version with it on a control-plane node before it upgrades anything
+    for name, binary in (
+        ("kubelet", f"kubelet-{image}"),
+        ("kubeadm", f"kubeadm-{image}"),
+        ("kubectl", "kubectl"),
+    ):
+        (root / "usr/bin" / name).write_bytes(binaries[binary].read_bytes())
         (root / "usr/bin" / name).chmod(0o755)
     for version in versions:
         target = root / STAGED.lstrip("/") / version
@@ -138,21 +165,32 @@ def _common(*install: str) -> dict[str, Any]:
     }
 
 
-def control_plane_spec(version: str, advertise_address: str) -> dict[str, Any]:
-    """The KubeadmControlPlane's kubeadmConfigSpec (see the module's docstring)."""
-    spec = _common(f"install -m 0755 {STAGED}/{version}/kubelet {STAGED}/{version}/kubeadm /usr/bin/")
+def control_plane_spec(version: str) -> dict[str, Any]:
+    """The KubeadmControlPlane's kubeadmConfigSpec (see the module's docstring). ``kubeadm init`` and
+    ``join --control-plane`` are written alike (the node's name, address, patches, no skipPhases), because
+    KCP compares the first Machine's InitConfiguration as a JoinConfiguration before an update in place
+    (:data:`SKIP_ADDONS`)."""
+    spec = _common(
+        f"install -m 0755 {STAGED}/{version}/kubelet {STAGED}/{version}/kubeadm /usr/bin/", SKIP_ADDONS
+    )
     patches = {"directory": PATCHES_DIR}
     spec["clusterConfiguration"] = {
         "imageRepository": CONTROL_PLANE_REPOSITORY,
         "etcd": {"local": {"imageTag": build.ETCD_VERSION}},
     }
+    # each control plane advertises its node's address (the provider's metadata): the lab's nodes have no
+    # default route for kubeadm to find one by
+    local = {"advertiseAddress": "{{ ds.meta_data.local_ipv4 }}", "bindPort": API_PORT}
     spec["initConfiguration"] = {
-        "localAPIEndpoint": {"advertiseAddress": advertise_address, "bindPort": API_PORT},
+        "localAPIEndpoint": local,
         "nodeRegistration": _node_registration(),
-        "skipPhases": ["addon/coredns", "addon/kube-proxy"],
         "patches": patches,
     }
-    spec["joinConfiguration"] = {"nodeRegistration": _node_registration(), "patches": patches}
+    spec["joinConfiguration"] = {
+        "nodeRegistration": _node_registration(),
+        "controlPlane": {"localAPIEndpoint": local},
+        "patches": patches,
+    }
     return spec
 
 
@@ -193,7 +231,8 @@ def capabilities(release_url: str) -> str:
     """The service's capabilities file (module docstring): the kubernetes_version role's settings and the
     shipped kubelet_credentials capability, asked for by :data:`ROTATION_ANNOTATION` (its default paths
     are kubeadm's)."""
-    upgrade_args = [f"--ignore-preflight-errors={','.join(IGNORED_PREFLIGHT)}", f"--patches={PATCHES_DIR}"]
+    ignored = ",".join(UPGRADE_IGNORED_PREFLIGHT)
+    upgrade_args = [f"--ignore-preflight-errors={ignored}", f"--patches={PATCHES_DIR}"]
     return (
         "role_settings:\n"
         "  kubernetes_version:\n"
@@ -214,11 +253,18 @@ def machine_inventory(pool: HostLab, machines: Mapping[str, Host]) -> dict[str, 
 
 
 def cluster_objects(
-    name: str, namespace: str, endpoint: Host, control_plane_version: str, workers: int, worker_version: str
+    name: str,
+    namespace: str,
+    endpoint: Host,
+    control_plane: tuple[int, str],
+    workers: tuple[int, str],
 ) -> list[dict[str, Any]]:
-    """The Cluster on a LabCluster whose endpoint is ``endpoint``'s address, a KubeadmControlPlane of one
-    at ``control_plane_version`` and a MachineDeployment of ``workers`` at ``worker_version``, with their
-    LabMachineTemplates and the workers' KubeadmConfigTemplate."""
+    """The Cluster on a LabCluster whose endpoint is ``endpoint``'s address, a KubeadmControlPlane of
+    ``control_plane`` (replicas, version) and a MachineDeployment of ``workers`` (replicas, version), with
+    their LabMachineTemplates and the workers' KubeadmConfigTemplate. The KubeadmControlPlane rolls out
+    with ``maxSurge: 0`` (CAPI's webhook allows it from 3 replicas): KCP then takes each Machine down
+    instead of first creating one, which is where CAPI v1.14 tries an update in place."""
+    (control_planes, control_plane_version), (replicas, worker_version) = control_plane, workers
     cluster = co.cluster(name, namespace, control_plane=f"{name}-cp")
     cluster["spec"]["infrastructureRef"] = co.ref(crds.GROUP, "LabCluster", name)
     # the nodes' bridge CNI gives each node 10.244.0.0/24 (hostlab's node recipe); no Service is proxied
@@ -234,17 +280,18 @@ def cluster_objects(
     kcp = co.kubeadm_control_plane(
         f"{name}-cp",
         namespace,
-        1,
+        control_planes,
         control_plane_version,
         f"{name}-cp",
-        control_plane_spec(control_plane_version, endpoint.address),
+        control_plane_spec(control_plane_version),
+        max_surge=0,
     )
     kcp["spec"]["machineTemplate"]["spec"]["infrastructureRef"] = co.ref(
         crds.GROUP, "LabMachineTemplate", f"{name}-cp"
     )
     bootstrap = co.kubeadm_config_template(f"{name}-md", namespace, worker_spec())
     deployment = co.machine_deployment(
-        f"{name}-md", namespace, name, workers, worker_version, f"{name}-md", f"{name}-md"
+        f"{name}-md", namespace, name, replicas, worker_version, f"{name}-md", f"{name}-md"
     )
     deployment["metadata"]["annotations"] = dict(SKIP_PREFLIGHT)
     deployment["spec"]["template"]["spec"]["infrastructureRef"] = co.ref(
@@ -263,6 +310,26 @@ def lab_machine_template(name: str, namespace: str, image: str | None = None) ->
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"template": {"spec": spec}},
     }
+
+
+def kubeadm_upgrades(ext: KubeExtension, machine: str) -> list[list[str]]:
+    """The ``kubeadm upgrade`` command lines the kubernetes_version role ran to success for ``machine``,
+    from the service's run records (each attempt's ansible-runner events of its host), in order."""
+    ran: list[list[str]] = []
+    for meta in run_attempts(ext, machine):
+        events = Path(meta["batch_dir"]) / "artifacts" / meta["batch_ident"] / "job_events"
+        found = []
+        for path in events.glob("*.json"):
+            event = json.loads(path.read_text())
+            data = event.get("event_data") or {}
+            if (
+                event.get("event") == "runner_on_ok"
+                and data.get("host") == meta["host"]
+                and data.get("task") == KUBEADM_UPGRADE_TASK
+            ):
+                found.append((int(event["counter"]), [str(arg) for arg in data["res"]["cmd"]]))
+        ran.extend(argv for _, argv in sorted(found, key=lambda item: item[0]))
+    return ran
 
 
 def kubeconfig(kube: KubeLab, cluster: str, namespace: str) -> str | None:

@@ -1,7 +1,7 @@
 """The lab provider reads CABPK's cloud-config as cloud-init would (lab-free): the jinja header's metadata
-rendered with the node's name and address, files decoded with their modes and owners, runcmd as cloud-init's script,
-users and ntp servers with cloud-init's defaults; and bad or unsupported bootstrap data refused with a
-message that says what and where."""
+rendered with the node's name and address, files decoded with their modes and owners, runcmd as
+cloud-init's script, users and ntp servers with cloud-init's defaults; and bad or unsupported bootstrap
+data refused with a message that says what and where."""
 
 from __future__ import annotations
 

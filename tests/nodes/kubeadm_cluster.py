@@ -214,10 +214,12 @@ class AdminApi:
 class ApiProbe:
     """Reads the API every :data:`PROBE_INTERVAL` seconds in a thread while a block runs (a context
     manager) and keeps the longest time between two answered reads (``longest_gap``) and how many reads
-    were not answered. A read is a list of the Nodes: it goes through the apiserver to etcd."""
+    were not answered. A read is a list of the Nodes: it goes through the apiserver to etcd. Given
+    several ``apis`` (each apiserver of a control plane), a read is answered when any of them answers,
+    tried in order: what a client behind a load balancer that skips a dead apiserver would see."""
 
-    def __init__(self, api: AdminApi) -> None:
-        self.api = api
+    def __init__(self, *apis: AdminApi) -> None:
+        self.apis = apis
         self.longest_gap = 0.0
         self.unanswered = 0
         self.answered = 0
@@ -227,7 +229,7 @@ class ApiProbe:
     def _run(self) -> None:
         last = time.monotonic()
         while not self._stop.is_set():
-            if self.api.answers("/api/v1/nodes?limit=1"):
+            if any(api.answers("/api/v1/nodes?limit=1") for api in self.apis):
                 now = time.monotonic()
                 self.longest_gap = max(self.longest_gap, now - last)
                 self.answered += 1
