@@ -921,7 +921,7 @@ def test_capi_upgrades_the_control_plane_in_place_on_the_real_nodes(
     assert probe.longest_gap < API_GAP_LIMIT, f"the workload API did not answer for {probe.longest_gap:.1f}s"
     # kubeadm's upgrade on each control-plane Machine, once, as KUBEADM_MODES says (the service's run
     # records): KCP had written the target into the cluster's kubeadm-config before the first one
-    upgrades = {name: kubeadm_upgrades(workload_extension, name) for name in cp_uids}
+    upgrades = {name: kubeadm_upgrades(workload_extension, f"{namespace}/{name}") for name in cp_uids}
     assert all(len(ran) == 1 for ran in upgrades.values()), upgrades
     modes = sorted(" ".join(ran[0][:3]) for ran in upgrades.values())
     assert modes == KUBEADM_MODES, upgrades

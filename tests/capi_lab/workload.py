@@ -313,8 +313,9 @@ def lab_machine_template(name: str, namespace: str, image: str | None = None) ->
 
 
 def kubeadm_upgrades(ext: KubeExtension, machine: str) -> list[list[str]]:
-    """The ``kubeadm upgrade`` command lines the kubernetes_version role ran to success for ``machine``,
-    from the service's run records (each attempt's ansible-runner events of its host), in order."""
+    """The ``kubeadm upgrade`` command lines the kubernetes_version role ran to success for ``machine``
+    (``<namespace>/<name>``), from the service's run records (each attempt's ansible-runner events of its
+    host), in order."""
     ran: list[list[str]] = []
     for meta in run_attempts(ext, machine):
         events = Path(meta["batch_dir"]) / "artifacts" / meta["batch_ident"] / "job_events"
