@@ -841,6 +841,20 @@ def _control_plane_upgraded(kube: KubeLab, namespace: str, api: AdminApi, before
     )
 
 
+def _control_plane_settled(kube: KubeLab, namespace: str) -> bool:
+    kcp = _kcp(kube, namespace)
+    machines = co.machines(kube, namespace, control_plane=True)
+    return (
+        _control_plane_healthy(kcp)
+        and kcp["status"].get("upToDateReplicas") == CONTROL_PLANES
+        and all(
+            co.condition_status(m, kind) == "True"
+            for m in machines
+            for kind in ("UpToDate", *CP_MACHINE_HEALTHY)
+        )
+    )
+
+
 def test_capi_upgrades_the_control_plane_in_place_on_the_real_nodes(
     workload: Workload, workload_extension: KubeExtension, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -910,11 +924,9 @@ def test_capi_upgrades_the_control_plane_in_place_on_the_real_nodes(
         assert not node["spec"].get("unschedulable"), host.name
         assert CORDONED_BY not in node["metadata"].get("annotations", {}), host.name
     assert api.get("/version")["gitVersion"] == CP_TARGET
-    kcp = _kcp(kube, namespace)
-    assert _control_plane_healthy(kcp) and kcp["status"].get("upToDateReplicas") == CONTROL_PLANES
-    for machine in co.machines(kube, namespace, control_plane=True):
-        for kind in ("UpToDate", *CP_MACHINE_HEALTHY):
-            assert co.condition_status(machine, kind) == "True", (machine["metadata"]["name"], kind)
+    # KCP healthy again, every Machine up to date with its etcd member and Pods healthy: waited for, as
+    # KCP's view may drop a Machine as not ready for a moment after the rollout ended (seen once)
+    assert wait_until(partial(_control_plane_settled, kube, namespace), 180, 2.0), _progress(kube, namespace)
 
     # the workload API answered at the end and its longest gap stayed within the generous bound
     assert probe.answered > 0 and api.answers(), "the workload API does not answer"
