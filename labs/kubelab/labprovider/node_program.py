@@ -86,9 +86,8 @@ def provision(request: dict[str, Any]) -> dict[str, Any]:
         )
     for user in request.get("users", []):
         steps += add_user(user)
-    failed = [s["name"] for s in steps if s["exit"] != 0]
-    if failed:
-        return {"ok": False, "steps": steps, "error": f"{', '.join(failed)} failed"}
+    if failure := failed(steps):
+        return failure
     sudo_error = write_sudoers(request.get("users", []))
     if sudo_error:
         return {"ok": False, "steps": steps, "error": sudo_error}
@@ -99,13 +98,18 @@ def provision(request: dict[str, Any]) -> dict[str, Any]:
         )
         recorded_write(TIMESYNCD_DROPIN, content.encode(), 0o644, "root:root", False)
         steps.append(run_command("restart systemd-timesyncd", ["systemctl", "restart", "systemd-timesyncd"]))
-    failed = [s["name"] for s in steps if s["exit"] != 0]
-    if failed:
-        return {"ok": False, "steps": steps, "error": f"{', '.join(failed)} failed"}
+    if failure := failed(steps):
+        return failure
     if request.get("runcmd"):
         steps.append(run_script("runcmd", request["runcmd"]))
     sentinel = Path(request["sentinel"]).is_file()
     return {"ok": True, "steps": steps, "sentinel": sentinel}
+
+
+def failed(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The provision's failed answer when a step of ``steps`` exited non-zero, naming those steps."""
+    names = [s["name"] for s in steps if s["exit"] != 0]
+    return {"ok": False, "steps": steps, "error": f"{', '.join(names)} failed"} if names else None
 
 
 def recorded_write(path: Path, content: bytes, permissions: int, owner: str, append: bool) -> None:
@@ -284,10 +288,7 @@ def reset() -> dict[str, Any]:
         end_scripts()
     kubeadm = shutil.which("kubeadm")
     if kubeadm:
-        result = subprocess.run(
-            [kubeadm, "reset", "-f"], capture_output=True, text=True, timeout=SCRIPT_TIMEOUT, check=False
-        )
-        steps.append({"name": "kubeadm reset", "exit": result.returncode, "output": result.stdout[-TAIL:]})
+        steps.append(run_command("kubeadm reset", [kubeadm, "reset", "-f"]))
     created = _load_created()
     for name in created["users"]:
         if _exists(pwd.getpwnam, name):  # --force: a login of the user's may still run
