@@ -185,6 +185,9 @@ class Pool:
             return False
         return all(ns.is_ready(self.node(m["metadata"]["name"])) for m in found)
 
+    def machine_sets(self) -> list[dict[str, Any]]:
+        return mcm_objects.listed(self.lab, mcm_objects.MACHINE_SETS, f"name={self.name}")
+
     def node(self, name: str) -> dict[str, Any]:
         return objects.get(self.lab, "node", name) or {}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,10 @@ from inplace_extension.runs.artifacts import OutcomeKind
 from inplace_extension.runs.policy import backoff_seconds, retry_token
 from inplace_extension.runs.resolve import ADDRESS_ANNOTATION
 
-from .agentproc import Pool, attempts, play_started
+from .agentproc import AgentProcess, Pool, attempts, play_started
 from .conftest import StartAgent
 from .evictions import Evictions
+from .rollout_state import SELECTED_LABEL, wait_on_mcm
 
 pytestmark = [pytest.mark.kube, pytest.mark.mcm, pytest.mark.lab]
 
@@ -46,7 +47,6 @@ HOST_NOT_FOUND = (  # the CAPI side's message (tests/runs/test_cluster_side.py),
 )
 RETRY_AFTER = 1  # the agents' --retry-after-seconds (agentproc.agent_argv): the first backoff
 WORKLOAD = "mcm-workload"  # the namespace of the Pods MCM drains
-SELECTED_LABEL = "node.machine.sapcloud.io/selected-for-update"  # MCM: the Node is chosen for its update
 ROLLOUT = 900.0  # 3 drains + 3 plays on 2 shared cores; measured times go to docs/development.md
 # shell and Ansible syntax that must stay text (Jinja is refused up front: docs/install-mcm.md)
 PAYLOAD = "hello `touch /tmp/mcm-pwned` $(touch /tmp/mcm-pwned2); touch /tmp/mcm-pwned3 ${HOME} %{x}\n"
@@ -84,9 +84,9 @@ def pool_factory(kubelab_mcm: Lab, nodes: list[Host]) -> Any:
         pool.delete()
 
 
-def watch_rollout(pool: Pool, done: Any, within: float = ROLLOUT) -> int:
+def watch_rollout(pool: Pool, done: Any, within: float = ROLLOUT, agents: Sequence[AgentProcess] = ()) -> int:
     """Poll until ``done()``; return the most Nodes ever seen in update at once: selected for update by
-    MCM and not yet answered successful.
+    MCM and not yet answered successful. ``agents``: whose logs a failure shows.
 
     Not the cordoned Nodes: MCM v0.62.1 uncordons a Node with an Update of its cached copy after moving the
     Machine to the new MachineSet; when that Update meets a Conflict (the kubelet's, our answer's write) the
@@ -103,7 +103,7 @@ def watch_rollout(pool: Pool, done: Any, within: float = ROLLOUT) -> int:
         most = max(most, sum(1 for n in pool.nodes() if in_update(n)))
         return bool(done())
 
-    assert wait_until(check, within, 0.25), f"rollout not done: {pool.deployment().get('status')}"
+    wait_on_mcm(pool, check, within, "rollout not done", agents, 0.25)
     return most
 
 
@@ -141,7 +141,7 @@ def test_auto_rollout_updates_every_host_in_turn(
     evictions = Evictions(kubelab_mcm, WORKLOAD)
     try:
         pool.switch("v2")
-        most = watch_rollout(pool, pool.finished)
+        most = watch_rollout(pool, pool.finished, agents=[agent])
     finally:
         evictions.stop()
     asked = evictions.asked()
@@ -181,17 +181,17 @@ def test_manual_rollout_updates_only_the_selected_node(
     chosen, nowhere, *others = pool.initial
     nowhere_host = pool.host_of(pool.node(nowhere))
     find_by_status_address(kubelab_mcm, nowhere, None)
-    start_agent(unlisted=[nowhere_host])
+    agent = start_agent(unlisted=[nowhere_host])
     pool.switch("v2")
     candidates = lambda: all(ns.CANDIDATE_LABEL in ns.node_labels(n) for n in pool.nodes())  # noqa: E731
-    assert wait_until(candidates, ROLLOUT, 0.5), "MCM marks every Node a candidate"
+    wait_on_mcm(pool, candidates, ROLLOUT, "MCM marks every Node a candidate", [agent])
     kubelab_mcm.kubectl("label", "node", chosen, f"{SELECTED_LABEL}=true")
 
     def chosen_done() -> bool:
         node = pool.node(chosen)
         return ns.CANDIDATE_LABEL not in ns.node_labels(node) and not ns.has_critical_taint(node)
 
-    watch_rollout(pool, chosen_done)
+    watch_rollout(pool, chosen_done, agents=[agent])
     assert_host_updated(lab, pool.host_of(pool.node(chosen)))
     for name in others:
         node = pool.node(name)
@@ -199,7 +199,7 @@ def test_manual_rollout_updates_only_the_selected_node(
         assert stamp_writes(lab, pool.host_of(node)) == [], "an unselected host is never touched"
     kubelab_mcm.kubectl("label", "node", nowhere, "node.machine.sapcloud.io/selected-for-update=true")
     failed = lambda: ns.node_labels(pool.node(nowhere)).get(ns.RESULT_LABEL) == ns.FAILED  # noqa: E731
-    assert wait_until(failed, ROLLOUT, 0.5), "a Node with no usable address is answered failed"
+    wait_on_mcm(pool, failed, ROLLOUT, "a Node with no usable address is answered failed", [agent])
     assert ns.node_annotations(pool.node(nowhere))[ns.FAILED_REASON_ANNOTATION] == HOST_NOT_FOUND
     assert stamp_writes(lab, nowhere_host) == [], "no host was guessed"
 
@@ -239,7 +239,7 @@ def test_task_failure_stalls_until_the_retry_annotation(
             (n for n in pool.initial if ns.node_labels(pool.node(n)).get(ns.RESULT_LABEL) == ns.FAILED), None
         )
 
-    assert wait_until(lambda: failed_node() is not None, ROLLOUT, 0.5), "the first Node's task fails"
+    wait_on_mcm(pool, lambda: failed_node() is not None, ROLLOUT, "the first Node's task fails", [agent])
     name = failed_node()
     assert name is not None
     host = pool.host_of(pool.node(name))
@@ -257,7 +257,9 @@ def test_task_failure_stalls_until_the_retry_annotation(
         machine = next(m for m in pool.machines() if m["metadata"]["name"] == node)
         return mcm_objects.phase(machine) == "InPlaceUpdateFailed"
 
-    assert wait_until(lambda: machine_shows(name, reason), 60, 0.5), "MCM shows our message on the Machine"
+    wait_on_mcm(
+        pool, lambda: machine_shows(name, reason), 60, "MCM shows our message on the Machine", [agent]
+    )
     assert pool.deployment().get("status", {}).get("updatedReplicas", 0) < 3, "the rollout stalls"
     assert all(stamp_writes(lab, each) == [] for each in pool.hosts)
     # a retriable failure next, on the Node MCM hands over after the failed one
@@ -272,14 +274,17 @@ def test_task_failure_stalls_until_the_retry_annotation(
 
     try:
         kubelab_mcm.kubectl("annotate", "node", name, "inplace-extension.io/retry=1")
-        assert wait_until(lambda: blocked_node() is not None, ROLLOUT, 0.25), "blocked after its budget"
+        wait_on_mcm(
+            pool, lambda: blocked_node() is not None, ROLLOUT, "blocked after its budget", [agent], 0.25
+        )
         blocked = blocked_node()
         assert blocked is not None
         assert ns.node_labels(pool.node(blocked)).get(ns.RESULT_LABEL) == ns.FAILED
         # MCM copies the Node's reason into the Machine once, when it turns InPlaceUpdateFailed: at the
         # first try's "retrying" answer unless MCM was slower than the second try; the blocked answer
         # keeps the label "failed", so MCM keeps the copy it made (docs/operator-controls.md)
-        assert wait_until(lambda: machine_failed(blocked) and machine_shows(blocked, UNREACHABLE), 60, 0.5)
+        shown = lambda: machine_failed(blocked) and machine_shows(blocked, UNREACHABLE)  # noqa: E731
+        wait_on_mcm(pool, shown, 60, "MCM shows the blocked Node's failure on its Machine", [agent])
         warning = ("Warning", "InPlaceUpdateFailed", BLOCKED)
         assert wait_until(lambda: warning in node_events(kubelab_mcm, blocked), 60, 0.5), "a Warning Event"
         assert "inplace_extension_updates_blocked 1.0" in agent.get("/metrics").text
@@ -302,7 +307,7 @@ def test_task_failure_stalls_until_the_retry_annotation(
     assert reason_of(blocked) == BLOCKED and stamp_writes(lab, pool.host_of(pool.node(blocked))) == []
 
     kubelab_mcm.kubectl("annotate", "node", blocked, "inplace-extension.io/retry=1")  # a full budget again
-    watch_rollout(pool, pool.finished)
+    watch_rollout(pool, pool.finished, agents=[agent])
     for node in pool.nodes():
         assert_host_updated(lab, pool.host_of(node))
     *_, last = attempts(agent.runs_dir, blocked, V2_FINGERPRINT)
@@ -335,13 +340,15 @@ def test_a_replica_killed_mid_update_resumes_beside_the_other_without_a_second_a
     def started() -> str | None:  # the replica whose play runs (the run's state "started" and beyond)
         return next((name for name, runs in replicas.items() if play_started(runs)), None)
 
-    assert wait_until(lambda: started() is not None, ROLLOUT, 0.1), "a play started"
+    wait_on_mcm(pool, lambda: started() is not None, ROLLOUT, "a play started", list(agents.values()), 0.1)
     victim = started()
     assert victim is not None
     agents[victim].kill()  # its play goes on, detached, and releases the host lock when it ends
     (node,) = {p.name.split(".")[1] for p in replicas[victim].glob(f"{mcm.NAMESPACE}.*")}
-    start_agent(replicas[victim], name=f"{victim}-restarted", extra=["--agent-id", victim, *claim])
-    watch_rollout(pool, pool.finished)
+    restarted = start_agent(
+        replicas[victim], name=f"{victim}-restarted", extra=["--agent-id", victim, *claim]
+    )
+    watch_rollout(pool, pool.finished, agents=[*agents.values(), restarted])
     for each in pool.nodes():
         assert_host_updated(lab, pool.host_of(each))
         assert ns.node_labels(each).get(ns.RESULT_LABEL) is None, "MCM cleaned up after our result"
@@ -377,7 +384,8 @@ def test_an_apiserver_restart_while_the_second_node_updates(
     pool = pool_factory("outage")
     agent = start_agent()
     pool.switch("v2")
-    assert wait_until(lambda: len(outcomes(agent.runs_dir)) >= 2, ROLLOUT, 0.1), "the second run started"
+    second_run = lambda: len(outcomes(agent.runs_dir)) >= 2  # noqa: E731
+    wait_on_mcm(pool, second_run, ROLLOUT, "the second run started", [agent], 0.1)
     (second,) = [ident for ident, kinds in outcomes(agent.runs_dir).items() if None in kinds]
     kubelab_mcm.stop_apiserver()
     try:
@@ -387,7 +395,7 @@ def test_an_apiserver_restart_while_the_second_node_updates(
     finally:
         kubelab_mcm.start_apiserver()
     assert wait_until(agent.healthy, 120, 0.5), "the watch reconnects"
-    most = watch_rollout(pool, pool.finished)
+    most = watch_rollout(pool, pool.finished, agents=[agent])
     assert most == 1, "one Node at a time"
     assert wait_until(lambda: not any(ours(n) for n in pool.nodes()), 60, 0.5), [
         ours(n) for n in pool.nodes()
@@ -451,7 +459,10 @@ def test_a_window_a_pause_a_cancel_and_a_resume_in_one_rollout(
 
     pool.switch("v2")
     window = f'waiting for maintenance window "held-nights" (opens {opens:%Y-%m-%dT%H:%M}Z)'
-    assert wait_until(lambda: bool(told(window)), WINDOW_LEAD.total_seconds(), 0.25), agent.log()
+    handed = lambda: bool(told(window))  # noqa: E731
+    wait_on_mcm(
+        pool, handed, WINDOW_LEAD.total_seconds(), "the first Node waits for the window", [agent], 0.25
+    )
     assert datetime.now(UTC) < opens, "the wait was seen only after the opening: raise WINDOW_LEAD"
     (first,) = told(window)
     assert not list(runs.glob("*/attempt-*")), "nothing starts before the window opens"
@@ -464,7 +475,9 @@ def test_a_window_a_pause_a_cancel_and_a_resume_in_one_rollout(
     assert not (attempts(first)[0].parent / "outcome.json").exists(), "paused while the run is in flight"
     assert json.loads(attempts(first)[0].read_text())["started"] >= opens.timestamp()
     paused = f"paused by MachineDeployment {mcm.NAMESPACE}/held (annotation {PAUSE})"
-    assert wait_until(lambda: bool(told(paused)), ROLLOUT, 0.25), "MCM hands over the next Node, held"
+    wait_on_mcm(
+        pool, lambda: bool(told(paused)), ROLLOUT, "MCM hands over the next Node, held", [agent], 0.25
+    )
     (second,) = told(paused)
     assert second != first and stamp_writes(lab, pool.host_of(pool.node(first))) == [V2_FINGERPRINT]
     # observed over the agent's own next looks at the held Node (it looks every resync, 2 s here)
@@ -488,13 +501,13 @@ def test_a_window_a_pause_a_cancel_and_a_resume_in_one_rollout(
             operation.get("description", "")
         )
 
-    assert wait_until(mcm_shows_it, 120, 0.5), "MCM shows the cancel on the Machine"
+    wait_on_mcm(pool, mcm_shows_it, 120, "MCM shows the cancel on the Machine", [agent])
     assert ns.node_annotations(pool.node(second))[ns.FAILED_REASON_ANNOTATION] == cancelled
     assert pool.deployment().get("status", {}).get("updatedReplicas", 0) < 3, "the rollout stops"
     assert not attempts(second) and not pool.node(third).get("spec", {}).get("unschedulable")
 
     annotate(f"{PAUSE}-")  # resume: the cancelled Node starts, MCM goes on with the third
-    watch_rollout(pool, pool.finished)
+    watch_rollout(pool, pool.finished, agents=[agent])
     for node in pool.nodes():
         assert_host_updated(lab, pool.host_of(node))
     assert len(attempts(second)) == 1 and len(attempts(third)) == 1
@@ -534,18 +547,18 @@ def test_a_later_desired_state_removes_the_files_of_a_failed_one(
     host = nodes[0]
     pool = Pool(kubelab_mcm, "leftover", [host], {"v1": V1, "v2": FAILING_FILES})
     try:
-        start_agent()
+        agent = start_agent()
         (name,) = pool.initial
         pool.switch("v2")
         failed = lambda: ns.node_labels(pool.node(name)).get(ns.RESULT_LABEL) == ns.FAILED  # noqa: E731
-        assert wait_until(failed, ROLLOUT, 0.5), "the file step fails"
+        wait_on_mcm(pool, failed, ROLLOUT, "the file step fails", [agent])
         assert run_on(lab, host, ["cat", LEFT]) == "stale\n", "the first file was written before the failure"
         # the user fixes the class (the Machines keep it) and asks for a retry
         objects.apply(
             kubelab_mcm, mcm_objects.machine_class(pool.classes["v2"], {"inPlaceUpdate": FIXED_FILES})
         )
         kubelab_mcm.kubectl("annotate", "node", name, "inplace-extension.io/retry=1")
-        watch_rollout(pool, pool.finished)
+        watch_rollout(pool, pool.finished, agents=[agent])
         assert run_on(lab, host, ["cat", "/etc/mcm/kept.conf"]) == "kept\n"
         assert lab.exec_in(host, ["test", "-e", LEFT]).returncode != 0, "the failed run's file was removed"
     finally:
@@ -604,7 +617,8 @@ def test_a_kubernetes_health_check_holds_a_node_before_and_after_its_update(
         runs = agent.runs_dir
         pool.switch("v2")
         before = f'waiting for health check "ceph" ({CEPH_HEALTH} is false on {CEPH_KIND} {ceph_ns}/ceph)'
-        assert wait_until(lambda: f"node {name}: {before}" in agent.log(), ROLLOUT, 0.25), agent.log()
+        waiting = lambda: f"node {name}: {before}" in agent.log()  # noqa: E731
+        wait_on_mcm(pool, waiting, ROLLOUT, "the Node waits for the health check", [agent], 0.25)
         assert not list(runs.glob("*/attempt-*")), "nothing starts while the check does not hold"
         assert ns.RESULT_LABEL not in ns.node_labels(pool.node(name)), "no result: MCM keeps the Node waiting"
         assert before in node_event_messages(kubelab_mcm, name)
@@ -636,7 +650,7 @@ def test_a_kubernetes_health_check_holds_a_node_before_and_after_its_update(
         assert ns.node_annotations(held)[ns.FAILED_REASON_ANNOTATION] == timed_out
 
         health("HEALTH_OK")
-        watch_rollout(pool, pool.finished, 300)
+        watch_rollout(pool, pool.finished, 300, [agent])
         assert run_on(lab, host, ["cat", "/etc/mcm/kept.conf"]) == "kept\n"
         assert len(list(runs.glob("*/attempt-*"))) == 1, "one run: the waits started nothing"
     finally:
@@ -665,10 +679,11 @@ def test_a_node_whose_host_comes_back_during_the_backoff_completes_without_the_r
         faults.sshd(lab, host, running=False)
         try:
             pool.switch("v2")
-            assert wait_until(lambda: retrying in agent.log(), ROLLOUT, 0.25), agent.log()
+            retried = lambda: retrying in agent.log()  # noqa: E731
+            wait_on_mcm(pool, retried, ROLLOUT, "the unreachable host's update is retried", [agent], 0.25)
         finally:
             faults.sshd(lab, host, running=True)  # back, within the backoff
-        watch_rollout(pool, pool.finished, 300)
+        watch_rollout(pool, pool.finished, 300, [agent])
         tries = attempts(agent.runs_dir, name, FIXED_FILES_FINGERPRINT)
         kinds = [a.outcome.kind if a.outcome else None for a in tries]
         assert kinds[0] is OutcomeKind.UNREACHABLE and kinds[-1] is OutcomeKind.SUCCESSFUL, kinds

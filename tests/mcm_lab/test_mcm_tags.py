@@ -33,7 +33,6 @@ import pytest
 from aws.moto import MotoServer, moto_server
 from aws.test_ec2_tags import CREDENTIALS, REGION, SECRET, ec2, instance, tags_of, volumes_of
 from hostlab.lab import Host
-from hostlab.proc import wait_until
 from kubelab import objects
 from kubelab.flavours import mcm, mcm_objects
 from kubelab.lab import Lab
@@ -43,6 +42,7 @@ from inplace_extension.mcm.aws_tags import LAST_APPLIED_ANNOTATION, last_applied
 
 from .agentproc import Pool
 from .conftest import StartAgent
+from .rollout_state import wait_on_mcm
 from .test_mcm_rollout import ROLLOUT, V1, node_events, watch_rollout
 
 pytestmark = [pytest.mark.kube, pytest.mark.mcm, pytest.mark.lab]
@@ -141,10 +141,11 @@ def test_a_tags_only_class_change_tags_each_instance_once_and_survives_an_api_ou
         machine = next(m for m in pool.machines() if m["metadata"]["name"] == name)
         return text in str(machine.get("status", {}).get("lastOperation", {}).get("description", ""))
 
-    assert wait_until(lambda: bool(recorded()), ROLLOUT, 0.2), "the first Node's instance is tagged"
+    wait_on_mcm(pool, lambda: bool(recorded()), ROLLOUT, "the first Node's instance is tagged", [agent], 0.2)
     (first,) = recorded()
     with moto.outage():
-        assert wait_until(lambda: retrying() is not None, SEEN, 0.25), agent.log()
+        handed = lambda: retrying() is not None  # noqa: E731
+        wait_on_mcm(pool, handed, SEEN, "the Node handed over in the outage is retried", [agent], 0.25)
         second = retrying()
         assert second is not None and second != first
         node = pool.node(second)
@@ -156,8 +157,8 @@ def test_a_tags_only_class_change_tags_each_instance_once_and_survives_an_api_ou
         assert ns.node_labels(node)[ns.RESULT_LABEL] == ns.FAILED
         assert ns.CLAIM_ANNOTATION in ns.node_annotations(node), "not final: the agent keeps the Node"
         assert ns.ANSWERED_ANNOTATION not in ns.node_annotations(node)
-        assert wait_until(lambda: machine_says(second, reason), 60, 0.5), "MCM shows it on the Machine"
-    watch_rollout(pool, pool.finished)
+        wait_on_mcm(pool, lambda: machine_says(second, reason), 60, "MCM shows it on the Machine", [agent])
+    watch_rollout(pool, pool.finished, agents=[agent])
 
     assert sorted(m["metadata"]["name"] for m in pool.machines()) == pool.initial, "none replaced"
     for name, instance_id in instance_of.items():
