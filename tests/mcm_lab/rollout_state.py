@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hostlab.errors import LabError
 from hostlab.proc import wait_until
 from kubelab.flavours import mcm, mcm_objects
 
@@ -84,7 +85,23 @@ def lost_machines(pool: Pool) -> list[str]:
 
 
 def describe(pool: Pool, agents: Sequence[AgentProcess] = ()) -> str:
-    """The pool's MCM objects and Nodes as they are now, and the interesting tails of the logs."""
+    """The pool's MCM objects and Nodes as they are now, and the interesting tails of the logs (also when
+    the API server does not answer: then its error in place of the objects)."""
+    try:
+        lines = _objects(pool)
+    except LabError as exc:
+        lines = [f"the pool's objects could not be read: {exc}"]
+    for agent in agents:
+        lines += _tail(f"agent {agent.log_path.name}", agent.log_path, AGENT_LINES)
+    for component, wanted in (
+        (mcm.CONTROLLER, CONTROLLER_LINES),
+        (mcm.MACHINE_CONTROLLER, MACHINE_CONTROLLER_LINES),
+    ):
+        lines += _tail(component, pool.lab.dir / f"{component}.log", wanted, pool.name)
+    return "\n".join(lines)
+
+
+def _objects(pool: Pool) -> list[str]:
     status = pool.deployment().get("status", {})
     machines = pool.machines()
     lines = [
@@ -96,15 +113,7 @@ def describe(pool: Pool, agents: Sequence[AgentProcess] = ()) -> str:
     node_names = dict.fromkeys(
         [*pool.initial, *(m["metadata"].get("labels", {}).get("node") for m in machines)]
     )
-    lines += [_node(name, pool.node(name)) for name in node_names if name]
-    for agent in agents:
-        lines += _tail(f"agent {agent.log_path.name}", agent.log_path, AGENT_LINES)
-    for component, wanted in (
-        (mcm.CONTROLLER, CONTROLLER_LINES),
-        (mcm.MACHINE_CONTROLLER, MACHINE_CONTROLLER_LINES),
-    ):
-        lines += _tail(component, pool.lab.dir / f"{component}.log", wanted, pool.name)
-    return "\n".join(lines)
+    return lines + [_node(name, pool.node(name)) for name in node_names if name]
 
 
 def _fields(obj: Mapping[str, Any], *keys: str) -> str:

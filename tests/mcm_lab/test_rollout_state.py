@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostlab.errors import LabError
 from kubelab.config import Config
 from kubelab.flavours import mcm
 from kubelab.lab import Lab
@@ -114,3 +115,15 @@ def test_a_machine_mcm_deletes_ends_the_wait_with_the_report(pool: HandedPool) -
 def test_a_wait_that_runs_out_says_so(pool: HandedPool) -> None:
     with pytest.raises(AssertionError, match=r"^MCM hands over: not within 0 s\nMachineDeployment pool"):
         wait_on_mcm(pool, lambda: False, 0.05, "MCM hands over", poll=0.01)
+
+
+def test_a_report_without_the_api_server_still_has_the_logs(pool: HandedPool) -> None:
+    def unanswered() -> dict[str, Any]:
+        raise LabError("kubectl get: connection refused")
+
+    pool.deployment = unanswered  # type: ignore[method-assign]
+    with pytest.raises(AssertionError) as failed:
+        wait_on_mcm(pool, lambda: False, 0.05, "MCM hands over", poll=0.01)
+    report = str(failed.value).splitlines()
+    assert report[1] == "the pool's objects could not be read: kubectl get: connection refused"
+    assert report[5].endswith("Deleting stale machines [pool-old-a]"), "the logs still"
