@@ -34,7 +34,7 @@ LOST_LOOK_SECONDS = 5.0  # how often a wait lists the pool's Machines (a kubectl
 TAIL_LINES = 20
 LINE_CHARS = 220
 # the messages of each log that tell a rollout's steps; the MCM lines must also name the pool
-AGENT_LINES = re.compile(r" (INFO|WARNING|ERROR) ")
+AGENT_LINES = re.compile(r" INFO inplace_extension\.| (WARNING|ERROR) ")  # not the HTTP server's
 CONTROLLER_LINES = re.compile(
     r"Attempting to transfer|transferred to new|selected for drain|Too many replicas|Too few replicas|"
     r"Deleting stale|Error syncing|Dropping|can be selected|removing inplace|scale up the new|scaled down"
