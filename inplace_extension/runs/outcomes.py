@@ -26,6 +26,7 @@ from inplace_extension.runs.artifacts import (
 PLAYBOOK_ERROR_RCS = frozenset({1, 4, 5, 250})
 HOST_STATE_MODULE = "inplace_host_state"  # playbooks/library: the host lock and stamp
 HEALTH_MODULE = "inplace_health_commands"  # playbooks/library: the health gate's command checks
+JOINT_MODULE = "inplace_joint_steps"  # playbooks/library: several built-in steps in one execution
 # what that module's failure may say; anything else (a bug, an Ansible error) gets the generic message
 HEALTH_FAILURE_RE = re.compile(
     r"^health gate: check [a-z][a-z0-9_]{0,62}: "
@@ -66,6 +67,13 @@ def _ran_module(data: dict[str, Any], module: str) -> bool:
     """The event is of a task that ran ``module`` (one of playbooks/library's)."""
     action = str(data.get("resolved_action") or data.get("task_action") or "")
     return action.rsplit(".", 1)[-1] == module
+
+
+def failed_step(data: dict[str, Any]) -> str:
+    """The step a failed task belongs to: its role's, or for the joint execution of several built-in
+    steps the one its answer names (``step``); else the play's own (``update_machine``)."""
+    step = (data.get("res") or {}).get("step") if _ran_module(data, JOINT_MODULE) else None
+    return str(data.get("role") or step or "update_machine")
 
 
 def health_failure(data: dict[str, Any]) -> str | None:
@@ -168,7 +176,7 @@ def classify(batch: BatchRef, fingerprint: str, finished: float | None = None) -
             return Outcome(OutcomeKind.HOST_BUSY, detail=detail, finished=when)
         return Outcome(
             OutcomeKind.TASK_FAILED,
-            capability=str(data.get("role") or "update_machine"),
+            capability=failed_step(data),
             task=task_label(str(data.get("task") or "")),
             detail=detail,
             finished=when,

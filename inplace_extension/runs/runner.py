@@ -46,6 +46,11 @@ LOCK_TAG = "update_machine_lock"  # the lock task, which a first step's module c
 # update_machine.yml's update_machine_lock_riders: the steps whose module takes the host lock and reads
 # the stamp in its own execution when it is the first step of the play
 LOCK_RIDERS = frozenset({"ntp", "kubeadm_files", "kubelet_args"})
+# update_machine.yml's update_machine_joint: these steps, both to run and with no drain point between
+# them, are one module execution (JOINT_TAG) instead of their roles' (APART_TAG)
+JOINT_STEPS = ("kubeadm_files", "kubelet_args")
+JOINT_TAG = "update_machine_joint"
+APART_TAG = "update_machine_apart"
 
 
 class RunStartError(Exception):
@@ -190,8 +195,9 @@ def skip_tags(spec: BatchSpec) -> list[str]:
     """The play's tags this batch leaves out: the re-checks of what Python checked (the inputs were made
     and validated by :mod:`inplace_extension.inplace`, the run parameters by :func:`run_parameters`), the
     built-in steps no Machine of the batch has, the drain points, user-defined steps and health gate
-    command checks when none of its Machines has any, and the lock task when every Machine's first
-    step takes the lock."""
+    command checks when none of its Machines has any, the lock task when every Machine's first
+    step takes the lock, and of kubeadm_files and kubelet_args the roles when every Machine with
+    either does both in one module execution, that execution when none does."""
     steps = {cap for run in spec.hosts for cap in run.capabilities}
     tags = [RECHECK_TAG, *(STEP_TAG.format(c.name) for c in CAPABILITIES if c.name not in steps)]
     if all(run.drain_before is None for run in spec.hosts):
@@ -202,7 +208,19 @@ def skip_tags(spec: BatchSpec) -> list[str]:
         tags.append(HEALTH_TAG)
     if all(lock_rides_on_first_step(run) for run in spec.hosts):
         tags.append(LOCK_TAG)
+    joint = [joint_steps(run) for run in spec.hosts if set(JOINT_STEPS) & set(run.capabilities)]
+    if joint and all(joint):
+        tags.append(APART_TAG)
+    if not any(joint):
+        tags.append(JOINT_TAG)
     return tags
+
+
+def joint_steps(run: HostRun) -> bool:
+    """Whether the play does ``run``'s kubeadm_files and kubelet_args in one module execution
+    (update_machine.yml's ``update_machine_joint`` for a run of the service, which leaves out the roles'
+    input checks and never a step of its own): it has both, and no drain point between them."""
+    return set(JOINT_STEPS) <= set(run.capabilities) and run.drain_before != JOINT_STEPS[1]
 
 
 def lock_rides_on_first_step(run: HostRun) -> bool:

@@ -18,6 +18,10 @@ from inplace_extension.runs.model import Blocked, ClusterSide, RunRequest
 HEALTH_TASK = "Health gate, run the command checks on the host"
 # the name of tasks/drain_point.yml's task where the play waits for the service to drain the Node
 DRAIN_TASK = "Drain point, wait for the service to drain the Node"
+# the name of update_machine.yml's task that does JOINT_STEPS' host work in one module execution
+# (inplace_joint_steps): not in a role, so its events name none; both steps start with it
+JOINT_TASK = "Apply kubeadm_files and kubelet_args in one module execution"
+JOINT_STEPS = ("kubeadm_files", "kubelet_args")
 
 
 def blocked_outcome(failure: Blocked, now: float) -> Outcome:
@@ -61,14 +65,24 @@ class StepTracker:
             return
         step = self._step_of_role[host].get(role or "", role)
         if step in request.capabilities:
-            self._seen_capability.add(host)
-            self._set_phase(host, step)
-            if self._current.get(host) != step:
-                self._current[host] = step
-                self._cluster.step_started(request, step)
+            self._step(request, step)
+        elif task == JOINT_TASK:
+            # one module execution does both: each is announced as it would be by its role, in order,
+            # so the cluster side sees the kubelet's restart (kubelet_args) before the execution does it
+            for joint_step in JOINT_STEPS:
+                self._step(request, joint_step)
         elif task.startswith(HEALTH_TASK):
             self._set_phase(host, progress.HEALTH_COMMANDS)
         elif task == DRAIN_TASK:
             self._on_drain_point(host)  # the drain reports its own phase (draining: N pods left)
         else:
             self._set_phase(host, progress.FINISHING if host in self._seen_capability else progress.STARTING)
+
+    def _step(self, request: RunRequest, step: str) -> None:
+        """The play entered ``step`` of ``request``'s Machine: its phase, and its start the first time."""
+        host = request.ident
+        self._seen_capability.add(host)
+        self._set_phase(host, step)
+        if self._current.get(host) != step:
+            self._current[host] = step
+            self._cluster.step_started(request, step)

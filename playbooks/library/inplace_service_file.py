@@ -23,21 +23,18 @@ succeeded, the host's stamp is written and the lock released in this same execut
 first step, the play passes ``host_lock``: before step 1 the host lock is taken and the stamp read
 in this same execution, which saves the lock task's round trip; the steps are left out when the stamp
 shows them applied.
+
+The host work is ``module_utils/inplace_service_config.py``'s, the frame around it (lock, stamp)
+``module_utils/inplace_steps.py``'s: ``inplace_steps`` does the same work in one execution with the
+step before it (the play's choice for ``kubelet_args``, docs/playbooks.md).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
-import urllib.error
-import urllib.request
-from pathlib import Path
-from typing import Any
-
 from ansible.module_utils import inplace_lock_stamp as host_state
+from ansible.module_utils import inplace_steps
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.inplace_atomic_file import replace_file
+from ansible.module_utils.inplace_service_config import OPTIONS, REQUIRED_IF, step
 
 DOCUMENTATION = r"""
 module: inplace_service_file
@@ -80,10 +77,6 @@ options:
     type: dict
 """
 
-# The file belongs to the user the module runs as: root, as the roles run with become (and the tests,
-# which run it unprivileged, can check it all the same).
-_OWNER = (os.geteuid(), os.getegid())
-
 RETURN = r"""
 path: {description: The file this run looked after (I(path), or the matching alternative's)., type: str}
 written: {description: The file was written or removed by this run., type: bool}
@@ -94,132 +87,17 @@ host_lock: {description: What taking the lock answered (only with I(host_lock));
 """
 
 
-def _differs(path: Path, content: bytes, mode: int) -> bool:
-    try:
-        st = path.stat()
-        current = path.read_bytes()
-    except FileNotFoundError:
-        return True
-    return current != content or (st.st_mode & 0o7777) != mode or (st.st_uid, st.st_gid) != _OWNER
-
-
-def _write(path: Path, content: bytes, mode: int) -> None:
-    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    replace_file(path, content, _OWNER, mode)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:  # noqa: S310 (the role's own URL)
-            return bool(answer.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def _restart(module: AnsibleModule, p: dict[str, Any], marker: Path | None) -> None:
-    proc = subprocess.run(p["restart"], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        said = proc.stderr.strip()[-500:]
-        module.fail_json(
-            msg=f"restart command {p['restart'][0]} failed (rc {proc.returncode}): {said}",
-            written=True,
-        )
-    if p["healthz_url"]:
-        # asked often: a restarted kubelet is healthy within a second or two, and every pause here is
-        # wall time of the update
-        deadline = time.monotonic() + p["health_timeout_seconds"]
-        tries = 1
-        while not _healthy(p["healthz_url"]):
-            if time.monotonic() >= deadline:
-                module.fail_json(
-                    msg=f"{p['healthz_url']} did not answer 200 within {p['health_timeout_seconds']:g}s "
-                    f"after the restart ({tries} tries)",
-                    written=True,
-                )
-            time.sleep(p["health_poll_seconds"])
-            tries += 1
-    if marker is not None:
-        marker.unlink(missing_ok=True)
-
-
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "path": {"type": "path", "required": True},
-            "content": {"type": "str"},
-            "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
-            "mode": {"type": "str", "default": "0644"},
-            "restart": {"type": "list", "elements": "str", "default": []},
-            "restart_marker": {"type": "path"},
-            "healthz_url": {"type": "str"},
-            "health_timeout_seconds": {"type": "float", "default": 60.0},
-            "health_poll_seconds": {"type": "float", "default": 0.25},
-            "alternatives": {
-                "type": "list",
-                "elements": "dict",
-                "default": [],
-                "options": {
-                    "if_exists": {"type": "path", "required": True},
-                    "path": {"type": "path", "required": True},
-                    "content": {"type": "str"},
-                    "restart": {"type": "list", "elements": "str", "default": []},
-                },
-            },
-            "host_stamp": host_state.STAMP_OPTION,
-            "host_lock": host_state.LOCK_OPTION,
-        },
-        required_if=[("state", "present", ["content"])],
+        argument_spec={**OPTIONS, "host_stamp": host_state.STAMP_OPTION, "host_lock": host_state.LOCK_OPTION},
+        required_if=REQUIRED_IF,
         supports_check_mode=True,
     )
-    p = module.params
-    chosen = next((a for a in p["alternatives"] if Path(a["if_exists"]).exists()), None)
-    if chosen is not None:
-        p.update(path=chosen["path"], content=chosen["content"], restart=chosen["restart"])
-    path = Path(p["path"])
-    try:
-        mode = int(p["mode"], 8)
-    except ValueError:
-        module.fail_json(msg="mode must be octal, e.g. 0644")
-    if not path.is_absolute() or mode & ~0o7777:
-        module.fail_json(msg="path must be absolute and mode at most 07777")
-    marker = Path(p["restart_marker"]) if p["restart_marker"] else None
-    try:  # the host lock and the stamp's answer, when this is the first step the play runs
-        locked, work = host_state.lock_before(p["host_lock"], module.check_mode)
-    except host_state.HostStateError as exc:
-        module.fail_json(msg=exc.msg, **host_state.lock_failure(exc))
-    if not work:
-        _done(module, locked, changed=False, path=str(path), written=False, restarted=False)
-    if p["state"] == "present":
-        content = (p["content"] or "").encode("utf-8")
-        written = _differs(path, content, mode)
-    else:
-        written = path.exists() or path.is_symlink()
-    pending = bool(p["restart"]) and (written or (marker is not None and marker.exists()))
-    if module.check_mode:
-        _done(module, locked, changed=written or pending, path=str(path), written=written, restarted=False)
-    if written and marker is not None and p["restart"]:
-        # first the marker, then the file: a run killed in between restarts next time, never the reverse
-        marker.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        marker.touch(mode=0o600)
-    if written and p["state"] == "present":
-        _write(path, content, mode)
-    elif written:
-        path.unlink()
-    if pending:
-        _restart(module, p, marker)
-    _done(module, locked, changed=written or pending, path=str(path), written=written, restarted=pending)
-
-
-def _done(module: AnsibleModule, locked: dict[str, Any], **result: Any) -> None:
-    """Exit with ``result`` and what taking the lock answered (``locked``: ``lock_before``'s fields), after
-    writing the stamp when the play asked for it (``host_stamp``)."""
-    result.update(locked)
-    try:
-        rider = host_state.stamp_rider(module.params["host_stamp"], locked)
-        result.update(host_state.stamp_after(rider, module.check_mode))
-    except host_state.HostStateError as exc:
-        module.fail_json(msg=exc.msg, **{**result, **exc.fields})
-    module.exit_json(**result)
+    try:  # the path and mode are checked before anything on the host is touched, the lock included
+        service = step((module.params["host_lock"] or {}).get("step") or "service_file", module.params)
+    except inplace_steps.StepFailure as exc:
+        module.fail_json(msg=exc.msg, **exc.fields)
+    inplace_steps.run(module, [service])
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import ansible_runner
 from hostlab.lab import Host, Lab
 
 from inplace_extension.inplace.plan import step_fingerprints
+from inplace_extension.runs.steps import JOINT_TASK
 
 from .standins import KUBERNETES_BINARIES, standin_binary
 
@@ -78,12 +79,18 @@ class RunResult:
 
     @property
     def roles_run(self) -> list[str]:
-        """Roles that ran at least one task (argument validation counts), in order."""
+        """Roles that ran at least one task (argument validation counts), and the steps the play's joint
+        execution of kubeadm_files and kubelet_args did (each step's answer under its ``steps``, not
+        ``skipped``), in order."""
         roles: list[str] = []
         for event in self.events:
-            role = event.get("event_data", {}).get("role")
-            if event["event"] == "runner_on_ok" and role and role not in roles:
-                roles.append(role)
+            data = event.get("event_data", {})
+            if event["event"] != "runner_on_ok":
+                continue
+            done = [data.get("role")] if data.get("role") else []
+            if data.get("task") == JOINT_TASK:
+                done = [step for step, res in data["res"]["steps"].items() if not res.get("skipped")]
+            roles += [role for role in done if role not in roles]
         return roles
 
     @property
@@ -117,7 +124,12 @@ class RunResult:
 
     @property
     def failed_roles(self) -> list[str | None]:
-        return [e["event_data"].get("role") for e in self.events if e["event"] == "runner_on_failed"]
+        """The role of each failed task, or the step the joint execution names (its answer's ``step``)."""
+        return [
+            e["event_data"].get("role") or e["event_data"].get("res", {}).get("step")
+            for e in self.events
+            if e["event"] == "runner_on_failed"
+        ]
 
     def all_text(self) -> str:
         """Everything ansible-runner wrote for this run (job events, stdout, env), for secret checks.

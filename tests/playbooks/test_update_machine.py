@@ -8,12 +8,15 @@ roles touch (users, files, sudoers, time server configuration, the lock and stam
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hostlab.lab import Host, Lab
+
+from inplace_extension.runs.steps import JOINT_TASK
 
 from .inputs import inputs
 from .support import (
@@ -116,7 +119,8 @@ def test_the_first_step_takes_the_lock_in_its_own_execution(lab: Lab, host: Host
     """As the service runs it (its lock token, its --skip-tags with the lock task's tag): the first
     step's module takes the lock and reads the stamp, the last one's writes it; the lock task is never
     queued. The measured case (bench/update.py --real-nodes): new files and kubelet flags, the same
-    Kubernetes version, in two module executions on the host."""
+    Kubernetes version, in ONE module execution on the host (inplace_joint_steps: the lock, the files,
+    the flags with the restart, the stamp)."""
     caps = ("kubeadm_files", "kubelet_args", "kubernetes_version")
     service = "--skip-tags update_machine_recheck,update_machine_lock"
 
@@ -139,8 +143,10 @@ def test_the_first_step_takes_the_lock_in_its_own_execution(lab: Lab, host: Host
     second = run(changed)
     assert second.unchanged == ["kubernetes_version"]
     assert second.roles_run == ["kubeadm_files", "kubelet_args"]
-    assert host_executions(second) == 2  # the lock with the files, the kubelet flags with the stamp
+    assert host_executions(second) == 1  # the lock, the files, the kubelet flags and restart, the stamp
+    assert second.ran(JOINT_TASK) and not second.ran(FILES_TASK)
     assert not second.ran(STAMP_TASK) and STAMP_TASK in second.changed_tasks
+    assert "systemctl restart kubelet" in calls(lab, host)[calls_before:]
     assert not any(" --version" in line for line in calls(lab, host)[calls_before:])
     assert lab.read_file(host, "/etc/inplace-test/nested/whole.conf") == "whole file\nnew line two\n"
     assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] == second.fingerprint
@@ -149,13 +155,13 @@ def test_the_first_step_takes_the_lock_in_its_own_execution(lab: Lab, host: Host
     third = run(changed, fingerprint=second.fingerprint)
     assert third.lock_answer["up_to_date"] is True
     assert (third.changed_tasks, host_executions(third)) == ([], 1)
-    assert third.roles_run == ["kubeadm_files"]  # its argument check and the module that took the lock
+    assert third.roles_run == []  # the joint execution took the lock, and left both steps out
     # the same inputs under a new fingerprint: every step unchanged, the files left alone, one new stamp,
     # written by the first step's module as well (every step after it unchanged)
     fourth = run(changed)
     assert fourth.unchanged == list(caps)
     assert fourth.changed_tasks == [STAMP_TASK] and not fourth.ran(STAMP_TASK)
-    assert host_executions(fourth) == 1
+    assert host_executions(fourth) == 1 and fourth.roles_run == []
     assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] == fourth.fingerprint
     lock_events = host_json_lines(lab, host, f"{STATE_DIR}/lock.log")
     assert [(e["event"], e["ident"], e.get("reason")) for e in lock_events][-6:] == [
@@ -166,6 +172,47 @@ def test_the_first_step_takes_the_lock_in_its_own_execution(lab: Lab, host: Host
         ("acquired", fourth.ident, None),
         ("released", fourth.ident, None),
     ]
+
+
+def test_a_failed_kubelet_restart_in_the_joint_execution_is_retried_and_stamps_only_then(
+    lab: Lab, host: Host, tmp_path: Path
+) -> None:
+    """The joint execution of kubeadm_files and kubelet_args as the service runs it: the restart fails
+    after the files were written; the run fails naming kubelet_args, writes no stamp and gives the lock
+    back. The retry finds the flags file in place and restarts the kubelet all the same (the restart
+    marker), then stamps."""
+    caps = ("kubeadm_files", "kubelet_args")
+    service = "--skip-tags update_machine_recheck,update_machine_lock,update_machine_apart"
+    broken = json.dumps({"kubelet_args_restart_command": ["/bin/sh", "-c", "echo no kubelet >&2; exit 4"]})
+    failing = run_update(
+        RunSpec(
+            lab,
+            host,
+            tmp_path,
+            inputs(*caps),
+            step_fingerprints=True,
+            lock_token=True,
+            cmdline=f"{service} -e {shlex.quote(broken)}",
+        )
+    )
+    assert failing.status == "failed"
+    assert failing.failed_roles == ["kubelet_args"]
+    assert "restart command /bin/sh failed (rc 4): no kubelet" in failing.failure_messages[0]
+    assert host_executions(failing) == 2  # the joint execution, and the release of always:
+    assert lab.read_file(host, "/etc/inplace-test/nested/whole.conf") == "whole file\nline two\n"
+    assert not host_exists(lab, host, f"{STATE_DIR}/stamp.json")
+    assert not host_exists(lab, host, f"{STATE_DIR}/lock")
+    assert host_exists(lab, host, f"{STATE_DIR}/kubelet_args.restart-pending")
+    calls_before = len(calls(lab, host))
+
+    retried = run_update(
+        RunSpec(lab, host, tmp_path, inputs(*caps), step_fingerprints=True, lock_token=True, cmdline=service)
+    )
+    assert retried.status == "successful", retried.failure_messages
+    assert retried.roles_run == list(caps) and host_executions(retried) == 1
+    assert calls(lab, host)[calls_before:].count("systemctl restart kubelet") == 1
+    assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] == retried.fingerprint
+    assert not host_exists(lab, host, f"{STATE_DIR}/kubelet_args.restart-pending")
 
 
 def test_a_single_step_takes_the_lock_and_stamps_in_one_execution(

@@ -259,6 +259,43 @@ def test_a_lock_timeout_in_the_first_steps_module_is_host_busy(tmp_path: Path) -
     assert classify(ref(tmp_path / "t"), FP).kind is OutcomeKind.TASK_FAILED
 
 
+def test_the_joint_execution_of_two_steps_is_recorded_per_step(tmp_path: Path) -> None:
+    """update_machine.yml's one execution of kubeadm_files and kubelet_args (inplace_joint_steps) is in
+    no role: its lock answer gives the skipped steps and its stamp the success, as a step's module's do,
+    and its failure is the step its answer names (the files were written, the restart failed)."""
+    task = "Apply kubeadm_files and kubelet_args in one module execution"
+
+    def joint(event: str, res: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "event": event,
+            "event_data": {"task": task, "task_action": "inplace_joint_steps", "res": res},
+        }
+
+    stamped = {
+        "steps": {"kubeadm_files": {"written": ["/a"]}, "kubelet_args": {"written": True}},
+        "host_lock": {"up_to_date": False, "unchanged": ["kubernetes_version"]},
+        "host_stamp": {"changed": True, "fingerprint": FP},
+    }
+    write_artifacts(tmp_path / "s", BATCH, "successful", 0, [joint("runner_on_ok", stamped)])
+    outcome = classify(ref(tmp_path / "s"), FP)
+    assert (outcome.kind, outcome.skipped) == (OutcomeKind.SUCCESSFUL, ("kubernetes_version",))
+    failed = {
+        "msg": "restart command systemctl failed (rc 1): no",
+        "step": "kubelet_args",
+        "steps": {"kubeadm_files": {"written": ["/a"]}, "kubelet_args": {"written": True}},
+        "host_lock": {"locked": True, "up_to_date": False, "unchanged": []},
+    }
+    events = [{"event": "playbook_on_play_start", "event_data": {}}, joint("runner_on_failed", failed)]
+    write_artifacts(tmp_path / "f", BATCH, "failed", 2, events)
+    out = classify(ref(tmp_path / "f"), FP)
+    assert (out.kind, out.capability, out.task) == (OutcomeKind.TASK_FAILED, "kubelet_args", task)
+    # a step name in another module's answer is not taken for the failed step
+    other = {"task": "Some task", "task_action": "ansible.builtin.command", "res": {"step": "kubelet_args"}}
+    events = [events[0], {"event": "runner_on_failed", "event_data": other}]
+    write_artifacts(tmp_path / "o", BATCH, "failed", 2, events)
+    assert classify(ref(tmp_path / "o"), FP).capability == "update_machine"
+
+
 def test_each_host_of_a_batch_is_classified_from_its_own_events(tmp_path: Path) -> None:
     other = f"ns.m2.{FP[:12]}"
     events = [

@@ -225,6 +225,7 @@ def test_the_play_leaves_out_by_tag_only_what_python_checked_and_what_no_machine
         runner.DRAIN_TAG,
         runner.CUSTOM_TAG,
         runner.HEALTH_TAG,
+        runner.JOINT_TAG,
     ]
     other_dir = tmp_path / "ns.m2.abc" / "attempt-0001"
     other_dir.mkdir(parents=True)
@@ -249,6 +250,7 @@ def test_the_play_leaves_out_by_tag_only_what_python_checked_and_what_no_machine
         "update_machine_step_kubeadm_files",
         "update_machine_step_kubelet_args",
         "update_machine_step_kubernetes_version",
+        runner.JOINT_TAG,
     ]
     # every tag named is one update_machine.yml carries: a typo would leave out nothing
     play = PLAYBOOK.read_text() + "".join(
@@ -259,4 +261,26 @@ def test_the_play_leaves_out_by_tag_only_what_python_checked_and_what_no_machine
         assert f"tags: [{tag}]" in play or f"tags: [always, {tag}]" in play, tag
     for cap in ("users", "ntp", "kubeadm_files", "kubelet_args", "kubernetes_version"):
         # the built-in step's include carries a tag of ours: a user's role may tag its tasks with a bare name
-        assert f"tags: [{cap}, {runner.STEP_TAG.format(cap)}]" in play, cap
+        assert f"tags: [{cap}, {runner.STEP_TAG.format(cap)}" in play, cap
+
+
+def test_kubeadm_files_and_kubelet_args_are_one_execution_or_their_roles_by_tag(tmp_path: Path) -> None:
+    """update_machine.yml's update_machine_joint for the service's runs: a Machine with both steps and no
+    drain point between them has them done in one module execution; the batch leaves out by tag the
+    roles when every Machine with either takes that execution, the execution when none does."""
+    joint = dataclasses.replace(host_run(tmp_path), capabilities=("kubeadm_files", "kubelet_args"))
+    files_only = dataclasses.replace(joint, capabilities=("kubeadm_files",))
+    drained = dataclasses.replace(joint, drain_before="kubelet_args", drain_wait_seconds=60)
+    drained_first = dataclasses.replace(joint, drain_before="kubeadm_files", drain_wait_seconds=60)
+
+    def left_out(*runs: runner.HostRun) -> set[str]:
+        spec = runner.BatchSpec("b", tmp_path, runs, PLAYBOOK, None, tmp_path, tmp_path / "w")
+        return {runner.JOINT_TAG, runner.APART_TAG} & set(runner.skip_tags(spec))
+
+    assert left_out(joint) == {runner.APART_TAG} == left_out(drained_first)
+    assert left_out(files_only) == {runner.JOINT_TAG} == left_out(drained)
+    assert left_out(joint, files_only) == set()  # each Machine's play takes its own way
+    assert left_out(joint, host_run(tmp_path / "ntp")) == {runner.APART_TAG}  # ntp has neither
+    play = PLAYBOOK.read_text()
+    assert f"tags: [kubeadm_files, kubelet_args, {runner.JOINT_TAG}]" in play
+    assert f"tags: [kubelet_args, update_machine_step_kubelet_args, {runner.APART_TAG}]" in play

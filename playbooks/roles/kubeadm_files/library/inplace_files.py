@@ -24,21 +24,18 @@ the host's stamp is written and the lock released in this same execution (the pl
 first step, the play passes ``host_lock``: before the files the host lock is taken and the stamp read
 in this same execution, which saves the lock task's round trip; the files are left alone when the
 stamp shows them applied.
+
+The host work is ``module_utils/inplace_kubeadm_files.py``'s, the frame around it (lock, stamp)
+``module_utils/inplace_steps.py``'s: ``inplace_steps`` does the same work in one execution with the
+next step's (the play's choice, docs/playbooks.md).
 """
 
 from __future__ import annotations
 
-import grp
-import json
-import os
-import pwd
-import re
-from pathlib import Path
-from typing import Any, NoReturn
-
 from ansible.module_utils import inplace_lock_stamp as host_state
+from ansible.module_utils import inplace_steps
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.inplace_atomic_file import replace_file
+from ansible.module_utils.inplace_kubeadm_files import OPTIONS, step
 
 DOCUMENTATION = r"""
 module: inplace_files
@@ -79,281 +76,17 @@ host_lock: {description: What taking the lock answered (only with I(host_lock));
             state=locked fields., type: dict}
 """
 
-MODE_RE = re.compile(r"^0?[0-7]{3,4}$")
-
-
-def begin_marker(path: str) -> str:
-    return f"# BEGIN inplace-extension {path}"
-
-
-def end_marker(path: str) -> str:
-    return f"# END inplace-extension {path}"
-
-
-def validate_path(path: str) -> str | None:
-    """Why ``path`` is refused, or None when it is acceptable."""
-    if not path.startswith("/"):
-        return "must be absolute"
-    if any(c in path for c in "\0\n\r"):
-        return "must not contain NUL or line breaks"
-    if ".." in path.split("/"):
-        return "must not contain '..'"
-    if path.endswith("/") or os.path.normpath(path) != path:
-        return "must be a normalised file path (no '//', '/./' or trailing '/')"
-    return None
-
-
-def resolve_owner(owner: str) -> tuple[int, int]:
-    """``user:group`` (names or numeric ids) -> (uid, gid); a bare user means its primary group."""
-    user, _, group = owner.partition(":")
-    if not user:
-        raise ValueError("owner must name a user ('user:group' or 'user')")
-    try:
-        pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
-        uid = pw.pw_uid
-    except (KeyError, OverflowError):
-        raise ValueError("owner names a user that does not exist on the host") from None
-    if not group:
-        return uid, pw.pw_gid
-    try:
-        gid = grp.getgrgid(int(group)).gr_gid if group.isdigit() else grp.getgrnam(group).gr_gid
-    except (KeyError, OverflowError):
-        raise ValueError("owner names a group that does not exist on the host") from None
-    return uid, gid
-
-
-def with_block(existing: str, path: str, content: str | None) -> str:
-    """``existing`` with this path's marked block replaced by ``content`` (None: block removed).
-
-    A new block goes to the end of the file, as cloud-init's ``append`` does.
-    """
-    begin, end = begin_marker(path), end_marker(path)
-    lines = existing.splitlines(keepends=True)
-    out: list[str] = []
-    inside = False
-    position = None
-    for line in lines:
-        stripped = line.rstrip("\r\n")
-        if not inside and stripped == begin:
-            inside = True
-            position = len(out)
-            continue
-        if inside:
-            if stripped == end:
-                inside = False
-            continue
-        out.append(line)
-    if inside:  # an unterminated block (edited by hand): drop only the marker we recognise
-        out = [ln for ln in lines if ln.rstrip("\r\n") != begin]
-        position = None
-    if content is None:
-        return "".join(out)
-    body = content if content.endswith("\n") or not content else content + "\n"
-    block = f"{begin}\n{body}{end}\n"
-    if position is None:
-        if out and not out[-1].endswith("\n"):
-            out[-1] += "\n"
-        out.append(block)
-    else:
-        out.insert(position, block)
-    return "".join(out)
-
-
-def read_text(path: Path) -> str | None:
-    try:
-        return path.read_bytes().decode("utf-8", errors="surrogateescape")
-    except FileNotFoundError:
-        return None
-
-
-def write_atomic(path: Path, text: str, uid: int, gid: int, mode: int) -> None:
-    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    replace_file(path, text.encode("utf-8", errors="surrogateescape"), (uid, gid), mode)
-
-
-def converge_file(entry: dict[str, Any], previous_append: bool | None, check: bool) -> bool:
-    """Make one desired file true; True when anything changed."""
-    path = Path(entry["path"])
-    uid, gid = entry["uid"], entry["gid"]
-    mode = entry["mode"]
-    if path.is_dir() and not path.is_symlink():
-        raise ValueError("is a directory on the host")
-    existing = read_text(path) if not path.is_symlink() else None
-    if entry["append"]:
-        # We owned the whole file before (append was false): start from nothing, not from our text.
-        base = "" if previous_append is False or existing is None else existing
-        desired = with_block(base, entry["path"], entry["content"])
-    else:
-        desired = entry["content"]
-    if existing == desired:
-        st = path.stat()
-        if (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (uid, gid, mode):
-            return False
-        if not check:
-            os.chown(path, uid, gid)
-            path.chmod(mode)
-        return True
-    if not check:
-        # Replacing a symlink replaces the link itself, never the file it points to.
-        write_atomic(path, desired, uid, gid, mode)
-    return True
-
-
-def remove_dropped(name: str, was_append: bool, check: bool) -> bool:
-    path = Path(name)
-    if path.is_symlink() or not path.is_file():
-        return False
-    if not was_append:
-        if not check:
-            path.unlink()
-        return True
-    existing = read_text(path) or ""
-    remaining = with_block(existing, name, None)
-    if remaining == existing:
-        return False
-    if not check:
-        st = path.stat()
-        write_atomic(path, remaining, st.st_uid, st.st_gid, st.st_mode & 0o7777)
-    return True
-
-
-def prepare(files: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """Validated entries plus the list of precise errors (by index, never quoting content)."""
-    errors: list[str] = []
-    seen: set[str] = set()
-    entries: list[dict[str, Any]] = []
-    for index, raw in enumerate(files):
-        where = f"files[{index}]"
-        path = raw["path"]
-        reason = validate_path(path)
-        if reason:
-            errors.append(f"{where}.path {reason}")
-            continue
-        if path in seen:
-            errors.append(f"{where}.path repeats an earlier entry's path")
-            continue
-        seen.add(path)
-        if not MODE_RE.match(raw["permissions"] or ""):
-            errors.append(f"{where}.permissions must be an octal mode such as '0644'")
-            continue
-        try:
-            uid, gid = resolve_owner(raw["owner"] or "root:root")
-        except ValueError as exc:
-            errors.append(f"{where}.owner: {exc}")
-            continue
-        content = raw["content"] or ""
-        if raw["append"] and {begin_marker(path), end_marker(path)} & set(content.splitlines()):
-            errors.append(f"{where}.content contains this module's own marker line")
-            continue
-        entries.append(
-            {
-                "path": path,
-                "content": content,
-                "uid": uid,
-                "gid": gid,
-                "mode": int(raw["permissions"], 8),
-                "append": bool(raw["append"]),
-            }
-        )
-    return entries, errors
-
-
-def load_manifest(path: Path) -> dict[str, bool]:
-    """Previously managed path -> whether it was an append block."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"manifest {path} is unreadable: {exc}") from None
-    return {str(e["path"]): bool(e.get("append", False)) for e in data.get("files", [])}
-
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "files": {
-                "type": "list",
-                "elements": "dict",
-                "required": True,
-                "options": {
-                    "path": {"type": "str", "required": True},
-                    "content": {"type": "str", "default": "", "no_log": True},
-                    "owner": {"type": "str", "default": "root:root"},
-                    "permissions": {"type": "str", "default": "0644"},
-                    "append": {"type": "bool", "default": False},
-                },
-            },
-            "manifest": {"type": "path", "default": "/var/lib/inplace-extension/kubeadm_files.json"},
-            "host_stamp": host_state.STAMP_OPTION,
-            "host_lock": host_state.LOCK_OPTION,
-        },
+        argument_spec={**OPTIONS, "host_stamp": host_state.STAMP_OPTION, "host_lock": host_state.LOCK_OPTION},
         supports_check_mode=True,
     )
-    entries, errors = prepare(module.params["files"])
-    if errors:
-        module.fail_json(msg="invalid kubeadm files: " + "; ".join(errors))
-    check = module.check_mode
-    try:  # the host lock and the stamp's answer, when this is the first step the play runs
-        locked, work = host_state.lock_before(module.params["host_lock"], check)
-    except host_state.HostStateError as exc:
-        module.fail_json(msg=exc.msg, **host_state.lock_failure(exc))
-    result = converge(module, entries, check) if work else {"changed": False, "written": [], "removed": []}
-    result.update(locked)
-    try:  # the play's stamp, when it rides on this step (the last it runs)
-        rider = host_state.stamp_rider(module.params["host_stamp"], locked)
-        result.update(host_state.stamp_after(rider, check))
-    except host_state.HostStateError as exc:
-        module.fail_json(msg=exc.msg, **{**result, **exc.fields})
-    module.exit_json(**result)
-
-
-def converge(module: AnsibleModule, entries: list[dict[str, Any]], check: bool) -> dict[str, Any]:
-    """Write the files, remove the ones no longer listed and keep the manifest; the result fields."""
-    manifest_path = Path(module.params["manifest"])
-    try:
-        previous = load_manifest(manifest_path)
-    except ValueError as exc:
-        module.fail_json(msg=str(exc))
-    written: list[str] = []
-    removed: list[str] = []
-    # What of ours is on the host right now, kept true as we go: a run that fails half-way records what
-    # it wrote before it stops, or a later desired state that drops those files would never remove them.
-    managed = dict(previous)
-
-    def fail(msg: str) -> NoReturn:
-        if not check:
-            save_manifest(manifest_path, managed)
-        module.fail_json(msg=msg, written=written)
-
-    for entry in entries:
-        try:
-            changed = converge_file(entry, previous.get(entry["path"]), check)
-        except (OSError, ValueError) as exc:
-            fail(f"cannot write {entry['path']}: {exc.strerror if isinstance(exc, OSError) else exc}")
-        managed[entry["path"]] = entry["append"]
-        if changed:
-            written.append(entry["path"])
-    desired_paths = {e["path"] for e in entries}
-    for path, was_append in sorted(previous.items()):
-        if path not in desired_paths:
-            try:
-                if remove_dropped(path, was_append, check):
-                    removed.append(path)
-            except OSError as exc:
-                fail(f"cannot remove {path}: {exc.strerror}")
-            del managed[path]
-    manifest_changed = previous != managed or not manifest_path.exists()
-    if manifest_changed and not check:
-        save_manifest(manifest_path, {e["path"]: e["append"] for e in entries})
-    return {"changed": bool(written or removed or manifest_changed), "written": written, "removed": removed}
-
-
-def save_manifest(path: Path, managed: dict[str, bool]) -> None:
-    text = json.dumps(
-        {"files": [{"path": p, "append": a} for p, a in managed.items()]}, indent=1, sort_keys=True
-    )
-    write_atomic(path, text + "\n", os.geteuid(), os.getegid(), 0o600)  # root under become
+    try:  # the inputs are checked before anything on the host is touched, the lock included
+        files = step((module.params["host_lock"] or {}).get("step") or "kubeadm_files", module.params)
+    except inplace_steps.StepFailure as exc:
+        module.fail_json(msg=exc.msg, **exc.fields)
+    inplace_steps.run(module, [files])
 
 
 if __name__ == "__main__":
