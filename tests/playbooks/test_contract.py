@@ -15,7 +15,7 @@ import yaml
 
 from inplace_extension.inplace.capabilities import CAPABILITIES
 from inplace_extension.inplace.shipped import SHIPPED
-from inplace_extension.runs.steps import HEALTH_TASK
+from inplace_extension.runs.steps import HEALTH_TASK, JOINT_STEPS, JOINT_TASK
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 SPEC_KEYS = ("type", "required", "elements", "options", "no_log")
@@ -108,10 +108,23 @@ def test_playbook_runs_the_roles_in_table_order() -> None:
                 continue
             assert f"update_machine_inputs.{role}.{name}" in str(value)
         # listed, and not skipped as applied with these inputs (the stamp's per-step fingerprints)
+        # and, for the two steps the play may do in one module execution, not done by that one
+        joint = ["not update_machine_joint"] if role in JOINT_STEPS else []
         assert task["when"] == [
             f"'{role}' in update_machine_capabilities",
             f"'{role}' not in update_machine_unchanged",
+            *joint,
         ]
+    # that execution: after the first step's role and before the second's, with exactly their inputs
+    [joint_task] = [t for t in block["block"] if "inplace_joint_steps" in t]
+    at = block["block"].index(joint_task)
+    assert [role["name"] for task, role in roles if block["block"].index(task) < at] == order[:3]
+    assert joint_task["name"] == JOINT_TASK
+    files = joint_task["inplace_joint_steps"]["kubeadm_files"]
+    assert files["files"] == "{{ update_machine_inputs.kubeadm_files.kubeadm_files_files }}"
+    assert sorted(joint_task["vars"]) == sorted(role_options("kubelet_args"))
+    flags = "{{ update_machine_inputs.kubelet_args.kubelet_args_extra_args }}"
+    assert joint_task["vars"]["kubelet_args_extra_args"] == flags
     # the lock is released whatever happens inside the block
     assert [t["inplace_host_state"]["state"] for t in block["always"]] == ["unlocked"]
 
