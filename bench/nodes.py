@@ -107,13 +107,17 @@ def floor_script(tag: str, max_pods: int) -> str:
 
 @dataclass(frozen=True)
 class ServiceRound:
-    """One update through the service: until done, until the Node is Ready with it, and from the play's
-    end to the answer that said done (by the record's outcome, and by the play's last job event)."""
+    """One update through the service: until done, until the Node is Ready with it, from the play's
+    end to the answer that said done (by the record's outcome, and by the play's last job event), and
+    from the attempt's start (its record's ``started``) to the play's first and last job events: the
+    play's own time, without the polls around it."""
 
     done: float
     ready: float
     end_to_answer: float
     last_event_to_answer: float
+    start_to_first_event: float
+    start_to_last_event: float
 
 
 def event_time(event: dict[str, Any]) -> float:
@@ -160,12 +164,14 @@ class NodeBench:
         if outcome["kind"] != "successful":
             raise SystemExit(f"bench: the last attempt is not the successful one: {outcome}")
         events = self.events(meta)
-        last_event = max(event_time(e) for e in events)
+        first_event, last_event = min(event_time(e) for e in events), max(event_time(e) for e in events)
         return ServiceRound(
             done,
             self.until_ready(started, max_pods),
             polled.answered - float(outcome["finished"]),
             polled.answered - last_event,
+            first_event - float(meta["started"]),
+            last_event - float(meta["started"]),
         )
 
     def last_attempt(self) -> tuple[Path, dict[str, Any]]:
@@ -366,6 +372,16 @@ def main(rounds: int, batch_cpu: Callable[[], float], retry_after: int | None = 
         ),
         ("  SSH script floor", f"{floor_ready:6.2f} s   median of {listed(t[1] for t in floor)}"),
         ("  service / floor", f"{svc_ready / floor_ready:6.2f}x"),
+        (
+            "attempt's start -> play's first job event",
+            f"{statistics.median(t.start_to_first_event for t in service):6.2f} s   median of "
+            f"{listed(t.start_to_first_event for t in service)}",
+        ),
+        (
+            "attempt's start -> play's last job event",
+            f"{statistics.median(t.start_to_last_event for t in service):6.2f} s   median of "
+            f"{listed(t.start_to_last_event for t in service)}",
+        ),
         (
             "play's last job event -> CAPI's done",
             f"{statistics.median(event_lags):6.2f} s   median of {listed(event_lags)}",
