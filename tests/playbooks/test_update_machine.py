@@ -215,6 +215,39 @@ def test_a_failed_kubelet_restart_in_the_joint_execution_is_retried_and_stamps_o
     assert not host_exists(lab, host, f"{STATE_DIR}/kubelet_args.restart-pending")
 
 
+def test_the_joint_execution_after_the_lock_task_leaves_out_what_that_task_found_unchanged(
+    lab: Lab, host: Host, tmp_path: Path
+) -> None:
+    """The service's run without a lock token (the lock task reads the stamp) and with ntp first: the
+    joint execution gets the steps the lock task found unchanged from the play (its ``unchanged``) and
+    leaves them out; the stamp rides on it as the last step to run."""
+    caps = ("ntp", "kubeadm_files", "kubelet_args")
+    service = "--skip-tags update_machine_recheck,update_machine_apart"
+    first = run_update(RunSpec(lab, host, tmp_path, inputs(*caps), step_fingerprints=True, cmdline=service))
+    assert first.status == "successful", first.failure_messages
+    assert first.ran(LOCK_TASK) and first.roles_run == list(caps)
+    changed = inputs(*caps)
+    changed["kubelet_args"]["kubelet_args_extra_args"][1]["value"] = "62"
+    edit = ["sh", "-c", "echo 'changed by hand' > /etc/inplace-test/nested/whole.conf"]
+    assert lab.exec_in(host, edit).returncode == 0
+    calls_before = len(calls(lab, host))
+
+    second = run_update(RunSpec(lab, host, tmp_path, changed, step_fingerprints=True, cmdline=service))
+
+    assert second.status == "successful", second.failure_messages
+    assert second.unchanged == ["ntp", "kubeadm_files"]
+    assert second.roles_run == ["kubelet_args"]
+    assert host_executions(second) == 2  # the lock task, the joint execution with the stamp
+    assert not second.ran(STAMP_TASK) and STAMP_TASK in second.changed_tasks
+    # the files step was left out: the hand edit stays (as the role skipped by its `when` left it)
+    assert lab.read_file(host, "/etc/inplace-test/nested/whole.conf") == "changed by hand\n"
+    assert calls(lab, host)[calls_before:].count("systemctl restart kubelet") == 1
+    assert "--max-pods=62" in lab.read_file(host, "/etc/default/kubelet")
+    stamp = json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))
+    assert (stamp["fingerprint"], sorted(stamp["steps"])) == (second.fingerprint, sorted(caps))
+    assert not host_exists(lab, host, f"{STATE_DIR}/lock")
+
+
 def test_a_single_step_takes_the_lock_and_stamps_in_one_execution(
     lab: Lab, host: Host, tmp_path: Path
 ) -> None:
@@ -250,7 +283,7 @@ def test_the_first_step_that_took_the_lock_stamps_when_every_later_step_is_uncha
     assert (second.roles_run, second.unchanged) == (["kubeadm_files"], [later])
     assert not second.ran(LOCK_TASK) and not second.ran(STAMP_TASK)
     stamp = json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))
-    assert (stamp["fingerprint"], list(stamp["steps"])) == (second.fingerprint, list(caps))
+    assert (stamp["fingerprint"], sorted(stamp["steps"])) == (second.fingerprint, sorted(caps))
     assert host_executions(second) == 1  # the lock, the files and the stamp
     # and the play ended there for the host: the unchanged step, the stamp task and the release were
     # not even queued (update_machine_complete)
