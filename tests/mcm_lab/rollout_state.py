@@ -10,6 +10,8 @@ started with is deleted: nothing in these tests deletes one during a rollout, so
 Machine it should update in place (MCM v0.62.1's old MachineSet can scale down from a Machine cache that
 has not seen the Machine move to the new MachineSet yet: docs/install-mcm.md). The static-hosts driver
 has no spare host for the replacement, so the rollout would stall for MCM's 10-minute retry instead.
+When MCM's log shows that race, the failure names it, and the tests marked :data:`RERUN_ON_MOVE_RACE`
+run once more; any other deletion fails them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hostlab.errors import LabError
 from hostlab.proc import wait_until
 from kubelab.flavours import mcm, mcm_objects
@@ -42,6 +45,16 @@ CONTROLLER_LINES = re.compile(
 MACHINE_CONTROLLER_LINES = re.compile(
     r"queue .* after \d|with phase|rror|ResourceExhausted|Drain|[Ii]n-?[Pp]lace|[Tt]erminat|Creating a VM"
 )
+# MCM v0.62.1's lines of the move and of its old MachineSet's deletion (machineset.go, deployment_inplace.go)
+TRANSFER = re.compile(r"Attempting to transfer machine (?P<machine>\S+) to new machine set")
+STALE = re.compile(r"Deleting stale machines \[(?P<machines>[^\]]*)\]")
+# what a wait's failure says when MCM's log shows that race (1 move in 221 in the lab's logs of
+# 2026-11-29: docs/install-mcm.md)
+MOVE_RACE = "MCM v0.62.1's race at the move deleted a Machine of the pool"
+# The MCM modules' tests run once more, from fresh hosts and a fresh pool, when (and only when) a wait
+# failed on that race: it is MCM's, no code of ours can prevent it, and a run that meets it says nothing
+# about ours. pytest reports the rerun (and the first failure's report) in its summary.
+RERUN_ON_MOVE_RACE = pytest.mark.flaky(reruns=1, only_rerun=[re.escape(MOVE_RACE)])
 NOISE = re.compile(r"finalizer missing from node|Evicting pod|Attempting to evict|eviction of pods")
 KLOG_HEADER = re.compile(r"^[IWEF]\d{4} (\d\d:\d\d:\d\d\.\d{3})\d* +\d+ ")
 # the taints a report names by their last segment (any other by its whole key)
@@ -72,10 +85,31 @@ def wait_on_mcm(
 
     if wait_until(check, within, poll) and not lost:
         return
-    cause = (
-        f"MCM deleted Machine {', '.join(lost)} during the rollout" if lost else f"not within {within:.0f} s"
-    )
+    if not lost:
+        cause = f"not within {within:.0f} s"
+    elif evidence := move_race(pool, lost):
+        cause = f"{MOVE_RACE}: {evidence}"
+    else:
+        cause = f"MCM deleted Machine {', '.join(lost)} during the rollout"
     raise AssertionError(f"{what}: {cause}\n{describe(pool, agents)}")
+
+
+def move_race(pool: Pool, lost: Sequence[str]) -> str:
+    """MCM's own log lines that show the race at the move (the module docstring) deleted one of ``lost``:
+    the MachineSet controller deleted it as a stale Machine of its old MachineSet after the MachineDeployment
+    controller had started moving a Machine of the pool; "" when the log does not show that."""
+    try:
+        text = (pool.lab.dir / f"{mcm.CONTROLLER}.log").read_text(errors="replace")
+    except OSError:
+        return ""
+    moved = ""
+    for line in text.splitlines():
+        if (found := TRANSFER.search(line)) and found["machine"] in pool.initial:
+            moved = KLOG_HEADER.sub(r"\1 ", line)
+        elif moved and (found := STALE.search(line)) and set(lost) & set(found["machines"].split()):
+            stale = KLOG_HEADER.sub(r"\1 ", line)
+            return f"{moved[:LINE_CHARS]} / {stale[:LINE_CHARS]}"
+    return ""
 
 
 def lost_machines(pool: Pool) -> list[str]:

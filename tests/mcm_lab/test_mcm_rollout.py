@@ -37,9 +37,9 @@ from inplace_extension.runs.resolve import ADDRESS_ANNOTATION
 from .agentproc import AgentProcess, Pool, attempts, play_started
 from .conftest import StartAgent
 from .evictions import Evictions
-from .rollout_state import SELECTED_LABEL, wait_on_mcm
+from .rollout_state import RERUN_ON_MOVE_RACE, SELECTED_LABEL, wait_on_mcm
 
-pytestmark = [pytest.mark.kube, pytest.mark.mcm, pytest.mark.lab]
+pytestmark = [pytest.mark.kube, pytest.mark.mcm, pytest.mark.lab, RERUN_ON_MOVE_RACE]
 
 HOST_NOT_FOUND = (  # the CAPI side's message (tests/runs/test_cluster_side.py), for a Node
     "HostNotFound: no inventory entry matches this Machine and it has no inplace-extension.io/address "

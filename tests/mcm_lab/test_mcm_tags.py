@@ -42,10 +42,10 @@ from inplace_extension.mcm.aws_tags import LAST_APPLIED_ANNOTATION, last_applied
 
 from .agentproc import Pool
 from .conftest import StartAgent
-from .rollout_state import wait_on_mcm
+from .rollout_state import RERUN_ON_MOVE_RACE, wait_on_mcm
 from .test_mcm_rollout import ROLLOUT, V1, node_events, watch_rollout
 
-pytestmark = [pytest.mark.kube, pytest.mark.mcm, pytest.mark.lab]
+pytestmark = [pytest.mark.kube, pytest.mark.mcm, pytest.mark.lab, RERUN_ON_MOVE_RACE]
 
 CREDENTIALS_SECRET = "aws-tags-credentials"
 FOREIGN = {"owner": "someone-else"}  # set outside the MachineClass: must survive
