@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 # before that replica created its Job.
 JOB_APPEARS_SECONDS: Final = 60.0
 # how often wait_end looks at the Job in flight, reading the Job alone (one request; the record and the
-# Pod only once it has finished): the near-end wait is 2 s (runs/play_time.py), so two looks per poll.
+# Pod only once it has finished): the near-end wait is 3 s (runs/play_time.py), so three looks per poll.
 # Not a watch: lightkube's watch reconnects by itself when the server ends it, so a watch bounded by the
 # wait could not be ended cleanly from a worker thread. A look every 0.2 s of the record, the Job and its
 # Pods was 20 requests per poll (bench/README.md).

@@ -391,12 +391,13 @@ async def test_a_whole_poll_in_the_end_window_makes_few_calls(
     settings: Settings, cluster: FakeJobs, clock: Clock
 ) -> None:
     """The UpdateMachine call near the play's expected end while the Job goes on: the look before the wait,
-    two reads of the Job in the 2 s wait, the look after it (the fake's job_state is the adapter's GET of
-    the Job and LIST of its Pods: 8 API requests in all; 24 before)."""
+    three reads of the Job in the 3 s wait, the look after it (the fake's job_state is the adapter's GET of
+    the Job and LIST of its Pods: 9 API requests in all; 24 before the looks were the Job's alone, with
+    the 2 s wait)."""
     service = replica(settings, cluster, clock)
     assert await service.poll(req()) == STARTING
     clock.now += known_cost(req().capabilities) - 1.0
     before = cluster.calls.count.copy()
     answer = await service.poll(req())
     assert answer.state is ProgressState.IN_PROGRESS
-    assert cluster.calls.count - before == Counter({"read": 2, "job_state": 2, "job_finished": 2})
+    assert cluster.calls.count - before == Counter({"read": 2, "job_state": 2, "job_finished": 3})
