@@ -28,6 +28,7 @@ from inplace_extension.runs import ssh
 from inplace_extension.runs.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, drain_file, write_json
 from inplace_extension.runs.model import HostCheck
 from inplace_extension.runs.resolve import HostTarget
+from inplace_extension.runs.steps import JOINT_STEPS
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,8 @@ LOCK_TAG = "update_machine_lock"  # the lock task, which a first step's module c
 # update_machine.yml's update_machine_lock_riders: the steps whose module takes the host lock and reads
 # the stamp in its own execution when it is the first step of the play
 LOCK_RIDERS = frozenset({"ntp", "kubeadm_files", "kubelet_args"})
-# update_machine.yml's update_machine_joint: these steps, both to run and with no drain point between
+# update_machine.yml's update_machine_joint: JOINT_STEPS, both to run and with no drain point between
 # them, are one module execution (JOINT_TAG) instead of their roles' (APART_TAG)
-JOINT_STEPS = ("kubeadm_files", "kubelet_args")
 JOINT_TAG = "update_machine_joint"
 APART_TAG = "update_machine_apart"
 

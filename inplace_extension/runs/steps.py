@@ -21,6 +21,8 @@ DRAIN_TASK = "Drain point, wait for the service to drain the Node"
 # the name of update_machine.yml's task that does JOINT_STEPS' host work in one module execution
 # (inplace_joint_steps): not in a role, so its events name none; both steps start with it
 JOINT_TASK = "Apply kubeadm_files and kubelet_args in one module execution"
+# the steps that task does, in the play's order (also what runs.runner's skip tags decide the joint
+# execution by)
 JOINT_STEPS = ("kubeadm_files", "kubelet_args")
 
 
