@@ -22,7 +22,6 @@ from lightkube.core.exceptions import ConfigError, NotReadyError
 
 from inplace_extension.errors import ExtensionError
 from inplace_extension.kube.errors import Conflict, Forbidden, KubeError, NotFound, Unreachable
-from inplace_extension.kube.models import KNOWN, make_ready
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +55,12 @@ def load_config(kubeconfig: Path | None, context: str | None = None) -> KubeConf
 def connect(kubeconfig: Path | None, context: str | None = None) -> Client:
     """A blocking client (``serve``'s Kubernetes-aware steps, run in the service's worker threads)."""
     config = load_config(kubeconfig, context)
-    make_ready(*KNOWN)  # before any two threads can decode a model (models.py)
     return Client(config=config.get(context) if context else config, field_manager=FIELD_MANAGER)
 
 
 def connect_async(kubeconfig: Path | None, context: str | None = None) -> AsyncClient:
     """An asynchronous client (the MCM agent's event loop)."""
     config = load_config(kubeconfig, context)
-    make_ready(*KNOWN)  # before the loop and worker threads can decode a model at once (models.py)
     return AsyncClient(config=config.get(context) if context else config, field_manager=FIELD_MANAGER)
 
 

@@ -20,7 +20,6 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 
 from inplace_extension.kube.client import plain, translated
 from inplace_extension.kube.errors import KubeError, NotFound
-from inplace_extension.kube.models import make_ready
 from inplace_extension.kube.port import ObjectQuery
 
 VOWELS: Final = frozenset("aeiou")
@@ -59,7 +58,6 @@ def resource_of(query: ObjectQuery) -> Any:
     if issubclass(resource, lightkube_resource.NamespacedResource) != namespaced:
         scope = "namespaced: give its namespace" if not namespaced else "cluster-scoped: leave out namespace"
         raise KubeError(f"{query.kind} ({query.api_version}) is {scope}")
-    make_ready(resource)  # a kind first met here, before two threads can decode it (models.py)
     return resource
 
 

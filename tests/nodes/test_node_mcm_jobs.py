@@ -305,7 +305,7 @@ def test_an_mcm_rollout_with_two_agent_replicas_runs_its_attempts_as_jobs_on_rea
         )
         on_node(node_cluster, pool.host_of(pool.node(first)), "touch", release)
 
-        # both replicas still run: none crashed launching two Jobs at once (kube/models.py)
+        # both replicas still run: none crashed launching two Jobs at once (tests/kube/test_models.py)
         assert not agents.exited(), agents.log()
 
         # the second Node: the replica that claimed it SIGKILLed mid-play; its Job goes on, and the other
