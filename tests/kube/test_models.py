@@ -2,7 +2,7 @@
 
 lightkube's models are msgspec Structs, and msgspec before 0.23 built a Struct's decoding information on
 its first use without a lock: two threads doing that at once crashed the process with SIGSEGV (with
-msgspec 0.19.0 to 0.22.0 every one of 20 processes of the case below crashed here, quiet or loaded). The
+msgspec 0.22.0 every one of 20 processes of the case below crashed here, quiet or loaded). The
 service does exactly that: its worker threads share one blocking client (two Machines' Jobs launched at
 once) and the MCM agent's event loop reads Nodes while its worker threads write records on them; a
 replica that died that way launched nothing more and logged nothing. pyproject.toml's floor
