@@ -4,24 +4,28 @@ Each binary is built from a wrapper module of ours under ``labs/kubelab/go/<modu
 ``go.sum``: every upstream version is pinned by a checksum). Binaries land in
 ``<cache>/bin/<module>-<hash>/`` where the hash covers the module's files (``go.mod``, ``go.sum`` and
 any Go code of ours in it), the build recipe of its binaries and the Go version: a version bump or a
-new recipe gets a new directory, an unchanged one is never rebuilt. Builds run under one file lock,
-so two test runs on a machine wait for one build. ``GOTOOLCHAIN=local`` so a newer toolchain is never
-downloaded silently; ``-mod=readonly`` so a build never rewrites the pinned ``go.sum``.
+new recipe gets a new directory, an unchanged one is never rebuilt. One file lock serialises the
+builds of a machine, taken for one binary at a time: two processes never compile a module at once (Go's
+build cache would compile its shared packages twice), and a process waiting for a binary gets it as soon
+as whoever holds the lock has built it, not after that one's whole batch. ``kubelab build --all`` builds
+in :data:`BUILD_ORDER`. ``GOTOOLCHAIN=local`` so a newer toolchain is never downloaded silently;
+``-mod=readonly`` so a build never rewrites the pinned ``go.sum``.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from hostlab.errors import LabError
-from hostlab.proc import file_lock
 
 from kubelab.config import GO_MODULES_DIR, Config
 
@@ -182,6 +186,38 @@ CONTROL_PLANE_BINARIES = (
     *(f"{name}-{version}" for version in NODE_VERSIONS for name in ("kubelet", "kubeadm")),
 )
 
+# The order of `kubelab build --all` (every name of BINARIES, each once), for a cold test run whose kube
+# tests start while the build goes on (scripts/test): each lab fixture waits only for its own binaries, and
+# the xdist workers take the node, MCM and CAPI units first (tests/conftest.py). Cheapest to a waiting
+# worker first: the core every kube test needs, then the MCM unit's two (about 2 min cold) and the CAPI
+# flavour's four (about 3.5 min), so two workers start early, then the nodes' kubelets, kubeadms and the
+# older control plane (about 9 min: the node unit and the CAPI workload module wait for them), the minor
+# upgrade's pair (the dearest kubelet) last of them as only the node unit needs it; last what only a few
+# short tests use (the cold figures: docs/development.md "CI time").
+BUILD_ORDER = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "machine-controller-manager",
+    "static-hosts-machine-controller",
+    "capi-core",
+    "capi-kcp",
+    "capi-cabpk",
+    "capd",
+    *(f"{name}-{NODE_VERSIONS[0]}" for name in ("kubelet", "kubeadm", *CONTROL_PLANE)),
+    *(
+        f"{name}-{version}"
+        for version in (*NODE_VERSIONS[1:], MINOR_UPGRADE_VERSION)
+        for name in ("kubelet", "kubeadm")
+    ),
+    "clusterctl",
+    "capa-lab-manager",
+    "promtool",
+)
+
 Progress = Callable[[str], None]
 
 
@@ -266,24 +302,61 @@ def _build_one(cfg: Config, binary: Binary, target: Path, progress: Progress) ->
     progress(f"kubelab build: {binary.name} done in {time.monotonic() - started:.0f}s -> {target}")
 
 
+LOCK_POLL = 0.2  # seconds between a waiter's looks at the lock and at the binary it waits for
+
+
+@contextmanager
+def _build_turn(lock: Path, target: Path, progress: Progress) -> Iterator[bool]:
+    """Wait until ``target`` is in the cache or this process holds the build ``lock``; yield whether it
+    holds the lock (then ``target`` is still missing and is its to build), releasing it on exit.
+
+    flock(2) is not fair: a process building a batch takes the lock again at once after each binary, so a
+    waiter would rarely get it between two; it looks at its own binary instead and goes on when that
+    process has built it.
+    """
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + BUILD_TIMEOUT * 2
+        told = False
+        while not target.is_file():
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not told:
+                    progress(f"kubelab build: waiting for {target.name}, another build holds {lock}")
+                    told = True
+                if time.monotonic() >= deadline:
+                    raise LabError(
+                        f"kubelab build: {target.name} not built within {BUILD_TIMEOUT * 2:g}s while "
+                        f"another process held {lock}"
+                    ) from None
+                time.sleep(LOCK_POLL)
+                continue
+            # held: built by the holder we waited for between our look and the lock, or ours to build
+            yield not target.is_file()
+            return
+        yield False
+    finally:
+        os.close(fd)
+
+
 def ensure_built(names: Iterable[str], cfg: Config, progress: Progress = print) -> dict[str, Path]:
-    """Build every binary of ``names`` that is not in the cache yet; return name -> path for all of them."""
+    """Build every binary of ``names`` that is not in the cache yet, in the order given, each under the
+    build lock; return name -> path for all of them. A binary another process is building is waited for,
+    never built twice."""
     wanted = list(dict.fromkeys(names))
     unknown = [n for n in wanted if n not in BINARIES]
     if unknown:
         raise LabError(f"kubelab build: unknown binaries {unknown}; known: {sorted(BINARIES)}")
     go_version = _go_version(cfg)
     paths = {name: binary_path(cfg, name, go_version) for name in wanted}
-    if all(p.is_file() for p in paths.values()):
-        return paths
     lock = cfg.cache_dir / "build.lock"
-
-    def waiting() -> None:
-        progress(f"kubelab build: waiting for another build holding {lock}")
-
-    with file_lock(lock, timeout=BUILD_TIMEOUT * 2, what="kubelab build lock", on_wait=waiting):
-        for name, path in paths.items():
-            if not path.is_file():
+    for name, path in paths.items():
+        if path.is_file():
+            continue  # the warm path: no lock file is touched
+        with _build_turn(lock, path, progress) as ours:
+            if ours:
                 _build_one(cfg, BINARIES[name], path, progress)
     return paths
 

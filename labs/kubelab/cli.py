@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
         if args.command == "build":
-            names = list(build.BINARIES) if args.all else [*build.CORE_BINARIES]
+            names = list(build.BUILD_ORDER) if args.all else [*build.CORE_BINARIES]
             for flavour in args.flavour:
                 names += flavours.load(flavour).binaries
             if args.not_built:

@@ -112,5 +112,5 @@ def test_not_built_names_what_a_build_would_build_and_builds_nothing(
         build.not_built(["no-such-binary"], empty)
     monkeypatch.setenv("KUBELAB_CACHE_DIR", str(empty.cache_dir))
     assert cli.main(["build", "--all", "--not-built"]) == 0
-    assert capsys.readouterr().out.split() == list(build.BINARIES)
+    assert capsys.readouterr().out.split() == list(build.BUILD_ORDER)  # --all: every binary, in build order
     assert not empty.cache_dir.exists()
