@@ -24,8 +24,9 @@ frees (several at a time, on the shared CAPI lab), and the quick modules fill th
 
 On a machine whose kubelab binaries are not all built, ``scripts/test`` runs the suite in two parts, split
 by ``--kube-tests``: ``deselect`` (every test not marked ``kube``: they need no kubelab binary) while the
-build runs in the background, then ``only`` (the tests marked ``kube``) once it has finished. The default
-``run`` keeps them all, as a warm run does in one part.
+build runs in the background, then ``only`` (the tests marked ``kube``) beside the rest of the build, each
+lab waiting for its own binaries (``kubelab.build.ensure_built``). The default ``run`` keeps them all, as a
+warm run does in one part.
 
 The CAPI tests share one CAPI lab per machine (CAPD listens on fixed ports), so every test marked
 ``capi`` holds a shared lock on ``<KUBELAB_RUN_DIR>/capi-tests.lock`` from its setup to its teardown, and

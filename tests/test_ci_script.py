@@ -1,7 +1,9 @@
 """scripts/test's cold run: with kubelab binaries missing, the build runs in the background while the
 static checks, scripts/test-lowest and the tests that need none of its binaries run (pytest's first part,
-``--kube-tests=deselect``); the tests marked kube run after it (``--kube-tests=only``). The order is read
-from the script; its exit-status rule and the stopping of the build are run in bash."""
+``--kube-tests=deselect``); the tests marked kube (``--kube-tests=only``) start after that while the build
+goes on, each lab waiting for its own binaries; the run waits for the build at the end. The order is read
+from the script; its exit-status rule, its end of the build (failed or not) and the stopping of the build
+are run in bash, the build a fake ``kubelab`` on PATH."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from hostlab.proc import alive, wait_until
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "test"
+START = "setsid sh -c 'kubelab build --all"
 
 
 def _text() -> str:
@@ -32,17 +35,20 @@ def _at(needle: str, after: int = 0) -> int:
     return at
 
 
-def test_the_build_starts_in_the_background_before_the_checks_and_the_kube_tests_wait_for_it() -> None:
-    started = _at('setsid kubelab build --all >"$build_log" 2>&1 &')
+def test_the_build_starts_in_the_background_before_the_checks_and_the_kube_tests_run_beside_it() -> None:
+    started = _at(START)
     assert started < _at('step "ruff"'), "the build starts before the static checks, beside them"
     cold = _at('if "$cold"; then', started)
     lowest = _at("scripts/test-lowest", cold)
     first = _at("run_pytest --kube-tests=deselect", cold)
-    waited = _at('wait "$build_pid"', cold)
+    failed_early = _at("if build_failed; then", first)
+    second = _at("run_pytest --kube-tests=only", first)
+    waited = _at("build_ended", second)
     vet = _at("go_checks", waited)
-    second = _at("run_pytest --kube-tests=only", waited)
-    warm = _at("else", second)
-    assert cold < lowest < first < waited < vet < second < warm, "cold: beside the build, then the kube part"
+    warm = _at("else", vet)
+    assert cold < lowest < first < failed_early < second < waited < vet < warm, (
+        "cold: beside the build, the kube part too, then the build's end"
+    )
     assert _at('run_pytest "$@"', warm) > warm, "warm: one pytest run of everything, as before"
     assert _at('not_built="$(kubelab build --all --not-built)"') < started, (
         "cold only when a binary is missing"
@@ -95,3 +101,52 @@ echo stopped
     leader, child = (int(p) for p in pids.read_text().split())
     assert wait_until(lambda: not alive(leader) and not alive(child), 10, 0.05), "the build's group lives on"
     assert not (tmp_path / "log").exists(), "the build's log file is removed"
+
+
+def _start_lines() -> str:
+    """The lines of scripts/test that start the background build (from ``setsid`` to ``build_pid=$!``)."""
+    text = _text()
+    begin = text.rfind("\n", 0, _at(START)) + 1
+    return text[begin : _at("build_pid=$!", begin) + len("build_pid=$!")]
+
+
+def _run_build(tmp_path: Path, build_exit: int) -> subprocess.CompletedProcess[str]:
+    """scripts/test's start of the build and its end, the build a fake kubelab exiting ``build_exit``;
+    the script prints whether build_failed saw the end before build_ended waited for it."""
+    fake = tmp_path / "bin" / "kubelab"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "fake kubelab $*: exit {build_exit}" >&2\nexit {build_exit}\n')
+    fake.chmod(0o755)
+    script = f"""
+set -euo pipefail
+export PATH={fake.parent}:$PATH
+{_function("stop_build")}
+{_function("build_failed")}
+{_function("build_ended")}
+trap stop_build EXIT
+build_log={tmp_path / "build.log"}
+build_status="$build_log.status"
+{_start_lines()}
+for _ in $(seq 300); do [ -s "$build_status" ] && break; sleep 0.1; done
+if build_failed; then echo "failed early"; fi
+build_ended
+echo "after the build"
+"""
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_failed_build_fails_the_run_with_its_exit_status_and_log(tmp_path: Path) -> None:
+    out = _run_build(tmp_path, 3)
+    assert out.returncode == 1
+    assert out.stdout.split("\n")[0] == "failed early"  # seen before the kube part would start
+    assert "after the build" not in out.stdout
+    assert "fake kubelab build --all: exit 3" in out.stderr  # the build's log, printed
+    assert "kubelab build --all failed (exit 3)" in out.stderr
+    assert not (tmp_path / "build.log").exists(), "the build's log file is removed"
+
+
+def test_a_build_that_succeeded_prints_its_log_and_the_run_goes_on(tmp_path: Path) -> None:
+    out = _run_build(tmp_path, 0)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "after the build"
+    assert "fake kubelab build --all: exit 0" in out.stderr
