@@ -188,12 +188,12 @@ CONTROL_PLANE_BINARIES = (
 
 # The order of `kubelab build --all` (every name of BINARIES, each once), for a cold test run whose kube
 # tests start while the build goes on (scripts/test): each lab fixture waits only for its own binaries, and
-# the xdist workers take the node, MCM and CAPI units first (tests/conftest.py). Cheapest to a waiting
-# worker first: the core every kube test needs, then the MCM unit's two (about 2 min cold) and the CAPI
-# flavour's four (about 3.5 min), so two workers start early, then the nodes' kubelets, kubeadms and the
-# older control plane (about 9 min: the node unit and the CAPI workload module wait for them), the minor
-# upgrade's pair (the dearest kubelet) last of them as only the node unit needs it; last what only a few
-# short tests use (the cold figures: docs/development.md "CI time").
+# the xdist workers take the CAPI workload, node and MCM units first (tests/conftest.py). Cheapest to a
+# waiting worker first: the core every kube test needs, then the MCM unit's two (about 2 min cold) and the
+# CAPI flavour's four (about 3.5 min), then the nodes' kubelets, kubeadms and the older control plane, the
+# minor upgrade's pair (the dearest kubelet) last of them (about 9 min in all: the node unit and the CAPI
+# workload module wait for every one of them); then CAPA's lab manager (the CAPA module, a CAPI unit),
+# last what only two deploy tests use (the cold figures: docs/development.md "CI time").
 BUILD_ORDER = (
     "etcd",
     "kube-apiserver",
@@ -213,8 +213,10 @@ BUILD_ORDER = (
         for version in (*NODE_VERSIONS[1:], MINOR_UPGRADE_VERSION)
         for name in ("kubelet", "kubeadm")
     ),
-    "clusterctl",
+    # CAPA's lab manager before the two that only deploy tests use: the CAPA module is a CAPI unit, handed
+    # out with the others; last in the order, it held a worker waiting 30 minutes in the fresh run of a5e6d77
     "capa-lab-manager",
+    "clusterctl",
     "promtool",
 )
 

@@ -108,4 +108,4 @@ def test_kubelab_build_all_builds_every_binary_once_in_the_build_order() -> None
     assert max(order(name) for name in build.CORE_BINARIES) < min(
         order(name) for name in build.BINARIES if name not in build.CORE_BINARIES and name != "kube-scheduler"
     )
-    assert build.BUILD_ORDER[-3:] == ("clusterctl", "capa-lab-manager", "promtool")
+    assert build.BUILD_ORDER[-3:] == ("capa-lab-manager", "clusterctl", "promtool")
