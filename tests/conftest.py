@@ -18,10 +18,9 @@ one worker, in order, as in a serial run:
 
 The lab units come first in the collection, then the modules that use a lab, then the rest
 (``--no-loadscope-reorder`` keeps this order): xdist hands the first units to the workers as they start,
-so the CAPI workload module (the longest: about 20 minutes alone), the node unit (about 20, with its
-kubeadm control plane and MCM Jobs tests) and the MCM unit (about 15) start at once, the other CAPI
-modules on each worker that frees (several at a time, on the shared CAPI lab), and the quick modules
-fill the end.
+so the node unit (the longest since its kubeadm control plane and MCM Jobs tests: about 20 minutes) and
+the MCM unit (about 15) start at once, the CAPI modules on the third worker and on each worker that
+frees (several at a time, on the shared CAPI lab), and the quick modules fill the end.
 
 On a machine whose kubelab binaries are not all built, ``scripts/test`` runs the suite in two parts, split
 by ``--kube-tests``: ``deselect`` (every test not marked ``kube``: they need no kubelab binary) while the
@@ -48,13 +47,8 @@ from kubelab.config import Config
 pytest_plugins = ["hostlab.pytest_plugin", "kubelab.pytest_plugin"]
 
 # the lab units, in this order at the start of the collection (the longest first); "capi-lab" stands
-# for every other "capi-lab:<module>" unit. The CAPI workload module is the longest unit of all (about 20
-# minutes alone, 35-37 in a whole run) and, handed out last of the CAPI modules (they sort by name), it
-# was the last to end in warm and fresh runs alike: the project's CI run of 2026-11-29 14:28 started it
-# after 13 minutes, a fresh run 10 minutes after the binaries it needs were built (docs/development.md,
-# "CI time"). So it goes first.
-WORKLOAD_UNIT = "capi-lab:tests/capi_lab/test_capi_workload.py"
-LAB_UNITS = (WORKLOAD_UNIT, "node-lab", "mcm-lab", "capi-lab")
+# for every "capi-lab:<module>" unit
+LAB_UNITS = ("node-lab", "mcm-lab", "capi-lab")
 LAB_MARKERS = ("lab", "kube", "image")  # tests that start hosts, a control plane or a container
 # the fixtures of the real nodes' unit: the shared node lab, and the kubeadm cluster of
 # test_node_control_plane.py (two nodes of its own); one unit, so their tests run one after another
@@ -129,7 +123,7 @@ def _start_rank(item: pytest.Item) -> int:
     """Longest first: the lab units, then modules that use a lab, then the rest (seconds each)."""
     unit = _lab_unit(item)
     if unit is not None:
-        return LAB_UNITS.index(unit if unit in LAB_UNITS else unit.split(":", 1)[0])
+        return LAB_UNITS.index(unit.split(":", 1)[0])
     uses_lab = any(item.get_closest_marker(m) is not None for m in LAB_MARKERS)
     return len(LAB_UNITS) + (0 if uses_lab else 1)
 

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hostlab.proc import wait_until
@@ -196,49 +195,26 @@ def test_a_capi_alone_waiter_is_not_overtaken_by_tests_starting_after_it(
 
 
 class _Item:
-    """What work_unit reads of a collected test: its node id, fixtures and markers (by name)."""
+    """What work_unit reads of a collected test: its node id, fixtures and markers (none here)."""
 
-    def __init__(self, nodeid: str, fixturenames: list[str], markers: frozenset[str] = frozenset()) -> None:
+    def __init__(self, nodeid: str, fixturenames: list[str]) -> None:
         self.nodeid = nodeid
         self.fixturenames = fixturenames
-        self.markers = markers
 
-    def get_closest_marker(self, name: str) -> bool | None:
-        return True if name in self.markers else None
+    def get_closest_marker(self, name: str) -> None:
+        return None
 
 
-def _suite() -> Any:
+def test_the_real_nodes_tests_are_one_unit() -> None:
     spec = importlib.util.spec_from_file_location("suite_conftest", SUITE_CONFTEST)
     assert spec is not None and spec.loader is not None
     suite = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(suite)
-    return suite
-
-
-def test_the_real_nodes_tests_are_one_unit() -> None:
-    suite = _suite()
     shared = _Item("tests/nodes/test_node_pods.py::test_job", ["node_cluster"])
     own = _Item("tests/nodes/test_node_control_plane.py::test_upgrade", ["kubeadm_cluster"])
     plain = _Item("tests/nodes/test_other.py::test_it", ["tmp_path"])
     assert suite.work_unit(shared) == suite.work_unit(own) == "node-lab"
     assert suite.work_unit(plain) == "tests/nodes/test_other.py"
-
-
-def test_the_capi_workload_module_is_handed_out_first_then_the_nodes_mcm_and_other_capi_units() -> None:
-    suite = _suite()
-    capi, mcm = frozenset({"kube", "capi"}), frozenset({"kube", "mcm"})
-    workload = _Item("tests/capi_lab/test_capi_workload.py::test_capi_builds", [], capi)
-    other_capi = _Item("tests/capi_lab/test_capi_capa.py::test_it", [], capi)
-    nodes = _Item("tests/nodes/test_node_pods.py::test_job", ["node_cluster"], frozenset({"kube"}))
-    mcm_test = _Item("tests/mcm_lab/test_mcm_rollout.py::test_it", [], mcm)
-    with_lab = _Item("tests/e2e/test_update_machine.py::test_it", [], frozenset({"lab"}))
-    plain = _Item("tests/runs/test_policy.py::test_it", [], frozenset())
-    collected = [plain, with_lab, other_capi, mcm_test, nodes, workload]
-    first_to_last = [workload, nodes, mcm_test, other_capi, with_lab, plain]
-    assert sorted(collected, key=suite._start_rank) == first_to_last
-    # the unit named first is the real module's: a renamed module would silently lose its place
-    assert suite.work_unit(workload) == suite.WORKLOAD_UNIT
-    assert (SUITE_CONFTEST.parent / "capi_lab" / "test_capi_workload.py").is_file()
 
 
 KUBE_SPLIT_TEST = """
