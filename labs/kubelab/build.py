@@ -188,7 +188,7 @@ CONTROL_PLANE_BINARIES = (
 
 # The order of `kubelab build --all` (every name of BINARIES, each once), for a cold test run whose kube
 # tests start while the build goes on (scripts/test): each lab fixture waits only for its own binaries, and
-# the xdist workers take the CAPI workload, node and MCM units first (tests/conftest.py). Cheapest to a
+# the xdist workers take the node, MCM and CAPI units first (tests/conftest.py). Cheapest to a
 # waiting worker first: the core every kube test needs, then the MCM unit's two (about 2 min cold) and the
 # CAPI flavour's four (about 3.5 min), then the nodes' kubelets, kubeadms and the older control plane, the
 # minor upgrade's pair (the dearest kubelet) last of them (about 9 min in all: the node unit and the CAPI
