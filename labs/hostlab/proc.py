@@ -189,17 +189,28 @@ def kill_and_wait(pid: int, sig: int = signal.SIGKILL, timeout: float = 10.0) ->
 
 @contextlib.contextmanager
 def file_lock(
-    path: Path, *, timeout: float = 900.0, what: str = "lock", on_wait: Callable[[], None] | None = None
-) -> Iterator[None]:
-    """Exclusive advisory lock on ``path`` (created if missing), waiting at most ``timeout`` seconds.
+    path: Path,
+    *,
+    timeout: float = 900.0,
+    what: str = "lock",
+    on_wait: Callable[[], None] | None = None,
+    unless: Callable[[], bool] | None = None,
+) -> Iterator[bool]:
+    """Exclusive advisory lock on ``path`` (created if missing), waiting at most ``timeout`` seconds;
+    yields whether it holds the lock.
 
     ``on_wait`` is called once if the lock is busy, before waiting (to tell the user why nothing happens).
+    ``unless`` is asked before each try: once it holds, the wait ends without the lock (yields False), e.g.
+    when what the lock's holder makes is there already.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         deadline = time.monotonic() + timeout
         while True:
+            if unless is not None and unless():
+                yield False
+                return
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
@@ -210,6 +221,6 @@ def file_lock(
                 if time.monotonic() >= deadline:
                     raise LabError(f"could not take the {what} {path} within {timeout:g}s") from None
                 time.sleep(0.2)
-        yield
+        yield True
     finally:
         os.close(fd)

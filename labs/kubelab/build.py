@@ -14,18 +14,18 @@ in :data:`BUILD_ORDER`. ``GOTOOLCHAIN=local`` so a newer toolchain is never down
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from hostlab.errors import LabError
+from hostlab.proc import file_lock
 
 from kubelab.config import GO_MODULES_DIR, Config
 
@@ -304,45 +304,6 @@ def _build_one(cfg: Config, binary: Binary, target: Path, progress: Progress) ->
     progress(f"kubelab build: {binary.name} done in {time.monotonic() - started:.0f}s -> {target}")
 
 
-LOCK_POLL = 0.2  # seconds between a waiter's looks at the lock and at the binary it waits for
-
-
-@contextmanager
-def _build_turn(lock: Path, target: Path, progress: Progress) -> Iterator[bool]:
-    """Wait until ``target`` is in the cache or this process holds the build ``lock``; yield whether it
-    holds the lock (then ``target`` is still missing and is its to build), releasing it on exit.
-
-    flock(2) is not fair: a process building a batch takes the lock again at once after each binary, so a
-    waiter would rarely get it between two; it looks at its own binary instead and goes on when that
-    process has built it.
-    """
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + BUILD_TIMEOUT * 2
-        told = False
-        while not target.is_file():
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not told:
-                    progress(f"kubelab build: waiting for {target.name}, another build holds {lock}")
-                    told = True
-                if time.monotonic() >= deadline:
-                    raise LabError(
-                        f"kubelab build: {target.name} not built within {BUILD_TIMEOUT * 2:g}s while "
-                        f"another process held {lock}"
-                    ) from None
-                time.sleep(LOCK_POLL)
-                continue
-            # held: built by the holder we waited for between our look and the lock, or ours to build
-            yield not target.is_file()
-            return
-        yield False
-    finally:
-        os.close(fd)
-
-
 def ensure_built(names: Iterable[str], cfg: Config, progress: Progress = print) -> dict[str, Path]:
     """Build every binary of ``names`` that is not in the cache yet, in the order given, each under the
     build lock; return name -> path for all of them. A binary another process is building is waited for,
@@ -357,8 +318,17 @@ def ensure_built(names: Iterable[str], cfg: Config, progress: Progress = print) 
     for name, path in paths.items():
         if path.is_file():
             continue  # the warm path: no lock file is touched
-        with _build_turn(lock, path, progress) as ours:
-            if ours:
+        # flock(2) is not fair: a process building a batch takes the lock again at once after each binary,
+        # so a waiter would rarely get it between two; it also looks at its own binary (unless) and goes on
+        # as soon as that process has built it
+        with file_lock(
+            lock,
+            timeout=BUILD_TIMEOUT * 2,
+            what="kubelab build lock",
+            on_wait=partial(progress, f"kubelab build: waiting for {name}, another build holds {lock}"),
+            unless=path.is_file,
+        ) as held:
+            if held and not path.is_file():  # held, and not built by the holder we waited for
                 _build_one(cfg, BINARIES[name], path, progress)
     return paths
 

@@ -47,7 +47,6 @@ def fake_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[C
     monkeypatch.setenv("FAKE_GO_LOG", str(log))
     for name in ("one", "two"):
         monkeypatch.setitem(build.BINARIES, name, build.Binary(name, "etcd", f"fake.invalid/{name}"))
-    monkeypatch.setattr(build, "LOCK_POLL", 0.02)
     cfg = Config(cache_dir=tmp_path / "cache", run_dir=tmp_path / "run", go=str(go))
     yield cfg, gates, log
     for name in ("one", "two"):
