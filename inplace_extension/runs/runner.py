@@ -280,6 +280,14 @@ def _check_json(check: HostCheck) -> dict[str, Any]:
     return {"name": check.name, "argv": list(check.argv), "timeout_seconds": check.timeout_seconds}
 
 
+# ansible-playbook's own interpreter: Python warnings off. ansible-core reports its own warnings and
+# deprecations through its display (``[WARNING]``, ``[DEPRECATION WARNING]``), which stay; what Python's
+# warnings module prints there comes from the libraries under it (cryptography 51 warns about DSA when
+# ansible-core's SSH-agent support imports it), is nothing a play's reader can act on, and ansible-runner
+# records each such line as an event of its own (no ``event_data``) in the run's artifacts and Events.
+PLAY_PYTHON_ENV: dict[str, str] = {"PYTHONWARNINGS": "ignore"}
+
+
 def _envvars(spec: BatchSpec) -> dict[str, str]:
     cp_dir = ssh.control_path_dir(spec.state_dir)
     cp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -298,6 +306,7 @@ def _envvars(spec: BatchSpec) -> dict[str, str]:
         # host waits for all the others at each task, and two plays that each hold the lock of a host
         # the other one waits for would deadlock until the lock wait times out.
         "ANSIBLE_STRATEGY": "free",
+        **PLAY_PYTHON_ENV,
     }
     if spec.ansible_cfg is not None:
         env["ANSIBLE_CONFIG"] = str(spec.ansible_cfg)

@@ -25,6 +25,7 @@ import ansible_runner
 from hostlab.lab import Host, Lab
 
 from inplace_extension.inplace.plan import step_fingerprints
+from inplace_extension.runs.runner import PLAY_PYTHON_ENV
 from inplace_extension.runs.steps import JOINT_TASK
 
 from .standins import KUBERNETES_BINARIES, standin_binary
@@ -178,6 +179,7 @@ def base_envvars(workdir: Path) -> dict[str, str]:
         "PATH": path,
         "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
         "ANSIBLE_HOME": str(workdir / "ansible-home"),
+        **PLAY_PYTHON_ENV,  # as the service runs its plays: no library's Python warnings in the output
     }
 
 
@@ -248,8 +250,20 @@ def start_update(
     return thread, runner, pdd
 
 
+# a line Python's warnings module prints ("/path/x.py:18: CryptographyDeprecationWarning: DSA is ...")
+PYTHON_WARNING = re.compile(r"\.py:\d+: \w*Warning: ")
+
+
+def event_data(event: Mapping[str, Any]) -> dict[str, Any]:
+    """An event's data, as the service reads it (runs/outcomes.py): ansible-runner records a line of
+    output that is no job event (a library's warning, a traceback) as an event without ``event_data``."""
+    return dict(event.get("event_data") or {})
+
+
 def finish(spec: RunSpec, thread: threading.Thread, runner: Any, pdd: Path) -> RunResult:
     thread.join()
+    noise = [str(e.get("stdout")) for e in runner.events if PYTHON_WARNING.search(str(e.get("stdout") or ""))]
+    assert not noise, f"a library's Python warning in the play's output: {noise}"
     return RunResult(
         status=str(runner.status),
         rc=int(runner.rc),

@@ -26,6 +26,7 @@ from .support import (
     RunResult,
     RunSpec,
     calls,
+    event_data,
     finish,
     host_exists,
     host_json_lines,
@@ -130,7 +131,7 @@ def test_the_first_step_takes_the_lock_in_its_own_execution(lab: Lab, host: Host
             spec.fingerprint = fingerprint
         result = run_update(spec)
         assert result.status == "successful", result.failure_messages
-        assert not any(e["event_data"].get("task") == LOCK_TASK for e in result.events)
+        assert not any(event_data(e).get("task") == LOCK_TASK for e in result.events)
         assert not host_exists(lab, host, f"{STATE_DIR}/lock")
         return result
 
@@ -287,7 +288,7 @@ def test_the_first_step_that_took_the_lock_stamps_when_every_later_step_is_uncha
     assert host_executions(second) == 1  # the lock, the files and the stamp
     # and the play ended there for the host: the unchanged step, the stamp task and the release were
     # not even queued (update_machine_complete)
-    after = {e["event_data"].get("task") for e in second.events} & {STAMP_TASK, "Release the host lock"}
+    after = {event_data(e).get("task") for e in second.events} & {STAMP_TASK, "Release the host lock"}
     assert after == set()
     assert calls(lab, host)[calls_before:] == []  # the later step did not touch the host
     assert lab.read_file(host, "/etc/inplace-test/nested/whole.conf") == "whole file\nnew line two\n"
@@ -307,7 +308,7 @@ def host_executions(result: RunResult) -> int:
         1
         for e in result.events
         if e["event"] in ("runner_on_ok", "runner_on_failed")
-        and str(e["event_data"].get("resolved_action") or e["event_data"].get("task_action") or "").rsplit(
+        and str(event_data(e).get("resolved_action") or event_data(e).get("task_action") or "").rsplit(
             ".", 1
         )[-1]
         not in controller
@@ -345,7 +346,7 @@ def test_the_drain_point_is_passed_when_every_step_after_it_is_unchanged(
     second = run_update(RunSpec(lab, host, tmp_path, changed, extravars=drain, step_fingerprints=True))
     assert second.status == "successful", second.failure_messages
     assert second.roles_run == ["kubeadm_files"]
-    waited = [e for e in second.events if e["event_data"].get("task", "").startswith("Drain point, wait")]
+    waited = [e for e in second.events if event_data(e).get("task", "").startswith("Drain point, wait")]
     assert waited == []
 
     # when the step after the drain point changes, the play still stops there (and fails: no drain)
@@ -391,7 +392,7 @@ def test_the_service_skip_tags_leave_a_whole_update_but_a_needed_step_skipped_wr
     )
     assert first.status == "successful", first.failure_messages
     assert first.roles_run == ["kubeadm_files", "kubelet_args"]
-    tasks = {e["event_data"].get("task") for e in first.events}
+    tasks = {event_data(e).get("task") for e in first.events}
     assert not tasks & {"Check the run parameters", "Check the file paths", "Check the kubelet flags"}
     assert not any(str(task).startswith("Drain point") for task in tasks)
     assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] == first.fingerprint
@@ -436,16 +437,15 @@ def test_the_roles_argument_specs_check_a_run_by_hand_and_not_the_services(
     result = run_update(RunSpec(lab, host, tmp_path, good, cmdline=skip))
     assert result.status == "successful", result.failure_messages
     assert result.roles_run == ["kubeadm_files", "kubelet_args"]
-    actions = [str(e["event_data"].get("task_action")) for e in result.events]
+    actions = [str(event_data(e).get("task_action")) for e in result.events]
     assert not [action for action in actions if "validate_argument_spec" in action]
     # ...where a run by hand of the same good inputs validates both roles
     checked = run_update(RunSpec(lab, host, tmp_path, inputs("kubeadm_files", "kubelet_args")))
     assert checked.status == "successful", checked.failure_messages
     validated = {
-        e["event_data"].get("role")
+        event_data(e).get("role")
         for e in checked.events
-        if e["event"] == "runner_on_ok"
-        and "validate_argument_spec" in str(e["event_data"].get("task_action"))
+        if e["event"] == "runner_on_ok" and "validate_argument_spec" in str(event_data(e).get("task_action"))
     }
     assert validated == {"kubeadm_files", "kubelet_args"}
 
