@@ -3,7 +3,8 @@
 Internal: the service creates the Job, with the attempt spec in a Secret the Job owns (``--spec``). The
 command plays that one attempt as the ``local`` executor would (kubejobs/attempt.py) and writes its
 outcome as the container's termination message; its exit status is 0 whenever an outcome was written
-(a failed update is an outcome), so the Job's own status says only whether the attempt ran.
+(a failed update is an outcome), so the Job's own status says only whether the attempt ran. SIGTERM (the
+Pod deleted or evicted) stops the play and writes an interrupted outcome within the grace period.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from inplace_extension.cli.flags import Option, Parser
 from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.cluster import connect_jobs
 from inplace_extension.kubeaware.cluster_side import connect_cluster_side
-from inplace_extension.kubejobs.attempt import PhasePublisher, run_attempt
+from inplace_extension.kubejobs.attempt import PhasePublisher, PlayStop, run_attempt, stop_on_sigterm
 from inplace_extension.kubejobs.manifest import TERMINATION_LOG
 from inplace_extension.kubejobs.spec import AttemptSpec
 from inplace_extension.logs import configure_logging
@@ -57,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     spec = AttemptSpec.decode(args.spec.read_text(encoding="utf-8"))
     # the service's settings for the play and the cluster side; the runs dir (scratch) from INPLACE_RUNS_DIR
     settings = Settings(**spec.settings)
+    # first: a Pod deleted while this starts up ends the attempt as one deleted mid-play does
+    stop = PlayStop(settings.runs_dir.expanduser().resolve() / ".batches")
+    stop_on_sigterm(stop)
     configure_logging(settings.log_format, settings.log_level)
     custom = NO_CUSTOM if spec.capabilities_file is None else parse_file(spec.capabilities_file).custom
     # the Job's own Pod (the downward API): where the phase is published; in-cluster credentials
@@ -74,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
             cluster=cluster,
             publish=publish,
             termination_log=args.termination_log,
+            stop=stop,
             # before the Job's activeDeadlineSeconds ends the Pod: the outcome is written by then
             timeout=max(30.0, settings.job_deadline_seconds - DEADLINE_MARGIN_SECONDS),
         )

@@ -1,22 +1,28 @@
 """One attempt inside its Job: the ``local`` backend's plumbing (the same playbook, host lock and stamp,
-drain point, outcome classification) for the one attempt the service decided, then its outcome as the
-container's termination message. The phase is published as it changes (the Pod's own annotation), so
-a poll to any replica answers ``running: <phase>`` without reading logs.
+drain point, outcome classification) for the one attempt the service decided, played at once in the
+calling thread (no queue, batch window or worker thread), then its outcome as the container's
+termination message. The phase is published as it changes (the Pod's own annotation), so a poll to any
+replica answers ``running: <phase>`` without reading logs. A deleted or evicted Pod (SIGTERM) or the
+attempt's own deadline stops the play (:class:`PlayStop`): the outcome is then interrupted, written
+within the Pod's grace period.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Final
 
 from inplace_extension.kube.errors import KubeError
 from inplace_extension.kube.jobs import PHASE_ANNOTATION
 from inplace_extension.kube.port import JobCluster
 from inplace_extension.kubejobs.spec import AttemptSpec, interrupted, termination_message
-from inplace_extension.runs.artifacts import Outcome
+from inplace_extension.runs.artifacts import Outcome, OutcomeKind, stop_play
 from inplace_extension.runs.backend import Launch
 from inplace_extension.runs.local import HostLock, LocalBackend, PlayConfig
 from inplace_extension.runs.model import ClusterSide
@@ -25,7 +31,10 @@ from inplace_extension.settings import Settings
 
 log = logging.getLogger(__name__)
 
-CLOSE_WAIT_SECONDS: Final = 15.0
+# a play told to stop gets this long to end on SIGTERM before SIGKILL: with the outcome written after it,
+# well within the Pod's grace period (manifest.py's STOP_GRACE_SECONDS)
+KILL_AFTER_SECONDS: Final = 5.0
+STOP_POLL_SECONDS: Final = 0.5
 
 
 class PhasePublisher:
@@ -50,6 +59,59 @@ class PhasePublisher:
             )
 
 
+class PlayStop:
+    """Ends the attempt's play early when told why (SIGTERM: the Pod is being deleted or evicted; the
+    attempt's own deadline): SIGTERM to the play's processes at once, SIGKILL after
+    :data:`KILL_AFTER_SECONDS`, asked again every :data:`STOP_POLL_SECONDS` until the play is over (a play
+    that was about to start when told is ended as it starts). The host lock the play held stays with its
+    token, which the record's outcome names: the next attempt takes it over at once."""
+
+    def __init__(self, batches_dir: Path) -> None:
+        self._batches_dir = batches_dir  # the Job's own runs dir: this attempt's play and no other
+        self._lock = threading.Lock()
+        self._reason: str | None = None
+        self._over = threading.Event()
+
+    @property
+    def reason(self) -> str | None:
+        """Why the play was told to stop (None: it was not)."""
+        with self._lock:
+            return self._reason
+
+    def __call__(self, reason: str) -> None:
+        """Stop the play, for ``reason`` (the first reason given is the one recorded). Returns at once."""
+        with self._lock:
+            if self._reason is not None or self._over.is_set():
+                return
+            self._reason = reason
+        log.warning("stopping the play: %s", reason)
+        threading.Thread(target=self._stop, name="play-stop", daemon=True).start()
+
+    def over(self) -> None:
+        """The play has ended: nothing left to stop."""
+        self._over.set()
+
+    def _stop(self) -> None:
+        started = time.monotonic()
+        while True:
+            sig = signal.SIGTERM if time.monotonic() - started < KILL_AFTER_SECONDS else signal.SIGKILL
+            for batch_dir in self._batches_dir.glob("batch-*"):
+                stop_play(batch_dir, sig)
+            if self._over.wait(STOP_POLL_SECONDS):
+                return
+
+
+def stop_on_sigterm(stop: Callable[[str], None]) -> None:
+    """Have SIGTERM stop the play. Without a handler of its own, the attempt, PID 1 of its container,
+    would never see the kubelet's SIGTERM: the kernel drops it, and the play ran on until SIGKILL at the
+    end of the grace period, with no outcome written. Main thread only."""
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        stop("the attempt was stopped (SIGTERM: its Pod was deleted or evicted)")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def run_attempt(
     spec: AttemptSpec,
     *,
@@ -58,10 +120,12 @@ def run_attempt(
     publish: Callable[[str], None],
     termination_log: Path,
     timeout: float,
+    stop: PlayStop | None = None,
     clock: Callable[[], float] = time.time,
 ) -> Outcome:
-    """Play ``spec``'s attempt in this process and write its outcome to ``termination_log``; an attempt
-    whose play does not end within ``timeout`` seconds is interrupted (the Job's deadline ends it)."""
+    """Play ``spec``'s attempt in this thread and write its outcome to ``termination_log``. The play is
+    stopped when ``stop`` is called (SIGTERM), or after ``timeout`` seconds (before the Job's deadline
+    ends the Pod); a play stopped before it proved its update is interrupted (retried)."""
     play = PlayConfig(
         roles_paths=tuple(Path(path) for path in spec.roles_paths),
         host_checks=spec.host_checks,
@@ -75,17 +139,27 @@ def run_attempt(
         clock=clock,
         on_phase=lambda _, phase: publish(phase),
     )
+    runs_dir = settings.runs_dir.expanduser().resolve()
+    stop = stop or PlayStop(runs_dir / ".batches")
+    deadline = threading.Timer(timeout, stop, args=(f"the play did not end within {timeout:.0f}s",))
+    deadline.daemon = True
     request = spec.request
     log.info("machine=%s run=%s attempt=%d: playing", request.machine, request.ident, spec.number)
+    deadline.start()
     try:
-        backend.submit(
+        backend.play(
             Launch(request, spec.target, spec.token), HostLock(spec.lock_token, spec.takeover_tokens)
         )
-        backend.wait_ended(request.ident, timeout)
     finally:
-        backend.close(CLOSE_WAIT_SECONDS)
+        deadline.cancel()
+        stop.over()
     attempts = load_attempts(settings.runs_dir.expanduser().resolve() / request.ident, request.fingerprint)
     last = attempts[-1].outcome if attempts else None
-    outcome = last or interrupted(f"the play did not end within {timeout:.0f}s", clock())
+    stopped = stop.reason
+    if stopped is not None and (last is None or last.kind is not OutcomeKind.SUCCESSFUL):
+        # killed mid-way, whatever the remains look like (a killed ssh reads as unreachable)
+        outcome = interrupted(stopped, clock())
+    else:
+        outcome = last or interrupted("the play ended without an outcome", clock())
     termination_log.write_text(termination_message(outcome), encoding="utf-8")
     return outcome

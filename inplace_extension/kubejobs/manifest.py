@@ -37,6 +37,9 @@ TERMINATION_LOG: Final = "/dev/termination-log"
 SERVICE_ACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_SECONDS: Final = 3607  # what the ServiceAccount admission plugin asks the kubelet for
 UID: Final = 10001
+# SIGTERM to SIGKILL when the Pod is deleted or evicted: the attempt stops its play on SIGTERM and writes
+# its outcome within seconds (kubejobs/attempt.py's KILL_AFTER_SECONDS), Kubernetes' default leaves room
+STOP_GRACE_SECONDS: Final = 30
 _LABEL_VALUE_CUT = re.compile(r"[^A-Za-z0-9]+$")
 
 
@@ -169,6 +172,7 @@ def job_manifest(config: JobConfig, request: RunRequest, attempt: int, node: str
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": STOP_GRACE_SECONDS,
         "serviceAccountName": config.service_account,
         # the Pod publishes its phase on itself through the API: the only call it makes without a
         # cluster side (with one, the drain at the drain point too). Its token is declared below rather

@@ -10,10 +10,11 @@ two runs' stats);
 (the service died) the batch's ``status`` file and this host's ``job_events`` are classified again.
 ``<batch dir>/play.lease`` is flock()ed by ``detach.py`` (and inherited by ansible-playbook) for as long as
 the play lives: the kernel drops it when they die, however they die, so a free lease says the play is
-over, even across a restart of the service. ``meta.json`` records the host lock token each attempt's play
-holds, so a later attempt of the same Machine can take over a lock its own dead play left
-(:func:`ended_lock_tokens`). Plain file reading only; :mod:`inplace_extension.runs.outcomes` reads what
-attempts ended as.
+over, even across a restart of the service, and names the play's process group (:func:`stop_play`).
+``meta.json`` records the host lock token each attempt's play holds, so a later attempt of the same
+Machine can take over a lock its own dead play left (:func:`ended_lock_tokens`). Plain file reading
+(and the one signal of :func:`stop_play`); :mod:`inplace_extension.runs.outcomes` reads what attempts
+ended as.
 """
 
 from __future__ import annotations
@@ -206,6 +207,35 @@ def play_ended(batch_dir: Path) -> bool:
     finally:
         os.close(fd)  # closing drops the flock if we got it
     return True
+
+
+def stop_play(batch_dir: Path, sig: int) -> bool:
+    """Send ``sig`` to the play of ``batch_dir`` while it lives: to ansible-playbook's process group (its
+    own session, which its workers and their ssh clients share), named in the play lease. True when the
+    play was alive and told; False when it has ended, or has not named its group yet (ask again)."""
+    try:
+        fd = os.open(batch_dir / PLAY_LEASE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False  # nobody holds the lease: the play is over
+        except BlockingIOError:
+            pass  # held: the play lives (detach.py, ansible-playbook or its workers)
+        try:
+            pgid = int(os.pread(fd, 32, 0).decode() or "0")
+        except ValueError:
+            return False
+        if pgid <= 1:
+            return False
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+    finally:
+        os.close(fd)  # closing drops the flock if we got it
 
 
 def ended_lock_tokens(ident_dir: Path) -> tuple[str, ...]:

@@ -8,7 +8,9 @@ session and writes into a pipe we drain: when the pty goes away the wrapper keep
 finishes and releases the lock, and the restarted service's next attempt finds the stamp.
 When the whole pod dies, the play dies too: the play lease (``INPLACE_EXTENSION_PLAY_LEASE``, a file
 we flock() and hand down to ansible-playbook) is then free, and the next attempt of the same Machine
-takes over the lock its dead play left at once (artifacts.py).
+takes over the lock its dead play left at once (artifacts.py). The lease names ansible-playbook's
+process group (its pid, written into the file once it runs), so that a process told to stop (the
+``attempt`` command in a Job whose Pod is deleted) can end the play: artifacts.stop_play().
 Standard library only: it runs as a script, not as part of the package.
 """
 
@@ -37,6 +39,7 @@ def main(argv: list[str]) -> int:
         # a pipe would make Python block-buffer ansible's output; runner reads live events from it
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+    _name_group(lease, proc.pid)
     pipe = proc.stdout
     if pipe is None:  # cannot happen with stdout=PIPE; keeps the type checker honest
         raise RuntimeError("no pipe from ansible-playbook")
@@ -59,6 +62,13 @@ def _hold_lease(path: str) -> tuple[int, ...]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return (fd,)
+
+
+def _name_group(lease: tuple[int, ...], pgid: int) -> None:
+    """Write the play's process group (ansible-playbook leads a session of its own) into the lease."""
+    for fd in lease:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(pgid).encode(), 0)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The ``local`` backend: the record is the runs directory on disk, and each attempt's play runs in a
-worker thread of this process (the default of ``serve`` and ``mcm-agent``, and what runs inside the Job
-of the ``kubernetes`` backend).
+worker thread of this process (the default of ``serve`` and ``mcm-agent``); :meth:`LocalBackend.play`
+plays one attempt in the calling thread instead (what runs inside the Job of the ``kubernetes`` backend).
 
 Attempts are queued in the registry (registry.py), which batches Machines queued together into one
 play; in a worker thread each attempt gets its directory and ``meta.json`` (artifacts.py), the cluster
@@ -120,9 +120,8 @@ class LocalBackend:
         # ident -> its attempts as last read from disk: a cache of the updates polled lately, bounded (an
         # update forgotten is read from disk again on its next poll)
         self._attempts: Recent[str, tuple[Attempt, ...]] = Recent()
-        self._locks: dict[str, HostLock] = {}  # ident -> the host lock given with its launch
+        self._locks: dict[str, HostLock] = {}  # ident -> the host lock given with play()
         self._ends = EndWaiters()
-        self._ended: dict[str, threading.Event] = {}  # ident -> set once its last submitted attempt ended
 
     # the record
 
@@ -161,38 +160,28 @@ class LocalBackend:
     async def launch(self, launch: Launch) -> str:
         return self.submit(launch)
 
-    def submit(self, launch: Launch, lock: HostLock | None = None) -> str:
-        """Queue ``launch``; ``lock``: the host lock its play holds (None: a fresh token, and the tokens of
-        this ident's ended attempts on disk to take over). The message a poll answers now."""
+    def submit(self, launch: Launch) -> str:
+        """Queue ``launch`` (its play holds a fresh lock token, and may take over the locks of this ident's
+        ended attempts on disk). The message a poll answers now."""
         ident = launch.request.ident
         view = self._registry.view(ident)
         if view is not None:  # launched already (a concurrent poll): that one is the attempt
             return view.message()
-        if lock is not None:
-            self._locks[ident] = lock
-        ended = threading.Event()
-
-        def on_done() -> None:
-            ended.set()
-            if self._ended.get(ident) is ended:
-                del self._ended[ident]
-            self._ends.ended(ident)
-
-        self._ended[ident] = ended
-        if not self._registry.submit(Job(ident, launch.request.machine, launch, on_done=on_done)):
-            # closing: nothing was queued, so nothing of this launch may stay for a later one
-            self._locks.pop(ident, None)
-            self._ended.pop(ident, None)
+        self._registry.submit(
+            Job(ident, launch.request.machine, launch, on_done=partial(self._ends.ended, ident))
+        )
         view = self._registry.view(ident)
         if view is None:  # it already ended (or the process is closing): the next poll reads the result
             return progress.running(progress.STARTING)
         return view.message()
 
-    def wait_ended(self, ident: str, timeout: float) -> bool:
-        """Block until ``ident``'s attempt submitted here has left the registry (True), or ``timeout``
-        passed (False)."""
-        ended = self._ended.get(ident)
-        return ended is None or ended.wait(timeout)
+    def play(self, launch: Launch, lock: HostLock) -> None:
+        """Play ``launch``'s attempt in the calling thread, at once, holding ``lock``: no queue, batch
+        window or worker thread (the ``attempt`` command in a Job plays one attempt and nothing else).
+        Its outcome is on disk when this returns, as for a queued one."""
+        ident = launch.request.ident
+        self._locks[ident] = lock
+        self._run_batch([Job(ident, launch.request.machine, launch)])
 
     def close(self, timeout: float) -> None:
         """Runs are never killed: one still going when the process exits finishes on its own (detach.py),
