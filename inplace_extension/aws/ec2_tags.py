@@ -17,10 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import boto3
-import botocore.exceptions
-from botocore.config import Config
-
 # AWS error codes (EC2's API reference, "Common client errors" and "Server errors") that go away by
 # themselves: throttling and the service's own trouble. Retried by the caller.
 RETRIABLE_CODES: Final = frozenset(
@@ -57,7 +53,11 @@ TERMINAL_CODES: Final = frozenset(
 )
 # one attempt per call (the caller's poll is the retry, with its own pace); short timeouts: an outage
 # answers a retriable error in seconds instead of holding the agent's step
-_CONFIG: Final = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=20)
+_CONFIG: Final[dict[str, Any]] = {
+    "retries": {"max_attempts": 1, "mode": "standard"},
+    "connect_timeout": 5,
+    "read_timeout": 20,
+}
 
 
 @dataclass(frozen=True)
@@ -101,13 +101,19 @@ def apply_tags(
     """Make the instance (and its volumes) carry ``desired``, deleting what ``last_applied`` set that
     ``desired`` no longer names; other tags are kept. Calls CreateTags/DeleteTags only for a difference.
     Raises :class:`Ec2TagsError`."""
+    # imported on first use: half a second of CPU that every command importing this module (each one
+    # of the CLI, the ``attempt`` in every Job among them) would pay otherwise
+    import boto3
+    import botocore.exceptions
+    from botocore.config import Config
+
     what = f"instance {instance_id} in {region}"
     try:
         client: Any = boto3.session.Session(
             aws_access_key_id=credentials.access_key_id,
             aws_secret_access_key=credentials.secret_access_key,
             region_name=region,
-        ).client("ec2", config=_CONFIG)
+        ).client("ec2", config=Config(**_CONFIG))
         reservations = client.describe_instances(InstanceIds=[instance_id])["Reservations"]
         instances = [i for r in reservations for i in r.get("Instances", [])]
         if not instances:

@@ -11,16 +11,14 @@ is an :class:`Evaluation` that does not hold, with CEL's error in one short line
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import celpy
-from celpy import celtypes
-from celpy.adapter import json_to_cel
-from celpy.celparser import CELParseError
-from celpy.evaluation import CELEvalError
+if TYPE_CHECKING:
+    import celpy
 
 ROOT: Final = "object"
 # macros whose first argument is a variable bound in the others: list.exists(c, c.type == "Ready")
@@ -32,7 +30,15 @@ TYPE_NAMES: Final = frozenset(
 )
 MAX_ERROR: Final = 200  # characters of a CEL error kept in a message (one line, no object content)
 
-_ENVIRONMENT: Final = celpy.Environment(annotations={ROOT: celtypes.MapType})
+
+@functools.cache
+def _environment() -> celpy.Environment:
+    """Built on first use, celpy imported with it: both cost about half a second of CPU (its parser), which a
+    process that never compiles an expression (the ``attempt`` command in a Job) does not pay."""
+    import celpy
+    from celpy import celtypes
+
+    return celpy.Environment(annotations={ROOT: celtypes.MapType})
 
 
 class ExpressionError(ValueError):
@@ -58,6 +64,10 @@ class Expression:
 
     def evaluate(self, obj: Mapping[str, Any]) -> Evaluation:
         """``true`` holds; ``false``, another value or an error does not (never raises)."""
+        from celpy import celtypes
+        from celpy.adapter import json_to_cel
+        from celpy.evaluation import CELEvalError
+
         try:
             with self._lock:
                 result = self._program.evaluate({ROOT: json_to_cel(dict(obj))})
@@ -74,8 +84,10 @@ class Expression:
 
 def compile_expression(text: str) -> Expression:
     """Compile ``text``; :class:`ExpressionError` when it is not CEL or names more than ``object``."""
+    from celpy.celparser import CELParseError
+
     try:
-        tree = _ENVIRONMENT.compile(text)
+        tree = _environment().compile(text)
     except CELParseError as exc:
         where = f" at column {exc.column}" if exc.column else ""
         raise ExpressionError(f"not a CEL expression: syntax error{where}") from None
@@ -84,7 +96,7 @@ def compile_expression(text: str) -> Expression:
         raise ExpressionError(
             f"unknown name {unknown[0]!r}: the expression sees the object as {ROOT!r} (object.status...)"
         )
-    return Expression(text, _ENVIRONMENT.program(tree))
+    return Expression(text, _environment().program(tree))
 
 
 def _free_names(tree: Any) -> set[str]:
