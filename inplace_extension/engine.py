@@ -106,7 +106,7 @@ def build_engine(
     backend: Backend
     if settings.executor == "kubernetes":
         refuse_own_roles(config)
-        backend = kubernetes_backend(settings, play, records, jobs_kubeconfig)
+        backend = kubernetes_backend(settings, play, records, jobs_kubeconfig, cluster)
     else:
         backend = LocalBackend(settings, cluster=cluster, play=play, metrics=metrics, clock=time.time)
     return RunService(
@@ -147,9 +147,14 @@ def job_settings(settings: Settings) -> dict[str, Any]:
 
 
 def kubernetes_backend(
-    settings: Settings, play: PlayConfig, records: Records | None, jobs_kubeconfig: Path | None
+    settings: Settings,
+    play: PlayConfig,
+    records: Records | None,
+    jobs_kubeconfig: Path | None,
+    cluster: ClusterSide,
 ) -> JobBackend:
-    """The ``kubernetes`` executor's backend: refused with a clear message without cluster access or image."""
+    """The ``kubernetes`` executor's backend: refused with a clear message without cluster access or image;
+    ``cluster``: where it posts a Job that did not start (an Event)."""
     if records is None:
         raise ExecutorError("--executor kubernetes needs cluster access, and this command has none")
     kind = records.kind
@@ -187,6 +192,8 @@ def kubernetes_backend(
         if capabilities is None
         else capabilities.expanduser().read_text(encoding="utf-8"),
         clock=time.time,
+        cluster=cluster,
+        start_seconds=settings.job_start_timeout_seconds,
     )
 
 

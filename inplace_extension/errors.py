@@ -11,8 +11,10 @@ ExtensionError            .reason (stable CamelCase), .message (deterministic, s
 ├── ResolveError          runs.resolve: no usable SSH target (reason per instance: HostNotAllowed, ...)
 ├── DesiredStateError     mcm.desired: no usable desired state (NoDesiredState, InvalidDesiredState)
 ├── KubeConfigError       kube.client: no usable client configuration
+├── Unavailable           a cluster's API server away or busy: "not now", never a verdict (runs answers
+│                         in progress ``cluster API unavailable: ...``, charging and posting nothing)
 └── KubeError             kube.errors: a Kubernetes API call failed (what the adapter's callers catch)
-    ├── Unreachable       no answer from the API server: try again later
+    ├── Unreachable       (also an Unavailable) no answer, 429 or 5xx from the API server: try again later
     ├── NotFound          404
     ├── Conflict          409: the object changed since it was read
     └── Forbidden         403
@@ -66,6 +68,14 @@ class ExtensionError(Exception):
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.message}"
+
+
+class Unavailable(ExtensionError):
+    """A cluster's API server is away or busy (no answer, 429, a 5xx): whoever meets it answers "in
+    progress, try again later" and decides nothing. The base of ``kube.errors.Unreachable``, here so that
+    the runs layer can catch it without knowing the Kubernetes adapter."""
+
+    reason = "Unavailable"
 
 
 class LocatedError(Exception):

@@ -137,6 +137,15 @@ class Settings(BaseSettings):
         le=7 * 86400,
         description="kubernetes executor: a finished Job is deleted after this long",
     )
+    job_start_timeout_seconds: int = Field(
+        600,
+        ge=60,
+        le=86400,
+        # a Pod that cannot start (unschedulable, its image not pulled, a Secret missing) is named at
+        # once; past this it is given up: deleted, and the attempt retried within the retry budget
+        description="kubernetes executor: a Job whose Pod cannot start is deleted and its attempt "
+        "retried this long after the attempt began",
+    )
 
     # Kubernetes-aware mode (docs/kube-aware.md): on with --kube or --kubeconfig
     kube: bool = Field(

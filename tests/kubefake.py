@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inplace_extension.kube.drain import CORDONED_BY
-from inplace_extension.kube.errors import Conflict, Forbidden, KubeError, Unreachable
+from inplace_extension.kube.errors import Conflict, Forbidden, KubeError, NotFound, Unreachable
+from inplace_extension.kube.jobs import not_starting
 from inplace_extension.kube.machines import SKIP_REMEDIATION, SKIP_REMEDIATION_BY
 from inplace_extension.kube.port import (
     Annotation,
@@ -39,9 +40,13 @@ class Calls:
     def __init__(self) -> None:
         self.count: Counter[str] = Counter()
         self.failing: set[str] = set()
+        # name -> the error that call raises (a 429, a 503, a timeout: what kube/client.py translates)
+        self.errors: dict[str, KubeError] = {}
 
     def __call__(self, name: str) -> None:
         self.count[name] += 1
+        if name in self.errors:
+            raise self.errors[name]
         if name in self.failing:
             raise Unreachable("the API server is unreachable (ConnectError)")
 
@@ -417,6 +422,10 @@ class FakeControl:
         return None
 
 
+class ReplicaKilled(BaseException):
+    """The replica making a Job was killed (a BaseException: no ``except Exception`` of ours sees it)."""
+
+
 def failing_with(error: KubeError) -> Callable[..., Any]:
     """A replacement method that raises ``error`` (e.g. a Forbidden from RBAC)."""
 
@@ -435,6 +444,8 @@ class FakeJob:
     finished: bool = False
     termination_message: str | None = None
     phase: str | None = None  # the Pod's own phase annotation
+    # the Pod's status as the API server sends it (kube/jobs.py names a Pod that cannot start from it)
+    pod_status: dict[str, Any] = field(default_factory=dict)
 
     @property
     def pod(self) -> str:
@@ -455,6 +466,8 @@ class FakeJobs:
         self.version = 0
         self.conflict_next_write = 0  # this many writes fail with Conflict (another replica won)
         self.pod_images: dict[tuple[str, str], str] = {}  # (namespace, Pod) -> its first container's image
+        self.killed_after_secret = False  # the next create_job dies after the Secret, before the Job
+        self.deleted: list[str] = []  # the Jobs deleted by the executor (not by their TTL)
 
     def _bump(self) -> str:
         self.version += 1
@@ -495,25 +508,46 @@ class FakeJobs:
             obj["annotations"][key] = value
         obj["rv"] = self._bump()
 
-    def create_job(self, job: Mapping[str, Any], secret: Mapping[str, Any]) -> bool:
+    def create_job(self, job: Mapping[str, Any], secret: Mapping[str, Any] | None) -> bool:
+        """As kube/jobs.py: the Secret first (None: it must exist, else NotFound), then the Job, then the
+        Secret owned by it; ``killed_after_secret``: the replica dies between the two (once)."""
         self.calls("create_job")
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        if secret is None:
+            if (namespace, name) not in self.secrets:
+                raise NotFound(f"get Secret {namespace}/{name}: the API server answered 404", 404)
+        else:
+            self.calls("create_secret")
+            self.secrets.setdefault((namespace, secret["metadata"]["name"]), copy.deepcopy(dict(secret)))
+        if self.killed_after_secret:
+            self.killed_after_secret = False
+            raise ReplicaKilled(name)
+        self.calls("create_job_object")
         created = (namespace, name) not in self.jobs
         if created:
             self.jobs[(namespace, name)] = FakeJob(copy.deepcopy(dict(job)), uid=f"uid-{name}")
-        owned = copy.deepcopy(dict(secret))
-        owned["metadata"]["ownerReferences"] = [
-            {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": self.jobs[(namespace, name)].uid}
-        ]
-        self.secrets.setdefault((namespace, owned["metadata"]["name"]), owned)
+        owner = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": name,
+            "uid": self.jobs[(namespace, name)].uid,
+        }
+        self.secrets[(namespace, name)]["metadata"]["ownerReferences"] = [owner]
         return created
+
+    def delete_job(self, namespace: str, name: str, secret: str) -> None:
+        self.calls("delete_job")
+        self.deleted.append(name)
+        self.jobs.pop((namespace, name), None)
+        self.secrets.pop((namespace, secret), None)
 
     def job_state(self, namespace: str, name: str) -> JobState | None:
         self.calls("job_state")
         job = self.jobs.get((namespace, name))
         if job is None:
             return None
-        return JobState(job.finished, job.termination_message, job.phase)
+        stuck = None if job.finished else not_starting({"status": job.pod_status})
+        return JobState(job.finished, job.termination_message, job.phase, stuck)
 
     def job_finished(self, namespace: str, name: str) -> bool | None:
         self.calls("job_finished")
@@ -543,7 +577,7 @@ class FakeJobs:
         job = next(j for (_, n), j in self.jobs.items() if n == name)
         job.finished, job.termination_message = True, termination_message
 
-    def delete_job(self, name: str) -> None:
+    def expire_job(self, name: str) -> None:
         """The Job is deleted (its TTL, or an operator), and with it the Secrets it owns."""
         key = next(k for k in self.jobs if k[1] == name)
         uid = self.jobs.pop(key).uid

@@ -46,6 +46,7 @@ AGENT_SETTINGS = (
     "job_playbooks_dir",
     "job_deadline_seconds",
     "job_ttl_seconds",
+    "job_start_timeout_seconds",
 )
 
 

@@ -67,12 +67,19 @@ def connect_async(kubeconfig: Path | None, context: str | None = None) -> AsyncC
 _BY_STATUS: Final[dict[int, type[KubeError]]] = {403: Forbidden, 404: NotFound, 409: Conflict}
 
 
+def unavailable(status: int) -> bool:
+    """An answer that says "not now" rather than anything about the object: 429 (the API server's
+    priority and fairness, a webhook's rate limit) and every 5xx (overloaded, restarting, etcd away)."""
+    return status == 429 or status >= 500
+
+
 def translate(what: str, exc: Exception) -> KubeError:
     """The adapter's error for a library error raised while doing ``what`` (``get Machine ns/name``)."""
     # a list's error answer can come as the transport's HTTPStatusError rather than an ApiError
     if isinstance(exc, ApiError | httpx2.HTTPStatusError):
         status = exc.response.status_code
-        return _BY_STATUS.get(status, KubeError)(f"{what}: the API server answered {status}", status)
+        kind = Unreachable if unavailable(status) else _BY_STATUS.get(status, KubeError)
+        return kind(f"{what}: the API server answered {status}", status)
     return Unreachable(f"the API server is unreachable ({type(exc).__name__})")
 
 

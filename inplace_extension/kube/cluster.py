@@ -181,8 +181,11 @@ class KubeJobs:
     def __init__(self, client: Client) -> None:
         self._client = client
 
-    def create_job(self, job: Mapping[str, Any], secret: Mapping[str, Any]) -> bool:
+    def create_job(self, job: Mapping[str, Any], secret: Mapping[str, Any] | None) -> bool:
         return jobs.create_job(self._client, job, secret)
+
+    def delete_job(self, namespace: str, name: str, secret: str) -> None:
+        jobs.delete_job(self._client, namespace, name, secret)
 
     def job_state(self, namespace: str, name: str) -> JobState | None:
         return jobs.job_state(self._client, namespace, name)

@@ -3,7 +3,8 @@ library's (lightkube's ``ApiError``) nor its transport's (httpx2's connection er
 
 ```
 KubeError        a call failed; the message names the object and the HTTP status, never a response body
-├── Unreachable  no answer at all (connection refused, reset, timed out): try again later
+├── Unreachable  the API server away or busy: no answer at all (connection refused, reset, timed out),
+│                or 429 Too Many Requests, or a 5xx: try again later, never a verdict
 ├── NotFound     404: the object does not exist
 ├── Conflict     409: the object changed since it was read; read it again and decide again
 └── Forbidden    403: our ServiceAccount may not do this (an RBAC problem, not a transient one)
@@ -14,7 +15,7 @@ KubeError        a call failed; the message names the object and the HTTP status
 
 from __future__ import annotations
 
-from inplace_extension.errors import ExtensionError
+from inplace_extension.errors import ExtensionError, Unavailable
 
 
 class KubeError(ExtensionError):
@@ -27,8 +28,9 @@ class KubeError(ExtensionError):
         self.status = status
 
 
-class Unreachable(KubeError):
-    """The API server gave no answer; callers treat it as "try again later", never as a verdict."""
+class Unreachable(KubeError, Unavailable):
+    """The API server gave no answer, or answered that it cannot now (429, 5xx: overloaded, restarting,
+    etcd away); callers treat it as "try again later", never as a verdict about the object."""
 
 
 class NotFound(KubeError):

@@ -1,12 +1,17 @@
 """Jobs and the Secrets they own, and one Pod's phase annotation: the ``kubernetes`` executor's calls.
 
-A Job is created first and its Secret second, with an ownerReference to the Job's uid, so the garbage
-collector deletes the Secret with the Job (after its ``ttlSecondsAfterFinished``). A Job that exists
-already (AlreadyExists, HTTP 409) was created by another replica for the same attempt: it is not an
-error. A Job's state is read from its conditions and from its Pod (found by the job controller's
-``batch.kubernetes.io/job-name`` label): the container's termination message, and the phase the Pod
-annotated itself with. Whether it has finished alone is one read of the Job (a wait for its end looks
-at that only, and reads the Pod once it has).
+The Secret is created first and the Job second, then the Secret gets an ownerReference to the Job's uid,
+so the garbage collector deletes it with the Job (after its ``ttlSecondsAfterFinished``): there is
+never a Job without its Secret (a Pod that would wait in ContainerCreating for it until the Job's
+deadline). A Secret that exists already was created for the same attempt by a replica killed before
+its Job (:func:`create_job` with no Secret makes that Job from it); a Job that exists already
+(AlreadyExists, HTTP 409) was created by another replica for the same attempt: neither is an error.
+
+A Job's state is read from its conditions and from its Pod (found by the job controller's
+``batch.kubernetes.io/job-name`` label): the container's termination message, the phase the Pod
+annotated itself with, and, while it has not started, why it cannot (:func:`not_starting`: unschedulable,
+an image that cannot be pulled, a missing Secret or ServiceAccount). Whether it has finished alone is one
+read of the Job (a wait for its end looks at that only, and reads the Pod once it has).
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ from typing import Any, Final, cast
 
 from lightkube import Client
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import Pod, Secret
-from lightkube.types import PatchType
+from lightkube.resources.core_v1 import Event, Pod, Secret
+from lightkube.types import CascadeType, PatchType
 
 from inplace_extension.kube.client import plain, translated
 from inplace_extension.kube.errors import Conflict, NotFound
@@ -26,13 +31,26 @@ from inplace_extension.kube.port import JobState
 
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"  # set by the job controller on the Job's Pods
 PHASE_ANNOTATION: Final = "inplace-extension.io/phase"
+ATTEMPT_VOLUME: Final = "attempt"  # the Job's volume of its attempt's Secret (kubejobs/manifest.py)
 
 
-def create_job(client: Client, job: Mapping[str, Any], secret: Mapping[str, Any]) -> bool:
-    """Create ``job``, then ``secret`` owned by it; False when the Job existed (its Secret is created if
-    the replica that created the Job died before it could)."""
+def create_job(client: Client, job: Mapping[str, Any], secret: Mapping[str, Any] | None) -> bool:
+    """Create ``secret``, then ``job``, then make the Job the Secret's owner; False when the Job existed.
+    ``secret`` None: the Secret exists already (created for this attempt by a replica killed before the
+    Job), NotFound when it does not (the Job is then not created: its Pod could never start)."""
     metadata = job["metadata"]
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
+    if secret is None:
+        secret_name = _secret_of(job)
+        with translated(f"get Secret {namespace}/{secret_name}"):
+            client.get(Secret, secret_name, namespace=namespace)
+    else:
+        secret_name = str(secret["metadata"]["name"])
+        try:
+            with translated(f"create Secret {namespace}/{secret_name}"):
+                client.create(cast(Secret, Secret.from_dict(copy.deepcopy(dict(secret)))))
+        except Conflict:
+            pass  # created for this attempt by a replica that was killed before its Job
     created = True
     try:
         with translated(f"create Job {namespace}/{name}"):
@@ -41,16 +59,40 @@ def create_job(client: Client, job: Mapping[str, Any], secret: Mapping[str, Any]
         created = False
         with translated(f"get Job {namespace}/{name}"):
             made = plain(client.get(Job, name, namespace=namespace))
-    owned = copy.deepcopy(dict(secret))
-    owned["metadata"]["ownerReferences"] = [
-        {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": made["metadata"]["uid"]}
-    ]
-    try:
-        with translated(f"create Secret {namespace}/{owned['metadata']['name']}"):
-            client.create(cast(Secret, Secret.from_dict(owned)))
-    except Conflict:
-        pass  # created with the Job by whoever created it
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": made["metadata"]["uid"]}
+    with translated(f"patch Secret {namespace}/{secret_name}"):
+        client.patch(
+            Secret,
+            secret_name,
+            {"metadata": {"ownerReferences": [owner]}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
     return created
+
+
+def _secret_of(job: Mapping[str, Any]) -> str:
+    """The attempt's Secret a Job mounts: its volume ``attempt``."""
+    template = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    for volume in template.get("volumes") or []:
+        if volume.get("name") == ATTEMPT_VOLUME and volume.get("secret"):
+            return str(volume["secret"]["secretName"])
+    return str(job["metadata"]["name"])
+
+
+def delete_job(client: Client, namespace: str, name: str, secret: str) -> None:
+    """Delete the Job with its Pods, and ``secret`` (its garbage collector would, unless the replica that
+    made it died before making the Job its owner); gone already is fine."""
+    try:
+        with translated(f"delete Job {namespace}/{name}"):
+            client.delete(Job, name, namespace=namespace, cascade=CascadeType.BACKGROUND)
+    except NotFound:
+        pass
+    try:
+        with translated(f"delete Secret {namespace}/{secret}"):
+            client.delete(Secret, secret, namespace=namespace)
+    except NotFound:
+        pass
 
 
 def _finished(job: Mapping[str, Any]) -> bool:
@@ -86,7 +128,105 @@ def job_state(client: Client, namespace: str, name: str) -> JobState | None:
             terminated = (status.get("state") or {}).get("terminated") or {}
             if terminated.get("message"):
                 message = str(terminated["message"])
-    return JobState(finished=_finished(job), termination_message=message, phase=phase)
+    finished = _finished(job)
+    stuck = None if finished else _stuck(client, namespace, name, pods)
+    return JobState(finished=finished, termination_message=message, phase=phase, not_starting=stuck)
+
+
+def _stuck(client: Client, namespace: str, name: str, pods: list[dict[str, Any]]) -> str | None:
+    """Why the unfinished Job's Pod cannot start, or None (it runs, or may still start). Reads more only
+    where its status cannot tell: a Pod creating its containers (a Secret it mounts missing) and a Job
+    without a Pod (the job controller refused: its ServiceAccount missing, a quota)."""
+    if not pods:
+        fields: dict[str, Any] = {
+            "involvedObject.kind": "Job",
+            "involvedObject.name": name,
+            "reason": "FailedCreate",
+        }
+        with translated(f"list the Events of Job {namespace}/{name}"):
+            events = [plain(event) for event in client.list(Event, namespace=namespace, fields=fields)]
+        if events:
+            latest = max(events, key=lambda event: str(event.get("lastTimestamp") or ""))
+            return f"its Pod cannot be created: {one_line(str(latest.get('message') or 'FailedCreate'))}"
+        return None
+    reasons = [not_starting(pod) for pod in pods]
+    if any(reason is None and not _creating(pod) for reason, pod in zip(reasons, pods, strict=True)):
+        return None  # one Pod runs (or may still start)
+    known = next((reason for reason in reasons if reason is not None), None)
+    if known is not None:
+        return known
+    for secret in _mounted_secrets(pods[-1]):
+        try:
+            with translated(f"get Secret {namespace}/{secret}"):
+                client.get(Secret, secret, namespace=namespace)
+        except NotFound:
+            return f"Pod cannot start: Secret {namespace}/{secret} is missing"
+    return None
+
+
+# a container waiting for one of these does not start until someone changes something
+WAITING_FOR_GOOD: Final = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+MAX_REASON: Final = 300  # a Pod's status message is one line meant for kubectl; ours names it, shortened
+
+
+def one_line(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_REASON else flat[: MAX_REASON - 3] + "..."
+
+
+def not_starting(pod: Mapping[str, Any]) -> str | None:
+    """Why ``pod`` (a plain dict as the API server sends it) cannot start, from its status alone: the
+    scheduler found no Node (``Pod cannot be scheduled: 0/3 nodes are available: ...``), or a container
+    waits for what will not come by itself (``Pod cannot start: ImagePullBackOff: ...``); None
+    otherwise (running, ended, or still on its way)."""
+    status = pod.get("status") or {}
+    if status.get("phase") not in (None, "Pending"):
+        return None
+    for condition in status.get("conditions") or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            return f"Pod cannot be scheduled: {one_line(str(condition.get('message') or 'Unschedulable'))}"
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason in WAITING_FOR_GOOD:
+            detail = f": {one_line(str(waiting['message']))}" if waiting.get("message") else ""
+            return f"Pod cannot start: {reason}{detail}"
+    return None
+
+
+def _creating(pod: Mapping[str, Any]) -> bool:
+    """Scheduled, its containers not created yet (the kubelet mounting its volumes): a Secret it mounts
+    may be missing, which its status does not say (only a FailedMount Event does)."""
+    status = pod.get("status") or {}
+    if status.get("phase") not in (None, "Pending") or not (pod.get("spec") or {}).get("nodeName"):
+        return False
+    containers = status.get("containerStatuses") or []
+    return all(
+        ((c.get("state") or {}).get("waiting") or {}).get("reason") in (None, "ContainerCreating")
+        for c in containers
+    )
+
+
+def _mounted_secrets(pod: Mapping[str, Any]) -> list[str]:
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    return [
+        str(v["secret"]["secretName"])
+        for v in volumes
+        if (v.get("secret") or {}).get("secretName") and not v["secret"].get("optional")
+    ]
 
 
 def pod_image(client: Client, namespace: str, name: str) -> str | None:

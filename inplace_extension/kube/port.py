@@ -292,18 +292,28 @@ class RecordStore(Protocol):
 @dataclass(frozen=True)
 class JobState:
     """What a Job says about its one attempt: ``finished`` (its Complete or Failed condition), the
-    termination message of its container when its Pod ended (None: none written), and the phase its
-    Pod last published on itself (None: none yet)."""
+    termination message of its container when its Pod ended (None: none written), the phase its
+    Pod last published on itself (None: none yet), and why its Pod cannot start (None: it runs, or may
+    still start): ``Pod cannot be scheduled: 0/3 nodes are available: ...``, ``Pod cannot start:
+    ImagePullBackOff: ...``, ``Pod cannot start: Secret ns/name is missing``, ``its Pod cannot be
+    created: ...``."""
 
     finished: bool
     termination_message: str | None
     phase: str | None
+    not_starting: str | None = None
 
 
 class JobCluster(Protocol):
-    def create_job(self, job: Mapping[str, Any], secret: Mapping[str, Any]) -> bool:
-        """Create the Job, then the Secret (owned by the Job: deleted with it); True when this call
-        created the Job, False when it existed already (another replica created it: one attempt)."""
+    def create_job(self, job: Mapping[str, Any], secret: Mapping[str, Any] | None) -> bool:
+        """Create the Secret (one that exists is this attempt's), then the Job, then make the Job the
+        Secret's owner (deleted with it); True when this call created the Job, False when it existed
+        already (another replica created it: one attempt). ``secret`` None: the Job of an attempt whose
+        Secret exists already (its replica was killed before the Job); NotFound when it does not."""
+        ...
+
+    def delete_job(self, namespace: str, name: str, secret: str) -> None:
+        """Delete the Job (its Pods with it) and its Secret ``secret``; either gone already is fine."""
         ...
 
     def job_state(self, namespace: str, name: str) -> JobState | None:

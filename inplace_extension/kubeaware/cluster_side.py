@@ -69,6 +69,8 @@ class KubeClusterSide:
     def addresses(self, request: RunRequest) -> Sequence[tuple[str, str]]:
         try:
             facts = self._machine(request)
+        except Unreachable:
+            raise  # the API server away or busy: in progress, never HostNotFound
         except KubeError as exc:  # HostNotFound now; the next poll asks again
             log.warning("machine=%s: cannot read the Machine: %s", request.machine, exc.message)
             return ()
@@ -86,6 +88,8 @@ class KubeClusterSide:
             owner = f"{kind} {request.namespace}/{name}"
             try:
                 annotations = self._management.owner_annotations(kind, request.namespace, name)
+            except Unreachable:
+                raise  # the API server away or busy: in progress with nothing posted, nothing starts
             except KubeError as exc:
                 return holds.unreadable(owner, exc.message)
             hold = holds.hold_of(owner, annotations)
@@ -183,13 +187,15 @@ class KubeClusterSide:
         unclean: str | None = None  # why our cordon, skip-remediation or condition is still there
         try:
             facts = self._machine(request)
+        except Unreachable:
+            raise  # the API server away or busy: in progress, the gate's timeout never fails it
         except KubeError as exc:
             log.warning("machine=%s run=%s: clean-up: %s", request.machine, request.ident, exc.message)
             waiting: str | None = f"cannot read the Node yet ({exc.message})"
         else:
             # never done while something of ours is left: a clean-up the API server missed (an outage
             # at the end of the play, or now) is tried again on the next poll
-            unclean = self._release(request, facts)
+            unclean = self._release(request, facts, outage_raises=True)
             waiting = f"cannot clean up yet ({unclean})" if unclean else self._gate(facts, target)
         waiting = waiting or health.first_failing(self._custom.http_checks, address)
         if waiting is None:  # the run service says Done once the checks of cluster objects hold too
@@ -264,6 +270,8 @@ class KubeClusterSide:
         node = facts.node_name
         try:
             health = self._management.workload(facts.namespace, facts.cluster).node_health(node)
+        except Unreachable:
+            raise  # the API server away or busy: in progress, the gate's timeout never fails it
         except KubeError as exc:
             return f"cannot read the Node yet ({exc.message})"
         if not health.exists:
@@ -305,9 +313,12 @@ class KubeClusterSide:
                 UPDATE_CONDITION,
             )
 
-    def _release(self, request: RunRequest, facts: MachineFacts | None) -> str | None:
+    def _release(
+        self, request: RunRequest, facts: MachineFacts | None, outage_raises: bool = False
+    ) -> str | None:
         """Undo our marks, and uncordon a Node we cordoned: each at most once, any caller. None when
-        nothing of ours is left (or no Machine to read), else the API server's error."""
+        nothing of ours is left (or no Machine to read), else the API server's error; with
+        ``outage_raises``, the API server away or busy raises (settle: in progress, never past the gate)."""
         if facts is None:
             return None
         try:
@@ -321,6 +332,8 @@ class KubeClusterSide:
                 )
                 self.state(request, "Uncordoned", f"uncordoned Node {facts.node_name}")
         except KubeError as exc:  # the next poll (settle / failed) tries again
+            if outage_raises and isinstance(exc, Unreachable):
+                raise
             log.warning("machine=%s run=%s: clean-up: %s", request.machine, request.ident, exc.message)
             return exc.message
         return None

@@ -7,6 +7,10 @@ load` that follows it when nothing is in flight); when its last attempt has no o
 attempt's Job:
 
 - running: in flight, with the phase the Job's Pod published on itself (``running: ntp``);
+- not starting (its Pod unschedulable, its image not pulled, a Secret or ServiceAccount missing): in
+  flight, named (``Job inplace-...: Pod cannot be scheduled: 0/3 nodes are available: ...``); once
+  ``start_seconds`` have passed since the attempt began, the Job is deleted and the attempt is
+  interrupted (retried within the budget, charged once), with one ``JobNotStarted`` Event;
 - finished with an outcome in its termination message: that outcome, copied into the record by the
   first replica to see it (once: :meth:`Record.ended` is idempotent);
 - finished without one (its Pod deleted, evicted or past its deadline), or gone altogether some time
@@ -15,10 +19,13 @@ attempt's Job:
 Near a play's expected end, :meth:`JobBackend.wait_end` reads the Job in flight alone (one request)
 once a second, and the record and the Job's Pod only once it has finished.
 
-Launching records the attempt first (its number, retry token, host lock token), then creates its Job
-and Secret: two replicas launching at once agree on one attempt (the record's precondition) and one Job
-(its name; AlreadyExists is in progress). A replica that dies between the two leaves an attempt without
-a Job, which the next poll finds interrupted after :data:`JOB_APPEARS_SECONDS`.
+Launching records the attempt first (its number, retry token, host lock token), then creates its
+Secret, then its Job: two replicas launching at once agree on one attempt (the record's precondition)
+and one Job (its name; AlreadyExists is in progress). A replica killed after the Secret leaves an
+attempt whose Job the next poll creates from that Secret; one killed before it leaves an attempt with
+neither, which the next poll finds interrupted after :data:`JOB_APPEARS_SECONDS`. A launch whose Secret
+or Job the API server refuses (or does not answer) withdraws its attempt: nothing is charged, and the
+next poll launches again.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import Any, Final
 
 import anyio.to_thread
 
-from inplace_extension.kube.errors import Conflict, KubeError, Unreachable
+from inplace_extension.kube.errors import Conflict, KubeError, NotFound
 from inplace_extension.kube.port import JobCluster, JobState, RecordRef, RecordStore
 from inplace_extension.kubejobs.manifest import JobConfig, job_manifest, job_name, labels, secret_manifest
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record, Recorded, WaitClock
@@ -41,7 +48,7 @@ from inplace_extension.runs.artifacts import Attempt
 from inplace_extension.runs.backend import Launch
 from inplace_extension.runs.local import PlayConfig
 from inplace_extension.runs.memo import Recent
-from inplace_extension.runs.model import RunRequest
+from inplace_extension.runs.model import ClusterSide, RunRequest
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +94,15 @@ class JobBackend:
         job_settings: Mapping[str, Any],
         capabilities_file: str | None,
         clock: Callable[[], float],
+        cluster: ClusterSide,
+        start_seconds: float,
     ) -> None:
         """``where``: the object each request's record is on; ``job_settings``: the settings the Job runs
-        with (spec.JOB_SETTINGS); ``capabilities_file``: the service's, as text (None: none)."""
+        with (spec.JOB_SETTINGS); ``capabilities_file``: the service's, as text (None: none);
+        ``cluster``: where a Job that did not start is posted (an Event); ``start_seconds``: how long
+        after its attempt began a Job whose Pod cannot start is given up (``--job-start-timeout-seconds``)."""
+        self._cluster = cluster
+        self._start_seconds = start_seconds
         self._jobs = jobs
         self._records = records
         self._where = where
@@ -136,14 +149,14 @@ class JobBackend:
     # the launcher
 
     async def in_flight(self, request: RunRequest) -> str | None:
-        """Also in progress while the record cannot be read (the API server away, the object changing
-        under every write): no decision is made without it, and the next poll tries again."""
+        """Also in progress while the record cannot be written (the object changing under every write):
+        no decision is made without it, and the next poll tries again. The API server away or busy
+        raises (Unreachable): the service answers ``cluster API unavailable: ...``."""
         try:
             look = await anyio.to_thread.run_sync(self._look, request)
-        except (Unreachable, Conflict) as exc:
+        except Conflict as exc:
             log.warning("machine=%s run=%s: %s", request.machine, request.ident, exc)
-            problem = "the API server is unreachable" if isinstance(exc, Unreachable) else "it keeps changing"
-            return progress.record_unreadable(str(self._where(request)), problem)
+            return progress.record_unreadable(str(self._where(request)), "it keeps changing")
         if look.job is not None:
             self._running.set(request.ident, look.job)
         if look.earlier is not None:
@@ -151,6 +164,8 @@ class JobBackend:
         if look.running is None:
             self._looked.set(request.ident, look.record)
             return None
+        if look.running.not_starting is not None and look.job is not None:
+            return progress.job_not_starting(look.job, look.running.not_starting)
         return progress.running(look.running.phase or progress.STARTING)
 
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
@@ -225,7 +240,7 @@ class JobBackend:
         raise Conflict(f"annotate {ref}: it kept changing", 409)
 
     def _look(self, request: RunRequest) -> _Look:
-        record, _version, _node, value = self._read(request)
+        record, _version, node, value = self._read(request)
         earlier = Record.earlier_in_flight(value, request.ident)
         if earlier is not None:
             state = self._jobs.job_state(self._config.namespace, earlier.job)
@@ -240,12 +255,17 @@ class JobBackend:
             now = self._clock()
             if state is not None and not state.finished:
                 running = state
+                if state.not_starting is not None and now - attempt.started >= self._start_seconds:
+                    record = self._not_started(request, attempt, state.not_starting, now)
+                    running = None
             elif state is not None:
                 outcome = outcome_of(state.termination_message) or interrupted(
                     f"Job {attempt.job} ended without an outcome (its Pod was deleted, evicted or timed out)",
                     now,
                 )
                 record = self._end(request, attempt, outcome)
+            elif self._resume(request, attempt, node):
+                running = JobState(finished=False, termination_message=None, phase=None)
             elif now - attempt.started >= JOB_APPEARS_SECONDS:
                 outcome = interrupted(f"Job {attempt.job} is gone without an outcome", now)
                 record = self._end(request, attempt, outcome)
@@ -256,7 +276,49 @@ class JobBackend:
             record, running, job=attempt.job if running is not None and attempt is not None else None
         )
 
-    def _end(self, request: RunRequest, attempt: Recorded, outcome: Any) -> Record:
+    def _resume(self, request: RunRequest, attempt: Recorded, node: str | None) -> bool:
+        """The Job of a recorded attempt whose replica was killed after creating its Secret: created now
+        from that Secret (True). False when there is no Secret either (nothing of the attempt exists)."""
+        job = job_manifest(self._config, request, attempt.number, node)
+        try:
+            created = self._jobs.create_job(job, None)
+        except NotFound:
+            return False
+        log.info(
+            "machine=%s run=%s state=resumed attempt=%d job=%s/%s%s",
+            request.machine,
+            request.ident,
+            attempt.number,
+            self._config.namespace,
+            attempt.job,
+            "" if created else " (the Job existed)",
+        )
+        return True
+
+    def _not_started(self, request: RunRequest, attempt: Recorded, why: str, now: float) -> Record:
+        """The attempt's Pod did not start within ``start_seconds``: its Job is deleted first (so that it
+        cannot start later, beside the next attempt), then the attempt is interrupted, and the replica
+        whose write recorded it posts one ``JobNotStarted`` Event."""
+        self._jobs.delete_job(self._config.namespace, attempt.job, attempt.job)
+        detail = f"Job {attempt.job} did not start within {self._start_seconds:.0f}s: {why}"
+        ended: list[bool] = []
+        record = self._end(request, attempt, interrupted(detail, now), ended)
+        if ended:
+            self._cluster.state(request, "JobNotStarted", detail, warning=True)
+        return record
+
+    def _end(
+        self, request: RunRequest, attempt: Recorded, outcome: Any, ended: list[bool] | None = None
+    ) -> Record:
+        """Record ``outcome`` (once: a later caller finds it there); ``ended`` gets True when this call
+        wrote it."""
+
+        def end(record: Record) -> Record | None:
+            changed = record.ended(attempt.number, outcome)
+            if ended is not None:
+                ended[:] = [True] if changed is not None else []
+            return changed
+
         log.info(
             "machine=%s run=%s state=%s attempt=%d job=%s %s",
             request.machine,
@@ -266,7 +328,7 @@ class JobBackend:
             attempt.job,
             outcome.detail,
         )
-        return self._update(request, lambda r: r.ended(attempt.number, outcome))
+        return self._update(request, end)
 
     def _launch(self, launch: Launch) -> str:
         request = launch.request
@@ -308,7 +370,11 @@ class JobBackend:
         )
         job = job_manifest(self._config, request, attempt.number, node)
         secret = secret_manifest(self._config, attempt.job, spec.encode(), labels(request, attempt.number))
-        created = self._jobs.create_job(job, secret)
+        try:
+            created = self._jobs.create_job(job, secret)
+        except KubeError as exc:
+            self._withdraw(request, attempt)
+            raise exc from None
         log.info(
             "machine=%s run=%s state=launched attempt=%d job=%s/%s host=%s source=%s%s",
             request.machine,
@@ -321,6 +387,31 @@ class JobBackend:
             "" if created else " (the Job existed)",
         )
         return progress.running(progress.STARTING)
+
+    def _withdraw(self, request: RunRequest, attempt: Recorded) -> None:
+        """A launch whose Secret or Job was refused or not answered: its Job (which a timed-out create
+        may have made all the same) and Secret are deleted, then the attempt is taken out of the record,
+        so that it is not charged and the next poll launches again. If the API server does not let it,
+        the attempt stays: the next poll finds its Job, makes it from its Secret, or (neither there) ends
+        it as interrupted after :data:`JOB_APPEARS_SECONDS`."""
+
+        def without(record: Record) -> Record | None:
+            last = record.unfinished
+            if last is None or (last.number, last.lock_token) != (attempt.number, attempt.lock_token):
+                return None
+            return Record(record.ident, record.attempts[:-1], record.wait)
+
+        try:
+            self._jobs.delete_job(self._config.namespace, attempt.job, attempt.job)
+            self._update(request, without)
+        except KubeError as exc:
+            log.warning(
+                "machine=%s run=%s attempt=%d: cannot withdraw it: %s",
+                request.machine,
+                request.ident,
+                attempt.number,
+                exc,
+            )
 
 
 def _with_wait(record: Record, check: str, token: str, now: float) -> Record | None:

@@ -306,6 +306,10 @@ class Agent:
             ns.node_addresses(node),
         )
         progress = await self._executor.poll(request)
+        if progress.unavailable:
+            # the API server away or busy: nothing was decided; no Event, no result, the resync asks again
+            log.info("node %s: %s", name, progress.message)
+            return True
         self._cancelled.discard(name)
         if progress.waiting is not None and progress.state is ProgressState.IN_PROGRESS:
             # not started (outside its maintenance window, paused): no result, MCM keeps the Node waiting

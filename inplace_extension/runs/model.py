@@ -120,6 +120,9 @@ class Progress:
     cancelled: bool = False
     # IN_PROGRESS only: an attempt is in flight (queued or playing): Executor.wait_end waits for its end
     in_flight: bool = False
+    # IN_PROGRESS only: the cluster's API server was away or busy (no answer, 429, 5xx): nothing was
+    # decided, charged or posted; the next call asks again
+    unavailable: bool = False
 
 
 class Executor(Protocol):

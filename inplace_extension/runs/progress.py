@@ -38,6 +38,8 @@ MESSAGES = {
     "paused": "paused by {owner} (annotation {annotation})",
     "pause_unreadable": "pause: cannot read {owner} ({problem})",
     "record_unreadable": "record: cannot read {where} ({problem})",
+    "api_unavailable": "cluster API unavailable: {problem}",
+    "job_not_starting": "Job {job}: {problem}",
     "cancelled": "cancelled by {owner} (annotation {annotation}={value})",
     "health_check": 'waiting for health check "{check}" ({detail})',
     "health_check_failed": (
@@ -51,7 +53,15 @@ MESSAGES = {
 
 # only the Kubernetes-aware mode's cluster steps (and the kubernetes health checks) answer these
 CLUSTER_STEPS = frozenset(
-    {"draining", "health_waiting", "pause_unreadable", "record_unreadable", "health_check"}
+    {
+        "draining",
+        "health_waiting",
+        "pause_unreadable",
+        "record_unreadable",
+        "api_unavailable",
+        "job_not_starting",
+        "health_check",
+    }
 )
 # answered as a Failure (the MCM agent: a failed result), never while an update goes on
 FAILURES = frozenset({"cancelled", "health_check_failed", "health_check_timed_out"})
@@ -70,6 +80,18 @@ def running(step: str) -> str:
     if ": " in step:
         return step
     return MESSAGES["running"].format(step=step)
+
+
+def api_unavailable(problem: str) -> str:
+    """A call to the cluster's API server had no answer, or a 429 or 5xx (``problem`` names the call):
+    nothing was decided, the next poll asks again."""
+    return MESSAGES["api_unavailable"].format(problem=problem)
+
+
+def job_not_starting(job: str, problem: str) -> str:
+    """The ``kubernetes`` executor's Job ``job`` has a Pod that cannot start (``problem``: why, from the
+    Pod's status: ``Pod cannot be scheduled: 0/3 nodes are available: ...``)."""
+    return MESSAGES["job_not_starting"].format(job=job, problem=problem)
 
 
 def record_unreadable(where: str, problem: str) -> str:
@@ -163,6 +185,7 @@ def pattern(capabilities: Iterable[str], cluster_steps: bool = False) -> re.Patt
         "where": r"(?:Machine [-a-z0-9.]+/[-a-z0-9.]+|Node [-a-z0-9.]+)",
         "check": r"[a-z][a-z0-9_]*",
         "detail": r".+",
+        "job": r"inplace-[0-9a-f]+(?:-[0-9a-z]+)*",
     }
     alternatives = []
     for name, template in MESSAGES.items():

@@ -20,6 +20,7 @@ from functools import partial
 
 import anyio.to_thread
 
+from inplace_extension.errors import Unavailable
 from inplace_extension.metrics import Metrics, WaitReason
 from inplace_extension.runs import progress, validate
 from inplace_extension.runs.artifacts import (
@@ -106,11 +107,24 @@ class RunService:
         problem = validate.problem(request)
         if problem is not None:
             return Progress(ProgressState.FAILED, f"InvalidRequest: {problem}")
-        answer = await self._answer(request)
+        try:
+            answer = await self._answer(request)
+        except Unavailable as exc:
+            answer = self._unavailable(request, exc)
         attempts = self._backend.cached(request.ident)
         started = min((a.started for a in attempts if a.started > 0), default=None)
         self._board.record(request.ident, answer, started)
         return answer
+
+    def _unavailable(self, request: RunRequest, exc: Unavailable) -> Progress:
+        """The cluster's API server away or busy (no answer, 429, 5xx) while reading or writing the record,
+        the Machine or the Job: in progress, as nothing can be decided without it. Nothing is charged
+        (no outcome is recorded without the API server) and nothing is posted; the next poll asks again."""
+        log.warning(
+            "machine=%s run=%s: cluster API unavailable: %s", request.machine, request.ident, exc.message
+        )
+        message = progress.api_unavailable(exc.message)
+        return Progress(ProgressState.IN_PROGRESS, message, self._retry_after, unavailable=True)
 
     @property
     def end_wait_is_cheap(self) -> bool:

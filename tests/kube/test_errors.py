@@ -18,7 +18,7 @@ def api_error(status: int) -> ApiError:
 
 @pytest.mark.parametrize(
     ("status", "kind"),
-    [(403, Forbidden), (404, NotFound), (409, Conflict), (422, KubeError), (500, KubeError)],
+    [(403, Forbidden), (404, NotFound), (409, Conflict), (422, KubeError)],
 )
 def test_an_api_error_becomes_our_error_naming_the_call_and_status(
     status: int, kind: type[KubeError]
@@ -39,6 +39,16 @@ def test_no_answer_at_all_is_unreachable(error: Exception) -> None:
         raise error
     assert caught.value.status is None
     assert caught.value.message == f"the API server is unreachable ({type(error).__name__})"
+
+
+@pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
+def test_an_api_server_busy_or_failing_is_unreachable_naming_the_call_and_status(status: int) -> None:
+    """429 (priority and fairness) and 5xx say "not now", nothing about the object: try again later."""
+    with pytest.raises(Unreachable) as caught, translated("patch Machine ns/m1"):
+        raise api_error(status)
+    assert caught.value.status == status
+    assert caught.value.message == f"patch Machine ns/m1: the API server answered {status}"
+    assert "secret" not in str(caught.value)
 
 
 def test_an_error_answer_the_transport_raises_is_an_answer_not_an_outage() -> None:

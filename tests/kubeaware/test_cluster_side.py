@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from kubefake import FakeManagement
+from kubefake import FakeManagement, failing_with
 
 from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.drain import CORDONED_BY
-from inplace_extension.kube.errors import Unreachable
+from inplace_extension.kube.errors import Forbidden, KubeError, Unreachable
 from inplace_extension.kube.machines import SKIP_REMEDIATION, SKIP_REMEDIATION_BY
 from inplace_extension.kube.update_condition import IDLE_MESSAGE
 from inplace_extension.kubeaware.cluster_side import KubeClusterSide, updating_message
@@ -214,10 +214,16 @@ def test_each_step_reads_the_machine_once(cluster: FakeManagement) -> None:
         assert cluster.calls.count["machine"] - before == 1
 
 
-def test_the_address_comes_from_the_machine_and_api_trouble_means_none_yet(cluster: FakeManagement) -> None:
+def test_the_address_comes_from_the_machine_and_api_trouble_means_none_yet(
+    cluster: FakeManagement, monkeypatch: pytest.MonkeyPatch
+) -> None:
     side, run = side_for(cluster), request("users")
     assert side.addresses(run) == (("InternalIP", "10.0.0.7"),)
     cluster.calls.failing.add("machine")
+    with pytest.raises(Unreachable):  # the API server away: in progress, never HostNotFound
+        side.addresses(run)
+    forbidden = Forbidden("get Machine default/m1: the API server answered 403", 403)
+    monkeypatch.setattr(cluster, "machine", failing_with(forbidden))
     assert side.addresses(run) == ()
 
 
@@ -259,18 +265,35 @@ def test_the_pause_annotation_on_the_deployment_or_cluster_holds_and_cancel_wins
 def test_an_owner_that_cannot_be_read_holds_with_the_reason(
     cluster: FakeManagement, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def unreachable(kind: str, namespace: str, name: str) -> None:
-        raise Unreachable("the API server is unreachable (ConnectError)")
+    def forbidden(kind: str, namespace: str, name: str) -> None:
+        raise Forbidden("get Cluster default/c1: the API server answered 403", 403)
 
-    monkeypatch.setattr(cluster, "owner_annotations", unreachable)
+    monkeypatch.setattr(cluster, "owner_annotations", forbidden)
     held = side_for(cluster).hold(labelled(CLUSTER_LABEL))
     assert held == Hold(
-        "pause: cannot read Cluster default/c1 (the API server is unreachable (ConnectError))"
+        "pause: cannot read Cluster default/c1 (get Cluster default/c1: the API server answered 403)"
     )
 
 
+@pytest.mark.parametrize("call", ["owner_annotations", "machine"])
+def test_the_api_server_away_or_busy_is_raised_for_the_service_to_answer_in_progress(
+    cluster: FakeManagement, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """Not a hold (its Waiting Event), not HostNotFound, not a health gate that times out: the run
+    service answers ``cluster API unavailable: ...`` and posts nothing."""
+    busy = Unreachable("get Cluster default/c1: the API server answered 429", 429)
+    monkeypatch.setattr(cluster, call, failing_with(busy))
+    side, run = side_for(cluster), labelled(CLUSTER_LABEL)
+    with pytest.raises(Unreachable):
+        side.hold(run) if call == "owner_annotations" else side.addresses(run)
+    if call == "machine":
+        with pytest.raises(Unreachable):
+            side.settle(run, applied_at=0.0, address=None)
+    assert cluster.events == []
+
+
 def test_a_clean_up_the_api_server_missed_is_done_before_the_update_counts_as_done(
-    cluster: FakeManagement,
+    cluster: FakeManagement, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     side, run = side_for(cluster), request("kubelet_args")
     assert side.before_play(run) is None and side.drain(run, lambda message: None) is None
@@ -281,19 +304,25 @@ def test_a_clean_up_the_api_server_missed_is_done_before_the_update_counts_as_do
     assert node.unschedulable and SKIP_REMEDIATION in cluster.machines[(NS, NAME)].annotations
     assert node.updating is not None and node.updating[0] == "True"
     # back, but each clean-up call still fails once (restarting): the Node is Ready, yet not done
-    unreachable = "the API server is unreachable (ConnectError)"
+    # the API server away is the run service's "cluster API unavailable" (never past the gate's timeout)
     for call in ("clear_updating", "uncordon"):
         cluster.calls.failing = {call}
-        waiting = side.settle(run, applied_at=1e12, address=None)
-        assert (waiting.state, waiting.message) == (
-            ProgressState.IN_PROGRESS,
-            f"health gate: cannot clean up yet ({unreachable})",
-        ), call
+        with pytest.raises(Unreachable):
+            side.settle(run, applied_at=0.0, address=None)
+    refused = "clear the condition: the API server answered 422"
+    cluster.calls.failing.clear()
+    monkeypatch.setattr(cluster, "unmark_skip_remediation", failing_with(KubeError(refused, 422)))
+    waiting = side.settle(run, applied_at=1e12, address=None)
+    assert (waiting.state, waiting.message) == (
+        ProgressState.IN_PROGRESS,
+        f"health gate: cannot clean up yet ({refused})",
+    )
     failed = side.settle(run, applied_at=0.0, address=None)  # past the gate's timeout: it says why
     assert (failed.state, failed.message) == (
         ProgressState.FAILED,
-        f"health gate: could not clean up within 60s after the update ({unreachable})",
+        f"health gate: could not clean up within 60s after the update ({refused})",
     )
+    monkeypatch.undo()
     cluster.calls.failing.clear()
     assert side.settle(run, applied_at=0.0, address=None).state is ProgressState.DONE
     assert not node.unschedulable and CORDONED_BY not in node.annotations

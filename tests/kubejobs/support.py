@@ -12,7 +12,7 @@ from inplace_extension.kubejobs.manifest import JobConfig
 from inplace_extension.kubejobs.spec import termination_message
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
 from inplace_extension.runs.local import NO_PLAY_CONFIG
-from inplace_extension.runs.model import RunRequest
+from inplace_extension.runs.model import NO_CLUSTER_SIDE, ClusterSide, RunRequest
 
 CONFIG = JobConfig(
     namespace="inplace-extension-system",
@@ -24,15 +24,19 @@ CONFIG = JobConfig(
     ttl_seconds=3600,
 )
 
+START_SECONDS = 600.0  # --job-start-timeout-seconds' default
+
 
 def job_backend(
     jobs: JobCluster,
     records: RecordStore,
     where: Callable[[RunRequest], RecordRef],
     clock: Callable[[], float],
+    cluster: ClusterSide = NO_CLUSTER_SIDE,
+    start_seconds: float = START_SECONDS,
 ) -> JobBackend:
     """A replica's backend: :data:`CONFIG`, no play settings, no capabilities file; the record of each
-    request on the object ``where`` names."""
+    request on the object ``where`` names; a Job that did not start posted to ``cluster``."""
     return JobBackend(
         jobs=jobs,
         records=records,
@@ -42,6 +46,8 @@ def job_backend(
         job_settings={},
         capabilities_file=None,
         clock=clock,
+        cluster=cluster,
+        start_seconds=start_seconds,
     )
 
 

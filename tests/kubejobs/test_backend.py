@@ -12,12 +12,14 @@ import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
-from kubefake import FakeJobs
+from kubefake import FakeJobs, ReplicaKilled
 from run_deps import run_service
 from runs.test_service import CEPH_DOWN, INVENTORY, Clock, Health, utc
 
+from inplace_extension.kube.errors import Unreachable
 from inplace_extension.kube.port import RecordRef
 from inplace_extension.kubejobs.backend import JOB_APPEARS_SECONDS, JOB_LOOK_SECONDS, JobBackend
 from inplace_extension.kubejobs.manifest import job_name
@@ -27,6 +29,7 @@ from inplace_extension.runs import progress
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
 from inplace_extension.runs.model import (
     NO_OBJECT_HEALTH,
+    NoClusterSide,
     ObjectHealth,
     Progress,
     ProgressState,
@@ -36,7 +39,7 @@ from inplace_extension.runs.play_time import known_cost
 from inplace_extension.runs.policy import RETRY_ANNOTATION
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
-from kubejobs.support import CONFIG, job_backend, outcome
+from kubejobs.support import CONFIG, START_SECONDS, job_backend, outcome
 
 pytestmark = pytest.mark.anyio
 FP = "ab" * 32
@@ -204,7 +207,7 @@ async def test_a_job_that_never_appears_or_is_gone_is_interrupted_after_a_grace(
 ) -> None:
     service = replica(settings, cluster, clock)
     await service.poll(req())
-    cluster.delete_job(job_name(req().ident, 1))
+    cluster.expire_job(job_name(req().ident, 1))
     assert cluster.secrets == {}, "the Secret goes with the Job that owns it"
     clock.now += 10  # another replica may have recorded the attempt and not created its Job yet
     assert await service.poll(req()) == STARTING
@@ -250,13 +253,11 @@ async def test_while_the_record_cannot_be_read_nothing_starts_and_the_poll_says_
 ) -> None:
     cluster.calls.failing.add("read")
     answer = await replica(settings, cluster, clock).poll(req())
-    # answered as in flight (the record cannot say otherwise): the MCM agent's wait for its end looks
-    # again until its tick is over
     assert answer == Progress(
         ProgressState.IN_PROGRESS,
-        "record: cannot read Machine default/m1 (the API server is unreachable)",
+        "cluster API unavailable: the API server is unreachable (ConnectError)",
         1,
-        in_flight=True,
+        unavailable=True,
     )
     assert progress.pattern(("ntp",), cluster_steps=True).fullmatch(answer.message)
     assert cluster.jobs == {}
@@ -401,3 +402,169 @@ async def test_a_whole_poll_in_the_end_window_makes_few_calls(
     answer = await service.poll(req())
     assert answer.state is ProgressState.IN_PROGRESS
     assert cluster.calls.count - before == Counter({"read": 2, "job_state": 2, "job_finished": 3})
+
+
+class Posted(NoClusterSide):
+    """A cluster side that keeps the Events it is asked to post (the real one names each after its
+    object, occurrence and message, so one posted twice is one Event: here every call counts)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def state(self, request: RunRequest, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append((reason, message))
+
+
+def posting_replica(settings: Settings, cluster: FakeJobs, clock: Clock, posted: Posted) -> RunService:
+    backend = job_backend(cluster, cluster, machine_of, clock, cluster=posted)
+    return run_service(settings, clock=clock, cluster=posted, backend=backend)
+
+
+async def test_a_replica_killed_between_the_secret_and_the_job_is_recovered_by_the_next_poll(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    """Never a Job without its Secret (its Pod would wait in ContainerCreating until the deadline), and
+    an attempt left with its Secret alone gets its Job on the next poll, not an hour later."""
+    name = job_name(req().ident, 1)
+    cluster.killed_after_secret = True
+    with pytest.raises(ReplicaKilled):
+        await replica(settings, cluster, clock).poll(req())
+    assert cluster.jobs == {} and list(cluster.secrets) == [(CONFIG.namespace, name)]
+    clock.now += 1
+    assert await replica(settings, cluster, clock).poll(req()) == STARTING
+    job = cluster.only_job()
+    assert job.manifest["metadata"]["name"] == name
+    owners = cluster.secrets[(CONFIG.namespace, name)]["metadata"]["ownerReferences"]
+    assert [owner["uid"] for owner in owners] == [job.uid], "the Secret goes with its Job"
+    (attempt,) = record(cluster).attempts
+    assert attempt.outcome is None and spec_of(cluster, 1).lock_token == attempt.lock_token
+    cluster.finish(name, outcome(OutcomeKind.SUCCESSFUL, clock.now))
+    assert (await replica(settings, cluster, clock).poll(req())).state is ProgressState.DONE
+
+
+UNSCHEDULABLE = (
+    "0/3 nodes are available: 1 node(s) didn't match pod anti-affinity rules, 2 node(s) were unschedulable."
+)
+PULL = 'failed to pull and unpack image "registry.invalid/inplace-extension:0": not found'
+
+
+def pending_pod(reason: str | None, message: str) -> dict[str, Any]:
+    if reason is None:
+        condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        return {"phase": "Pending", "conditions": [condition]}
+    waiting = {"reason": reason, "message": message}
+    return {"phase": "Pending", "containerStatuses": [{"name": "attempt", "state": {"waiting": waiting}}]}
+
+
+@pytest.mark.parametrize(
+    ("status", "named"),
+    [
+        (pending_pod(None, UNSCHEDULABLE), f"Pod cannot be scheduled: {UNSCHEDULABLE}"),
+        (pending_pod("ErrImagePull", PULL), f"Pod cannot start: ErrImagePull: {PULL}"),
+        (
+            pending_pod("ImagePullBackOff", "Back-off pulling image"),
+            "Pod cannot start: ImagePullBackOff: Back-off pulling image",
+        ),
+        (
+            pending_pod("CreateContainerConfigError", 'secret "inplace-extension-ssh" not found'),
+            'Pod cannot start: CreateContainerConfigError: secret "inplace-extension-ssh" not found',
+        ),
+    ],
+)
+async def test_a_pod_that_cannot_start_is_named_at_once_and_given_up_after_the_start_timeout(
+    settings: Settings, cluster: FakeJobs, clock: Clock, status: dict[str, Any], named: str
+) -> None:
+    posted = Posted()
+    a, b = (
+        posting_replica(settings, cluster, clock, posted),
+        posting_replica(settings, cluster, clock, posted),
+    )
+    assert await a.poll(req()) == STARTING
+    job = cluster.only_job()
+    name = job.manifest["metadata"]["name"]
+    job.pod_status = status
+    clock.now += 20  # well within a minute
+    for service in (a, b):
+        answer = await service.poll(req())
+        assert (answer.state, answer.message) == (ProgressState.IN_PROGRESS, f"Job {name}: {named}")
+        assert progress.pattern(("ntp",), cluster_steps=True).fullmatch(answer.message)
+    assert record(cluster).attempts[0].outcome is None and cluster.deleted == []
+    assert [reason for reason, _ in posted.events] == ["Queued"]
+
+    clock.now += START_SECONDS  # --job-start-timeout-seconds after the attempt began
+    retrying = await b.poll(req())
+    assert retrying.retrying and retrying.message == "run interrupted, retrying (attempt 2)"
+    assert await a.poll(req()) == retrying
+    assert cluster.deleted == [name] and cluster.jobs == {} and cluster.secrets == {}
+    (attempt,) = record(cluster).attempts
+    given_up = f"Job {name} did not start within {START_SECONDS:.0f}s: {named}"
+    assert attempt.outcome is not None and attempt.outcome.kind is OutcomeKind.INTERRUPTED
+    assert attempt.outcome.detail == given_up
+    assert posted.events[1:] == [("JobNotStarted", given_up)], "one Event, by the replica that recorded it"
+
+    budget = settings.model_copy(update={"max_failed_attempts": 1})
+    blocked = Progress(ProgressState.FAILED, "blocked after 1 failed attempts: run interrupted", blocked=True)
+    assert await replica(budget, cluster, clock).poll(req()) == blocked, "charged once to the retry budget"
+
+
+def busy(status: int) -> Unreachable:
+    return Unreachable(f"patch Machine default/m1: the API server answered {status}", status)
+
+
+OUTAGES = {
+    "429": busy(429),
+    "500": busy(500),
+    "503": busy(503),
+    "timeout": Unreachable("the API server is unreachable (ReadTimeout)"),
+    "refused": Unreachable("the API server is unreachable (ConnectError)"),
+}
+
+
+@pytest.mark.parametrize("outage", sorted(OUTAGES))
+@pytest.mark.parametrize(
+    "call",
+    [
+        "read",
+        "write",
+        "create_job",
+        "create_secret",
+        "create_job_object",
+        "job_state",
+        "outcome",
+        "delete_job",
+    ],
+)
+async def test_the_api_server_busy_or_away_is_in_progress_charging_and_posting_nothing(
+    settings: Settings, cluster: FakeJobs, clock: Clock, outage: str, call: str
+) -> None:
+    """At each read and write of a poll: the record, the Secret and the Job, the Job's state, the
+    outcome's write, the deletion of a Job that did not start."""
+    posted = Posted()
+    service = posting_replica(settings, cluster, clock, posted)
+    name = job_name(req().ident, 1)
+    if call in ("job_state", "outcome", "delete_job"):
+        assert await service.poll(req()) == STARTING
+        posted.events.clear()
+        if call == "outcome":
+            cluster.finish(name, None)  # ended without an outcome: an interrupted attempt to record
+        if call == "delete_job":
+            cluster.only_job().pod_status = pending_pod(None, UNSCHEDULABLE)
+            clock.now += START_SECONDS
+    error = OUTAGES[outage]
+    cluster.calls.errors["write" if call == "outcome" else call] = error
+    before = cluster.annotation(MACHINE, RECORD_ANNOTATION)
+    answer = await service.poll(req())
+    assert answer == Progress(
+        ProgressState.IN_PROGRESS, f"cluster API unavailable: {error.message}", 1, unavailable=True
+    )
+    assert progress.pattern(("ntp",), cluster_steps=True).fullmatch(answer.message)
+    assert posted.events == []
+    assert all(a.outcome is None for a in record(cluster).attempts), "nothing charged"
+    if call not in ("job_state", "outcome", "delete_job"):
+        assert cluster.jobs == {} and cluster.secrets == {} and record(cluster).attempts == ()
+    else:
+        assert cluster.annotation(MACHINE, RECORD_ANNOTATION) == before
+    cluster.calls.errors.clear()
+    after = await service.poll(req())
+    assert after.state is ProgressState.IN_PROGRESS and not after.unavailable
+    assert [a.number for a in record(cluster).attempts] == [1]
