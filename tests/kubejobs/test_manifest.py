@@ -9,7 +9,14 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from inplace_extension.kubejobs.manifest import job_manifest, job_name, labels, secret_manifest
+from inplace_extension.kubejobs.attempt import KILL_AFTER_SECONDS
+from inplace_extension.kubejobs.manifest import (
+    STOP_GRACE_SECONDS,
+    job_manifest,
+    job_name,
+    labels,
+    secret_manifest,
+)
 from inplace_extension.kubejobs.spec import (
     TERMINATION_MESSAGE_LIMIT,
     AttemptSpec,
@@ -78,6 +85,9 @@ def test_the_job_is_selectable_kept_off_its_node_bounded_in_time_and_non_root() 
     assert spec["backoffLimit"] == 0
     assert spec["activeDeadlineSeconds"] == 1800
     assert spec["ttlSecondsAfterFinished"] == 3600
+    # a deleted Pod's attempt stops its play (SIGTERM, then SIGKILL) and writes its outcome before SIGKILL
+    grace = spec["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace == STOP_GRACE_SECONDS >= 4 * KILL_AFTER_SECONDS
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     assert pod["serviceAccountName"] == "inplace-extension-attempt"

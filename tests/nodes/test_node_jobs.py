@@ -18,6 +18,7 @@ kills a replica, or deletes the Job's Pod, while the play is known to be in its 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,7 +30,13 @@ from e2e.service import Service
 from hostlab.lab import Host
 from kubelab import objects
 
-from inplace_extension.kubejobs.manifest import ATTEMPT_LABEL, MACHINE_LABEL, NAMESPACE_LABEL, RUN_LABEL
+from inplace_extension.kubejobs.manifest import (
+    ATTEMPT_LABEL,
+    MACHINE_LABEL,
+    NAMESPACE_LABEL,
+    RUN_LABEL,
+    STOP_GRACE_SECONDS,
+)
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION
 from inplace_extension.runs.ssh import close_control_masters
 
@@ -48,6 +55,7 @@ from .test_node_capabilities import node, on_node, stamp_writes
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
 RELEASE_DIR = "/etc/nodes-test"
+LOCK_LOG = "/var/lib/inplace-extension/lock.log"  # the playbook's default state dir
 # the hold: the health gate waits (up to its timeout) for a file the test writes on the updated node
 HELD = """\
 health_checks:
@@ -221,7 +229,7 @@ def test_a_jobs_pod_deleted_mid_play_is_one_interrupted_attempt_and_the_next_job
     host = target
     tag = uuid.uuid4().hex[:8]
     path, release = f"{RELEASE_DIR}/deleted-{tag}", f"{RELEASE_DIR}/release-{tag}"
-    stamps = stamp_writes(node_cluster, host)
+    stamps, lock_events = stamp_writes(node_cluster, host), len(_lock_events(node_cluster, host))
     service = replicas("a", HELD % release)
     spec = _file_spec(node_cluster, host, path, "after a deleted Pod\n")
 
@@ -232,9 +240,14 @@ def test_a_jobs_pod_deleted_mid_play_is_one_interrupted_attempt_and_the_next_job
     # waited for: during the Pod's grace period its play still runs, and the release below would let it
     # finish (seen in CI: one successful attempt, no interrupted one)
     name = pod["metadata"]["name"]
+    deleting = time.monotonic()
     node_cluster.kube.kubectl(
         "delete", "pod", name, "-n", jobs_namespace, "--wait=true", "--timeout=180s", timeout=200
     )
+    # the attempt stopped its play on SIGTERM and ended: before the grace period's SIGKILL (the
+    # attempt is its container's PID 1, which once dropped SIGTERM and played on until then)
+    gone = time.monotonic() - deleting
+    assert gone < STOP_GRACE_SECONDS, f"the deleted Pod took {gone:.1f}s to end"
     # the next attempt's play passes its health gate at once
     on_node(node_cluster, host, "touch", release)
 
@@ -246,11 +259,19 @@ def test_a_jobs_pod_deleted_mid_play_is_one_interrupted_attempt_and_the_next_job
     assert second["o"]["kind"] == "successful", second
     # the host lock of the deleted Pod's play was taken over at once, not after the stale timeout
     assert second["o"]["finished"] - second["s"] < 120, second
+    events = _lock_events(node_cluster, host)[lock_events:]
+    assert [e.get("reason") for e in events if e.get("event") == "took-over"] == ["own-dead-attempt"], events
     jobs = _jobs(node_cluster, jobs_namespace, host.name)
     assert [j["metadata"]["name"] for j in jobs] == [first["j"], second["j"]]
     assert objects.condition(jobs[0], "Failed") and objects.condition(jobs[1], "Complete")
     assert on_node(node_cluster, host, "cat", path) == "after a deleted Pod\n"
     assert stamp_writes(node_cluster, host) == stamps + 1
+
+
+def _lock_events(cluster: Cluster, host: Host) -> list[dict[str, Any]]:
+    """The node's host lock log (inplace_host_state's ``lock.log``: acquired, waiting, took-over...)."""
+    text = on_node(cluster, host, "sh", "-c", f"cat {LOCK_LOG} 2>/dev/null || true")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def test_a_replica_killed_mid_play_changes_nothing_the_other_answers_and_the_node_is_updated_once(
