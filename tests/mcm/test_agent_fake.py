@@ -177,6 +177,33 @@ async def test_a_waiting_node_is_updated_to_its_machine_class_and_answered_succe
     assert len(executor.requests) == 3  # answered once, then left alone
 
 
+async def test_the_cluster_api_unavailable_writes_no_result_and_no_event_then_the_update_goes_on() -> None:
+    """The run service's ``cluster API unavailable: ...`` (the API server away or busy): nothing was
+    decided, so the Node gets no result and no Event (not even InPlaceUpdateStarted); the next polls
+    go on as before."""
+    target, control = FakeTarget(), FakeControl()
+    unavailable = Progress(
+        ProgressState.IN_PROGRESS,
+        "cluster API unavailable: get Node n1: the API server answered 503",
+        1,
+        unavailable=True,
+    )
+
+    def answer(request: RunRequest, calls: int) -> Progress:
+        if calls < 3:
+            return unavailable
+        return done_after(1)(request, calls - 3)
+
+    executor = Executor(target, answer)
+    pool(control)
+    target.put_node(waiting_node())
+    async for _agent in running(target, control, executor):
+        await until(lambda: len(executor.requests) >= 3, target.activity)
+        assert target.reasons("n1") == [] and result(target) is None
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
+    assert target.reasons("n1") == ["InPlaceUpdateStarted", "InPlaceUpdateSucceeded"]
+
+
 async def test_polls_of_a_running_update_read_nothing_from_the_control_cluster() -> None:
     target, control = FakeTarget(), FakeControl()
     executor = Executor(target, done_after(20))
