@@ -68,30 +68,35 @@ class PlayStop:
 
     def __init__(self, batches_dir: Path) -> None:
         self._batches_dir = batches_dir  # the Job's own runs dir: this attempt's play and no other
-        self._lock = threading.Lock()
         self._reason: str | None = None
+        # set by __call__, which a signal handler runs: it takes no lock the interrupted code may hold
+        self._told = threading.Event()
         self._over = threading.Event()
+        threading.Thread(target=self._stop, name="play-stop", daemon=True).start()
 
     @property
     def reason(self) -> str | None:
-        """Why the play was told to stop (None: it was not)."""
-        with self._lock:
-            return self._reason
+        """Why the play was told to stop (None: it was not, or only once it had ended)."""
+        return self._reason
 
     def __call__(self, reason: str) -> None:
         """Stop the play, for ``reason`` (the first reason given is the one recorded). Returns at once."""
-        with self._lock:
-            if self._reason is not None or self._over.is_set():
-                return
+        if self._over.is_set():
+            return
+        if self._reason is None:
             self._reason = reason
-        log.warning("stopping the play: %s", reason)
-        threading.Thread(target=self._stop, name="play-stop", daemon=True).start()
+        self._told.set()
 
     def over(self) -> None:
         """The play has ended: nothing left to stop."""
         self._over.set()
+        self._told.set()
 
     def _stop(self) -> None:
+        self._told.wait()
+        if self._over.is_set():
+            return
+        log.warning("stopping the play: %s", self._reason)
         started = time.monotonic()
         while True:
             sig = signal.SIGTERM if time.monotonic() - started < KILL_AFTER_SECONDS else signal.SIGKILL
