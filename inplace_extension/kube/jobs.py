@@ -26,7 +26,7 @@ from lightkube.resources.core_v1 import Event, Pod, Secret
 from lightkube.types import CascadeType, PatchType
 
 from inplace_extension.kube.client import plain, translated
-from inplace_extension.kube.errors import Conflict, NotFound
+from inplace_extension.kube.errors import Conflict, Forbidden, NotFound
 from inplace_extension.kube.port import JobState
 
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"  # set by the job controller on the Job's Pods
@@ -42,8 +42,11 @@ def create_job(client: Client, job: Mapping[str, Any], secret: Mapping[str, Any]
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
     if secret is None:
         secret_name = _secret_of(job)
-        with translated(f"get Secret {namespace}/{secret_name}"):
-            client.get(Secret, secret_name, namespace=namespace)
+        # that it exists, by the right the owner's patch below needs anyway (no right to read Secrets)
+        with translated(f"patch Secret {namespace}/{secret_name}"):
+            client.patch(
+                Secret, secret_name, {"metadata": {}}, namespace=namespace, patch_type=PatchType.MERGE
+            )
     else:
         secret_name = str(secret["metadata"]["name"])
         try:
@@ -134,34 +137,34 @@ def job_state(client: Client, namespace: str, name: str) -> JobState | None:
 
 
 def _stuck(client: Client, namespace: str, name: str, pods: list[dict[str, Any]]) -> str | None:
-    """Why the unfinished Job's Pod cannot start, or None (it runs, or may still start). Reads more only
-    where its status cannot tell: a Pod creating its containers (a Secret it mounts missing) and a Job
-    without a Pod (the job controller refused: its ServiceAccount missing, a quota)."""
+    """Why the unfinished Job's Pod cannot start, or None (it runs, or may still start). Reads the
+    Events where the status cannot tell: a Job without a Pod (the job controller's ``FailedCreate``: its
+    ServiceAccount missing, a quota) and a Pod creating its containers (the kubelet's ``FailedMount``:
+    a Secret it mounts missing)."""
     if not pods:
-        fields: dict[str, Any] = {
-            "involvedObject.kind": "Job",
-            "involvedObject.name": name,
-            "reason": "FailedCreate",
-        }
-        with translated(f"list the Events of Job {namespace}/{name}"):
-            events = [plain(event) for event in client.list(Event, namespace=namespace, fields=fields)]
-        if events:
-            latest = max(events, key=lambda event: str(event.get("lastTimestamp") or ""))
-            return f"its Pod cannot be created: {one_line(str(latest.get('message') or 'FailedCreate'))}"
-        return None
+        return _event(client, namespace, "Job", name, "FailedCreate", "its Pod cannot be created")
     reasons = [not_starting(pod) for pod in pods]
     if any(reason is None and not _creating(pod) for reason, pod in zip(reasons, pods, strict=True)):
         return None  # one Pod runs (or may still start)
     known = next((reason for reason in reasons if reason is not None), None)
     if known is not None:
         return known
-    for secret in _mounted_secrets(pods[-1]):
-        try:
-            with translated(f"get Secret {namespace}/{secret}"):
-                client.get(Secret, secret, namespace=namespace)
-        except NotFound:
-            return f"Pod cannot start: Secret {namespace}/{secret} is missing"
-    return None
+    pod = str((pods[-1].get("metadata") or {}).get("name") or "")
+    return _event(client, namespace, "Pod", pod, "FailedMount", "Pod cannot start")
+
+
+def _event(client: Client, namespace: str, kind: str, name: str, reason: str, what: str) -> str | None:
+    """``what: <message>`` of the latest Event ``reason`` about the object; None when there is none."""
+    fields: dict[str, Any] = {"involvedObject.kind": kind, "involvedObject.name": name, "reason": reason}
+    try:
+        with translated(f"list the Events of {kind} {namespace}/{name}"):
+            events = [plain(event) for event in client.list(Event, namespace=namespace, fields=fields)]
+    except Forbidden:  # a Role without it: the Job is not named, and given up all the same
+        return None
+    if not events:
+        return None
+    latest = max(events, key=lambda event: str(event.get("lastTimestamp") or event.get("eventTime") or ""))
+    return f"{what}: {one_line(str(latest.get('message') or reason))}"
 
 
 # a container waiting for one of these does not start until someone changes something
@@ -218,15 +221,6 @@ def _creating(pod: Mapping[str, Any]) -> bool:
         ((c.get("state") or {}).get("waiting") or {}).get("reason") in (None, "ContainerCreating")
         for c in containers
     )
-
-
-def _mounted_secrets(pod: Mapping[str, Any]) -> list[str]:
-    volumes = (pod.get("spec") or {}).get("volumes") or []
-    return [
-        str(v["secret"]["secretName"])
-        for v in volumes
-        if (v.get("secret") or {}).get("secretName") and not v["secret"].get("optional")
-    ]
 
 
 def pod_image(client: Client, namespace: str, name: str) -> str | None:

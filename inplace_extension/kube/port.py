@@ -295,7 +295,7 @@ class JobState:
     termination message of its container when its Pod ended (None: none written), the phase its
     Pod last published on itself (None: none yet), and why its Pod cannot start (None: it runs, or may
     still start): ``Pod cannot be scheduled: 0/3 nodes are available: ...``, ``Pod cannot start:
-    ImagePullBackOff: ...``, ``Pod cannot start: Secret ns/name is missing``, ``its Pod cannot be
+    ImagePullBackOff: ...``, ``Pod cannot start: MountVolume.SetUp failed ...``, ``its Pod cannot be
     created: ...``."""
 
     finished: bool

@@ -265,13 +265,18 @@ def test_rbac_grants_the_service_and_its_jobs_only_what_they_use() -> None:
     assert _grants("Role", "inplace-extension-config-reader") == {
         ("", "configmaps", "inplace-extension-config", verb) for verb in ("get", "list", "watch")
     }
-    # one Job per attempt and the Secret it owns; the Jobs' Pods and this Pod's own image
+    # one Job per attempt and the Secret it owns (made first, then owned; a Job that did not start
+    # deleted with it); the Jobs' Pods, this Pod's own image, and why a Job has no Pod (its Events)
     assert _grants("Role", "inplace-extension-jobs") == {
         ("batch", "jobs", "", "get"),
         ("batch", "jobs", "", "create"),
+        ("batch", "jobs", "", "delete"),
         ("", "secrets", "", "create"),
+        ("", "secrets", "", "patch"),
+        ("", "secrets", "", "delete"),
         ("", "pods", "", "get"),
         ("", "pods", "", "list"),
+        ("", "events", "", "list"),
     }
     # the record on each Machine: read it, write it
     assert _grants("ClusterRole", "inplace-extension-records") == {
@@ -437,9 +442,13 @@ def test_the_mcm_agent_runs_two_replicas_with_the_kubernetes_executor() -> None:
     } == {
         ("batch", "jobs", "get"),
         ("batch", "jobs", "create"),
+        ("batch", "jobs", "delete"),
         ("", "secrets", "create"),
+        ("", "secrets", "patch"),
+        ("", "secrets", "delete"),
         ("", "pods", "get"),
         ("", "pods", "list"),
+        ("", "events", "list"),
     }
     assert named[("Role", attempt)]["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}

@@ -68,6 +68,7 @@ class StandInClient:
                 for (kind, ns, _), v in self.objects.items()
                 if kind == "Event"
                 and ns == namespace
+                and v["involvedObject"]["kind"] == (fields or {}).get("involvedObject.kind")
                 and v["involvedObject"]["name"] == (fields or {}).get("involvedObject.name")
                 and v["reason"] == (fields or {}).get("reason")
             ]
@@ -204,7 +205,7 @@ def test_a_pod_that_cannot_start_is_named_from_its_status(pod: dict[str, Any], n
     assert jobs.not_starting(pod) == named
 
 
-def test_a_job_whose_pod_waits_for_a_missing_secret_or_has_no_pod_says_why() -> None:
+def test_a_job_whose_pod_waits_for_a_missing_secret_or_has_no_pod_says_why_from_its_events() -> None:
     client = StandInClient()
     client.objects[("Job", "ie", "inplace-ab-1")] = {"kind": "Job", "metadata": {"name": "inplace-ab-1"}}
     state = jobs.job_state(client, "ie", "inplace-ab-1")  # type: ignore[arg-type]
@@ -222,21 +223,22 @@ def test_a_job_whose_pod_waits_for_a_missing_secret_or_has_no_pod_says_why() -> 
     assert "error looking up service account" in state.not_starting
     creating = waiting("ContainerCreating")
     creating["metadata"] = {"name": "inplace-ab-1-x", "labels": {jobs.JOB_NAME_LABEL: "inplace-ab-1"}}
-    creating["spec"] = {
-        "nodeName": "n2",
-        "volumes": [
-            {"name": "attempt", "secret": {"secretName": "inplace-ab-1"}},
-            {"name": "ssh", "secret": {"secretName": "ssh"}},
-        ],
-    }
+    creating["spec"] = {"nodeName": "n2"}
     client.objects[("Pod", "ie", "inplace-ab-1-x")] = creating
-    client.objects[("Secret", "ie", "ssh")] = {"kind": "Secret", "metadata": {"name": "ssh"}}
     state = jobs.job_state(client, "ie", "inplace-ab-1")  # type: ignore[arg-type]
-    assert state is not None and state.not_starting == "Pod cannot start: Secret ie/inplace-ab-1 is missing"
-    client.objects[("Secret", "ie", "inplace-ab-1")] = {
-        "kind": "Secret",
-        "metadata": {"name": "inplace-ab-1"},
+    assert state is not None and state.not_starting is None, "creating its containers: on its way"
+    client.objects[("Event", "ie", "e2")] = {
+        "kind": "Event",
+        "involvedObject": {"kind": "Pod", "name": "inplace-ab-1-x"},
+        "reason": "FailedMount",
+        "message": 'MountVolume.SetUp failed for volume "attempt" : secret "inplace-ab-1" not found',
     }
+    state = jobs.job_state(client, "ie", "inplace-ab-1")  # type: ignore[arg-type]
+    assert state is not None and state.not_starting == (
+        'Pod cannot start: MountVolume.SetUp failed for volume "attempt" : secret "inplace-ab-1" not found'
+    )
+    del client.objects[("Event", "ie", "e2")]
+    client.objects[("Pod", "ie", "inplace-ab-1-x")]["status"] = {"phase": "Running"}
     state = jobs.job_state(client, "ie", "inplace-ab-1")  # type: ignore[arg-type]
     assert state is not None and state.not_starting is None
 
