@@ -25,9 +25,10 @@ NAMESPACE: Final = "inplace_extension"
 HookStatus = Literal["Success", "Failure"]
 """The ``status`` of a hook answer as CAPI reads it (docs/capi-hooks.md §3.2)."""
 
-RunOutcome = Literal["successful", "task_failed", "unreachable", "host_busy", "interrupted"]
+RunOutcome = Literal["successful", "task_failed", "unreachable", "host_busy", "interrupted", "withdrawn"]
 """How a run ended: the values of ``inplace_extension.runs.artifacts.OutcomeKind`` (successful; a task failed;
-SSH never connected; the host lock was held by another run; killed or no proof of completion)."""
+SSH never connected; the host lock was held by another run; killed or no proof of completion; taken
+back by a hold before its play began)."""
 
 WaitReason = Literal["window", "pause", "health_check"]
 """Why an update waits without a run in flight: outside its maintenance window; paused; its health gate."""

@@ -446,6 +446,7 @@ class FakeJob:
     phase: str | None = None  # the Pod's own phase annotation
     # the Pod's status as the API server sends it (kube/jobs.py names a Pod that cannot start from it)
     pod_status: dict[str, Any] = field(default_factory=dict)
+    pending: bool = False  # its Pod has not started (scheduling, pulling the image)
 
     @property
     def pod(self) -> str:
@@ -547,7 +548,9 @@ class FakeJobs:
         if job is None:
             return None
         stuck = None if job.finished else not_starting({"status": job.pod_status})
-        return JobState(job.finished, job.termination_message, job.phase, stuck)
+        return JobState(
+            job.finished, job.termination_message, job.phase, stuck, job.pending and not job.finished
+        )
 
     def job_finished(self, namespace: str, name: str) -> bool | None:
         self.calls("job_finished")

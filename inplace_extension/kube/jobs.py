@@ -125,15 +125,24 @@ def job_state(client: Client, namespace: str, name: str) -> JobState | None:
         pods = [plain(pod) for pod in client.list(Pod, namespace=namespace, labels={JOB_NAME_LABEL: name})]
     message: str | None = None
     phase: str | None = None
+    pending = True  # until a Pod has left Pending (its container started): the play has not begun
     for pod in pods:  # backoffLimit 0: one Pod; a replacement after an eviction would be a second
         phase = ((pod.get("metadata") or {}).get("annotations") or {}).get(PHASE_ANNOTATION) or phase
+        if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
+            pending = False
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
             terminated = (status.get("state") or {}).get("terminated") or {}
             if terminated.get("message"):
                 message = str(terminated["message"])
     finished = _finished(job)
     stuck = None if finished else _stuck(client, namespace, name, pods)
-    return JobState(finished=finished, termination_message=message, phase=phase, not_starting=stuck)
+    return JobState(
+        finished=finished,
+        termination_message=message,
+        phase=phase,
+        not_starting=stuck,
+        pending=pending and not finished,
+    )
 
 
 def _stuck(client: Client, namespace: str, name: str, pods: list[dict[str, Any]]) -> str | None:

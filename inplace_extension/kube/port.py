@@ -296,12 +296,14 @@ class JobState:
     Pod last published on itself (None: none yet), and why its Pod cannot start (None: it runs, or may
     still start): ``Pod cannot be scheduled: 0/3 nodes are available: ...``, ``Pod cannot start:
     ImagePullBackOff: ...``, ``Pod cannot start: MountVolume.SetUp failed ...``, ``its Pod cannot be
-    created: ...``."""
+    created: ...``; ``pending``: its play has not begun (no Pod yet, or its Pod is Pending: scheduling,
+    pulling the image)."""
 
     finished: bool
     termination_message: str | None
     phase: str | None
     not_starting: str | None = None
+    pending: bool = False
 
 
 class JobCluster(Protocol):

@@ -44,7 +44,7 @@ from inplace_extension.kubejobs.manifest import JobConfig, job_manifest, job_nam
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record, Recorded, WaitClock
 from inplace_extension.kubejobs.spec import AttemptSpec, interrupted, outcome_of
 from inplace_extension.runs import progress
-from inplace_extension.runs.artifacts import Attempt
+from inplace_extension.runs.artifacts import Attempt, Outcome, OutcomeKind
 from inplace_extension.runs.backend import Launch
 from inplace_extension.runs.local import PlayConfig
 from inplace_extension.runs.memo import Recent
@@ -119,6 +119,8 @@ class JobBackend:
         # ident -> the Job in_flight found running: the wait_end that follows it in the same poll looks at
         # that Job alone (taken once; bounded as above)
         self._running: Recent[str, str] = Recent()
+        # ident -> whether the attempt in_flight last found had not begun its play (bounded as above)
+        self._pending: Recent[str, bool] = Recent()
 
     # the record
 
@@ -159,6 +161,10 @@ class JobBackend:
             return progress.record_unreadable(str(self._where(request)), "it keeps changing")
         if look.job is not None:
             self._running.set(request.ident, look.job)
+        # behind an earlier desired state's Job nothing of this one is launched yet; else its Job's Pod
+        self._pending.set(
+            request.ident, look.earlier is not None or (look.running is not None and look.running.pending)
+        )
         if look.earlier is not None:
             return progress.queued(1, 1)
         if look.running is None:
@@ -167,6 +173,17 @@ class JobBackend:
         if look.running.not_starting is not None and look.job is not None:
             return progress.job_not_starting(look.job, look.running.not_starting)
         return progress.running(look.running.phase or progress.STARTING)
+
+    def pending(self, ident: str) -> bool:
+        return self._pending.get(ident) or False
+
+    async def withdraw(self, request: RunRequest) -> bool:
+        """The attempt's Job is deleted while its Pod has not started, then the attempt is recorded
+        withdrawn (in this order: a Job never plays unwatched). What remains is the moment between the
+        look at its Pod and the delete: a Pod that starts in it is stopped at once, at the very start of
+        its play, before its drain point (the next attempt takes over its host lock)."""
+        self._pending.pop(request.ident)
+        return await anyio.to_thread.run_sync(self._take_back, request)
 
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
         """Looks at the Job in flight alone every :data:`JOB_LOOK_SECONDS` (one read each) until it has
@@ -275,6 +292,25 @@ class JobBackend:
         return _Look(
             record, running, job=attempt.job if running is not None and attempt is not None else None
         )
+
+    def _take_back(self, request: RunRequest) -> bool:
+        look = self._look(request)
+        if look.earlier is not None:
+            return True  # it waits for an earlier desired state's Job: nothing of it is launched yet
+        attempt = look.record.unfinished
+        if attempt is None or look.running is None or not look.running.pending:
+            return False  # its play began, or it ended (the record says how), or its Job is not seen yet
+        try:
+            self._jobs.delete_job(self._config.namespace, attempt.job, attempt.job)
+        except KubeError as exc:  # the Job may be gone with its Secret left (the owner deletes that)
+            log.warning(
+                "machine=%s run=%s: taking back %s: %s", request.machine, request.ident, attempt.job, exc
+            )
+            if self._jobs.job_state(self._config.namespace, attempt.job) is not None:
+                return False  # still there: in progress, the next poll tries again
+        detail = f"Job {attempt.job} deleted before its Pod started: the update is held"
+        self._end(request, attempt, Outcome(OutcomeKind.WITHDRAWN, detail=detail, finished=self._clock()))
+        return True
 
     def _resume(self, request: RunRequest, attempt: Recorded, node: str | None) -> bool:
         """The Job of a recorded attempt whose replica was killed after creating its Secret: created now

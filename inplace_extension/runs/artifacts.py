@@ -41,6 +41,9 @@ class OutcomeKind(enum.Enum):
     UNREACHABLE = "unreachable"  # SSH could not reach the host: retried with backoff
     HOST_BUSY = "host_busy"  # the host lock stayed with another run (or was lost to it): retried
     INTERRUPTED = "interrupted"  # killed, canceled, no status, or no stamp proof: retried
+    # taken back before its play began (the ``kubernetes`` executor: a hold came while its Job's Pod had
+    # not started): nothing ran, nothing is charged, the next attempt is a new start
+    WITHDRAWN = "withdrawn"
 
 
 RETRIABLE = frozenset({OutcomeKind.UNREACHABLE, OutcomeKind.HOST_BUSY, OutcomeKind.INTERRUPTED})

@@ -10,7 +10,7 @@ is for, one Kubernetes Job per attempt).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,11 +22,16 @@ from inplace_extension.runs.resolve import HostTarget
 @dataclass(frozen=True)
 class Launch:
     """A new attempt the service decided to start: the request, the host it goes to (resolved and
-    allow-listed), and the retry token (:func:`~inplace_extension.runs.policy.retry_token`) it starts with."""
+    allow-listed), and the retry token (:func:`~inplace_extension.runs.policy.retry_token`) it starts with.
+    ``may_begin`` is asked again right before its play begins, after any wait for a slot (in a worker
+    thread: it may block): False when the operator's hold, a closed window or a health check says it may
+    no longer start; then it does not play, nothing is recorded, and the next poll answers why. None: an
+    attempt that finishes a play already begun, which nothing holds back."""
 
     request: RunRequest
     target: HostTarget
     token: str
+    may_begin: Callable[[], bool] | None = None
 
 
 class AttemptRecord(Protocol):
@@ -65,6 +70,18 @@ class Launcher(Protocol):
     async def in_flight(self, request: RunRequest) -> str | None:
         """The phase message of ``request``'s attempt in flight (``queued: ...``, ``running: ntp``), or
         None when none is; answers at once."""
+        ...
+
+    def pending(self, ident: str) -> bool:
+        """Whether the attempt in flight that :meth:`in_flight` just found for ``ident`` has not begun its
+        play (waiting for a slot, or its Job's Pod not started) and is held to the start checks (it does
+        not finish a play already begun); never blocks."""
+        ...
+
+    async def withdraw(self, request: RunRequest) -> bool:
+        """Take ``request``'s attempt in flight back before its play begins (a hold came while it waited):
+        True when no play of it will run (nothing charged: it never started), False when its play has
+        begun or it ended meanwhile (the record then says how)."""
         ...
 
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:

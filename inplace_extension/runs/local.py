@@ -44,7 +44,7 @@ from inplace_extension.runs.backend import Launch
 from inplace_extension.runs.memo import Recent
 from inplace_extension.runs.model import Blocked, ClusterSide, RunRequest
 from inplace_extension.runs.outcomes import classify, load_attempts
-from inplace_extension.runs.registry import Job, RunRegistry
+from inplace_extension.runs.registry import Job, JobState, RunRegistry
 from inplace_extension.runs.steps import StepTracker, blocked_outcome, drain_outcome
 from inplace_extension.runs.waiters import EndWaiters
 from inplace_extension.settings import Settings
@@ -152,6 +152,16 @@ class LocalBackend:
         view = self._registry.view(request.ident)
         return None if view is None else view.message()
 
+    def pending(self, ident: str) -> bool:
+        job = self._registry.job(ident)
+        return job is not None and job.state is JobState.QUEUED and job.payload.may_begin is not None
+
+    async def withdraw(self, request: RunRequest) -> bool:
+        if not self._registry.withdraw(request.ident):
+            return False
+        self._locks.pop(request.ident, None)  # a lock given with the launch goes with it
+        return True
+
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
         # woken by the worker thread as the job leaves the registry, after its outcome.json and cache
         await self._ends.hold(request.ident, seconds, self._registry.view)
@@ -207,12 +217,31 @@ class LocalBackend:
         batch_dir.mkdir(mode=0o700, parents=True)
         played: list[tuple[Job[Launch], runner.HostRun]] = []
         for job in jobs:
+            if not self._may_begin(job):
+                self._registry.release(job)  # the next poll answers why: a hold, a window, a check
+                continue
             run = self._begin(job, BatchRef(batch_dir, batch_ident, job.payload.request.ident))
             if run is not None:
                 played.append((job, run))
         if played:
             self._play_batch(batch_dir, batch_ident, played)
         self._prune()
+
+    def _may_begin(self, job: Job[Launch]) -> bool:
+        """Whether ``job``'s play may begin now, as it takes its slot: the service's start checks asked
+        again (it may have waited for the slot while a hold came or its window closed)."""
+        check = job.payload.may_begin
+        if check is None:
+            return True
+        try:
+            allowed = check()
+        except Exception:  # the checks never raise by contract; if one does, nothing starts unchecked
+            log.exception("machine=%s run=%s: the start checks failed", job.machine, job.ident)
+            allowed = False
+        if not allowed:
+            self._locks.pop(job.ident, None)
+            log.info("machine=%s run=%s: not started: held at its start", job.machine, job.ident)
+        return allowed
 
     def _begin(self, job: Job[Launch], ref: BatchRef) -> runner.HostRun | None:
         """Record a new attempt of ``job`` (its directory and ``meta.json``) and prepare its cluster side;

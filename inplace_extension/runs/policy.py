@@ -77,10 +77,13 @@ def decide(
     before the update is blocked instead of retried (None: retried for ever)."""
     if any(a.outcome is not None and a.outcome.kind is OutcomeKind.SUCCESSFUL for a in attempts):
         return Standing(Verdict.DONE)
+    numbered = attempts[-1].number + 1 if attempts else 1
+    # an attempt taken back before its play began never ran: the update stands as it did before it
+    attempts = [a for a in attempts if a.outcome is None or a.outcome.kind is not OutcomeKind.WITHDRAWN]
     if not attempts:
-        return Standing(Verdict.START)
+        return Standing(Verdict.START, next_attempt=numbered)
     last = attempts[-1]
-    next_attempt = last.number + 1
+    next_attempt = numbered
     outcome = last.outcome
     if outcome is None:
         # no summary and no final status: the process running it died; restart it (the host lock and

@@ -85,6 +85,11 @@ class RunRegistry(Generic[P]):
                 position = next(i for i, j in enumerate(self._queue, 1) if j is job)
             return JobView(job.state, job.phase, position, len(self._queue))
 
+    def job(self, ident: str) -> Job[P] | None:
+        """``ident``'s job while it is queued or running."""
+        with self._lock:
+            return self._jobs.get(ident)
+
     def submit(self, job: Job[P]) -> bool:
         """Queue ``job`` unless a job with its ident is already known; admit what fits after the window."""
         with self._lock:
@@ -101,6 +106,31 @@ class RunRegistry(Generic[P]):
                 return True
         self._dispatch()
         return True
+
+    def withdraw(self, ident: str) -> bool:
+        """Take ``ident``'s job out of the queue before a slot admits it (an operator's hold came while it
+        waited); True when it was queued and is gone now, False when it runs already (or is unknown)."""
+        with self._lock:
+            job = self._jobs.get(ident)
+            if job is None or job.state is not JobState.QUEUED:
+                return False
+            self._queue.remove(job)
+            del self._jobs[ident]
+        log.info("machine=%s run=%s state=withdrawn (from the queue)", job.machine, ident)
+        self._done(job)
+        return True
+
+    def release(self, job: Job[P]) -> None:
+        """``job`` was admitted to a batch but does not play (it may no longer start): it leaves the
+        registry and its slot now, not when the batch's play ends."""
+        with self._lock:
+            if self._running.get(job.ident) is not job:
+                return
+            del self._running[job.ident]
+            del self._jobs[job.ident]
+        log.info("machine=%s run=%s state=withdrawn (at its start)", job.machine, job.ident)
+        self._done(job)
+        self._dispatch()
 
     def set_phase(self, ident: str, phase: str) -> None:
         with self._lock:
@@ -183,13 +213,19 @@ class RunRegistry(Generic[P]):
             log.exception("run=%s: batch of %d failed", batch[0].ident, len(batch))
         finally:
             with self._lock:
-                for job in batch:
-                    self._running.pop(job.ident, None)
-                    self._jobs.pop(job.ident, None)
-            for job in batch:
-                if job.on_done is not None:
-                    try:
-                        job.on_done()
-                    except Exception:
-                        log.exception("machine=%s run=%s: completion callback failed", job.machine, job.ident)
+                # a job released before the play left already (and its ident may be queued again)
+                ended = [job for job in batch if self._running.get(job.ident) is job]
+                for job in ended:
+                    del self._running[job.ident]
+                    del self._jobs[job.ident]
+            for job in ended:
+                self._done(job)
             self._dispatch()
+
+    @staticmethod
+    def _done(job: Job[P]) -> None:
+        if job.on_done is not None:
+            try:
+                job.on_done()
+            except Exception:
+                log.exception("machine=%s run=%s: completion callback failed", job.machine, job.ident)

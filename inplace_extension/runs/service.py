@@ -135,6 +135,22 @@ class RunService:
 
     async def _answer(self, request: RunRequest) -> Progress:
         phase = await self._backend.in_flight(request)
+        if phase is not None and self._backend.pending(request.ident):
+            # its play has not begun (waiting for a slot, its Job's Pod not started): it is checked as
+            # a new start, and one that may no longer start is taken back and answers why
+            token = retry_token(request.annotations.get(RETRY_ANNOTATION))
+            held = await self._held(request, token)
+            if held is None:
+                return self._in_progress(request, phase)
+            if await self._backend.withdraw(request):
+                log.info(
+                    "machine=%s run=%s: taken back before its play: %s",
+                    request.machine,
+                    request.ident,
+                    held.message,
+                )
+                return held
+            phase = await self._backend.in_flight(request)  # it began (or ended) meanwhile
         if phase is not None:
             if self._remaining(request) > self._play_times.window(request):
                 return self._in_progress(request, phase)
@@ -162,18 +178,32 @@ class RunService:
             return Progress(ProgressState.FAILED, standing.message, blocked=standing.blocked)
         # Every new attempt (the first, one after a retry backoff, one after the retry annotation) is a
         # new start: it obeys the operator's cancel and pause, the maintenance window and the kubernetes
-        # health checks alike. Only a play that has started finishes: one in flight (answered above) or
-        # one whose process died mid-play (``resumes``), which must also undo what it did in the cluster.
+        # health checks alike, when it is decided and again when its play would begin. Only a play that
+        # has begun finishes: one in flight (answered above) or one whose process died mid-play past its
+        # drain point (``resumes``), which may have cordoned the Node and half changed the host.
         if standing.verdict is Verdict.START and standing.resumes:
-            return await self._start_now(request, token)
+            return await self._start_now(request, token, checked=False)
+        if standing.verdict is Verdict.WAIT:
+            hold = await self._hold(request)
+            if hold is not None and hold.cancel:  # the next attempt has not started: it never will
+                return await self._cancelled(request, hold)
+            return Progress(ProgressState.IN_PROGRESS, standing.message, standing.wait_seconds, retrying=True)
+        held = await self._held(request, token)
+        if held is not None:
+            return held
+        return await self._start_now(request, token, checked=True)
+
+    async def _held(self, request: RunRequest, token: str) -> Progress | None:
+        """The start checks of a new attempt: the operator's cancel or pause, the maintenance window,
+        the ``kubernetes`` health checks; the answer of the first that holds it back, None when it may
+        start now."""
         hold = await self._hold(request)
         if hold is not None and hold.cancel:  # the next attempt has not started: it never will
             return await self._cancelled(request, hold)
-        if standing.verdict is Verdict.WAIT:
-            return Progress(ProgressState.IN_PROGRESS, standing.message, standing.wait_seconds, retrying=True)
         if hold is not None:  # paused: no new attempt starts
             await self._end_health_wait(request)  # the wait for a check begins afresh after it
             return self._waiting(request, hold.message, PAUSE_RETRY_SECONDS, "pause")
+        now = self._clock()
         closed = self._windows.closed(request.labels, now)
         if closed is not None:
             await self._end_health_wait(request)
@@ -183,13 +213,24 @@ class RunService:
             unhealthy = await anyio.to_thread.run_sync(self._object_health.unhealthy, request)
             if unhealthy is not None:
                 return await self._unhealthy_before_start(request, token, unhealthy)
-        return await self._start_now(request, token)
+        return None
 
-    async def _start_now(self, request: RunRequest, token: str) -> Progress:
-        """The attempt starts now: whatever it waited for is over."""
+    def _may_begin(self, request: RunRequest) -> bool:
+        """The start checks once more as the attempt's play would begin (blocking: the ``local``
+        executor's worker thread asks, after any wait for a slot); the next poll answers why not."""
+        hold = request.hold
+        if hold is None and self._cluster is not NO_CLUSTER_SIDE:
+            hold = self._cluster.hold(request)
+        if hold is not None or self._windows.closed(request.labels, self._clock()) is not None:
+            return False
+        return self._object_health.unhealthy(request) is None
+
+    async def _start_now(self, request: RunRequest, token: str, *, checked: bool) -> Progress:
+        """The attempt starts now: whatever it waited for is over. ``checked``: it is a new start, asked
+        again as its play would begin (else it finishes a play begun, which nothing holds back)."""
         self._announced.pop(request.ident)  # it starts: its waits are over
         await self._end_health_wait(request)
-        return await self._start(request, token)
+        return await self._start(request, token, checked=checked)
 
     async def _hold(self, request: RunRequest) -> Hold | None:
         """The operator's hold on this machine: the one the request carries (the MCM agent reads it with
@@ -298,7 +339,7 @@ class RunService:
         retry = retry_after(self._remaining(request), window, self._retry_after)
         return Progress(ProgressState.IN_PROGRESS, message, retry, in_flight=True)
 
-    async def _start(self, request: RunRequest, token: str) -> Progress:
+    async def _start(self, request: RunRequest, token: str, *, checked: bool) -> Progress:
         inventory = self._inventory.current()
 
         # the machine's status.addresses: those the request carries (the MCM agent's Node), else the live
@@ -324,7 +365,8 @@ class RunService:
         except ResolveError as exc:
             log.warning("machine=%s run=%s: %s", request.machine, request.ident, exc)
             return Progress(ProgressState.FAILED, str(exc))
-        message = await self._backend.launch(Launch(request, target, token))
+        may_begin = partial(self._may_begin, request) if checked else None
+        message = await self._backend.launch(Launch(request, target, token, may_begin))
         self._play_times.began(request.ident, self._clock())
         self._cluster.state(request, "Queued", "queued")
         return self._in_progress(request, message)

@@ -1,9 +1,14 @@
 """Maintenance windows: when a new attempt of an update may start on a Machine (CAPI) or Node (MCM).
 
 A window opens at each time its cron expression names, in its time zone (wall-clock time), and stays
-open for its duration in elapsed time, across a daylight-saving change too. A window with ``labels``
-applies only to the Machines (Nodes) carrying all of them; one without applies to all. A Machine that
-no window applies to may start any time; otherwise it may start while one of its windows is open.
+open for its duration in elapsed time, across a daylight-saving change too. A wall-clock time the
+change repeats (autumn) opens the window once, at its first occurrence; one the change skips (spring)
+opens it at the moment the clocks jump (02:30 on a night that goes from 02:00 to 03:00 opens at 03:30,
+as the local time before the change counts on). croniter walks the wall-clock times (naive, so it
+never sees a fold); each is then placed in UTC, and every comparison is in UTC elapsed time. A window
+with ``labels`` applies only to the Machines (Nodes) carrying all of them; one without applies to all.
+A Machine that no window applies to may start any time; otherwise it may start while one of its
+windows is open.
 Only the start of an attempt is gated: a play that has started finishes. Pure (the clock is passed
 in); the windows come from the capabilities file (``inplace_extension.capabilities_file``) and
 :mod:`inplace_extension.runs.service` asks before it starts any new attempt (the first, or a retry).
@@ -25,6 +30,9 @@ from inplace_extension.runs import progress
 # The longest retryAfterSeconds while a window is closed: CAPI calls again no later than this, so a
 # Machine starts at most this long after its window opened (and a changed schedule is seen as soon).
 WINDOW_RETRY_CAP_SECONDS: Final = 300
+# How far beyond the moments asked about the wall-clock times are walked near a change of the clocks:
+# more than any jump of a zone's clocks (an hour; two in a few zones' history)
+WALL_CLOCK_MARGIN_SECONDS: Final = 3 * 3600
 
 
 @dataclass(frozen=True)
@@ -41,16 +49,38 @@ class MaintenanceWindow:
     def applies_to(self, labels: Mapping[str, str]) -> bool:
         return all(labels.get(key) == value for key, value in self.labels)
 
-    def last_start(self, now: datetime) -> datetime:
-        """The latest start at or before ``now`` (croniter's get_prev excludes its start time, and cron
-        starts fall on whole minutes: start one second after ``now`` cut to the second)."""
-        local = now.astimezone(ZoneInfo(self.time_zone)).replace(microsecond=0) + timedelta(seconds=1)
-        start: datetime = croniter(self.cron, local).get_prev(datetime)
-        return start
+    def last_start(self, now: datetime) -> datetime | None:
+        """The latest start at or before ``now`` whose window may still be open (in UTC): None when no
+        start falls within the duration before ``now``. Walks the wall-clock times back from ``now``."""
+        zone = ZoneInfo(self.time_zone)
+        earliest = now - timedelta(seconds=self.duration_seconds)
+        margin = _margin(zone, earliest, now)
+        floor = _wall(earliest, zone) - margin
+        # croniter's get_prev excludes its start time, and cron starts fall on whole minutes
+        walk = croniter(self.cron, _wall(now, zone) + margin + timedelta(seconds=1))
+        latest: datetime | None = None
+        while True:
+            local: datetime = walk.get_prev(datetime)
+            if local < floor:
+                return latest
+            start = _utc(local, zone)
+            if earliest <= start <= now and (latest is None or start > latest):
+                latest, floor = start, max(floor, local - margin)
 
     def next_start(self, now: datetime) -> datetime:
-        start: datetime = croniter(self.cron, now.astimezone(ZoneInfo(self.time_zone))).get_next(datetime)
-        return start
+        """The first start after ``now`` (in UTC). Walks the wall-clock times on from ``now``."""
+        zone = ZoneInfo(self.time_zone)
+        margin = timedelta(seconds=WALL_CLOCK_MARGIN_SECONDS)
+        walk = croniter(self.cron, _wall(now, zone) - margin)
+        first: datetime | None = None
+        ceiling: datetime | None = None
+        while True:
+            local: datetime = walk.get_next(datetime)
+            if first is not None and ceiling is not None and local > ceiling:
+                return first
+            start = _utc(local, zone)
+            if start > now and (first is None or start < first):
+                first, ceiling = start, local + margin
 
     def end(self, start: datetime) -> datetime:
         """When the window that opened at ``start`` closes: ``duration_seconds`` of elapsed time later, in
@@ -59,7 +89,8 @@ class MaintenanceWindow:
         return start.astimezone(UTC) + timedelta(seconds=self.duration_seconds)
 
     def is_open(self, now: datetime) -> bool:
-        return now < self.end(self.last_start(now))
+        start = self.last_start(now)
+        return start is not None and now < self.end(start)
 
 
 @dataclass(frozen=True)
@@ -106,3 +137,24 @@ class Schedule:
 
 
 NO_WINDOWS: Final = Schedule()
+
+
+def _wall(moment: datetime, zone: ZoneInfo) -> datetime:
+    """``moment``'s wall-clock time in ``zone``, naive (croniter walks it without seeing a fold)."""
+    return moment.astimezone(zone).replace(tzinfo=None, microsecond=0)
+
+
+def _utc(local: datetime, zone: ZoneInfo) -> datetime:
+    """The moment of the naive wall-clock time ``local`` in ``zone``: fold=0, the first of a time the
+    clocks repeat, and for a time they skip, the offset before the jump (02:30 is 03:30 after it)."""
+    return local.replace(tzinfo=zone, fold=0).astimezone(UTC)
+
+
+def _margin(zone: ZoneInfo, begin: datetime, end: datetime) -> timedelta:
+    """How far beyond the wall-clock times of ``begin`` and ``end`` a walk must go to see every start
+    between them: nothing when the zone's offset is the same around both (wall-clock and UTC times
+    differ by a constant), else more than any jump of a zone's clocks."""
+    wide = timedelta(seconds=WALL_CLOCK_MARGIN_SECONDS)
+    if (begin - wide).astimezone(zone).utcoffset() == (end + wide).astimezone(zone).utcoffset():
+        return timedelta(0)
+    return wide

@@ -29,6 +29,7 @@ from inplace_extension.runs import progress
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
 from inplace_extension.runs.model import (
     NO_OBJECT_HEALTH,
+    Hold,
     NoClusterSide,
     ObjectHealth,
     Progress,
@@ -568,3 +569,45 @@ async def test_the_api_server_busy_or_away_is_in_progress_charging_and_posting_n
     after = await service.poll(req())
     assert after.state is ProgressState.IN_PROGRESS and not after.unavailable
     assert [a.number for a in record(cluster).attempts] == [1]
+
+
+PAUSED = Hold("paused by MachineDeployment default/md-0 (annotation inplace-extension.io/pause)")
+CANCELLED = Hold(
+    "cancelled by MachineDeployment default/md-0 (annotation inplace-extension.io/pause=cancel)", cancel=True
+)
+
+
+async def test_a_hold_takes_back_an_attempt_whose_pod_has_not_started(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    """A pause, then a cancel, come while the attempt's Pod waits to start (scheduling, pulling its
+    image): each deletes the Job before it plays, answers the hold's message and charges nothing; once
+    the hold is gone the next attempt starts at once."""
+    svc = replica(settings.model_copy(update={"max_failed_attempts": 1}), cluster, clock)
+    for attempt, hold in ((1, PAUSED), (2, CANCELLED)):
+        assert await svc.poll(req()) == STARTING
+        cluster.only_job().pending = True
+        assert cluster.only_job().manifest["metadata"]["name"] == job_name(req().ident, attempt)
+        answer = await svc.poll(replace(req(), hold=hold))
+        if hold.cancel:
+            assert answer == Progress(ProgressState.FAILED, CANCELLED.message, cancelled=True)
+        else:
+            assert (answer.message, answer.waiting, answer.in_flight) == (PAUSED.message, "pause", False)
+        assert not cluster.jobs, "the Job was deleted before its Pod started"
+        taken_back = record(cluster).attempts[-1].outcome
+        assert taken_back is not None and taken_back.kind is OutcomeKind.WITHDRAWN
+        assert (await svc.poll(replace(req(), hold=hold))).message == hold.message
+    # neither counts against the budget (1) nor waits out a backoff: the third starts at once
+    assert await svc.poll(req()) == STARTING
+    assert [a.number for a in record(cluster).attempts] == [1, 2, 3]
+
+
+async def test_a_hold_lets_an_attempt_whose_pod_started_play_on(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    svc = replica(settings, cluster, clock)
+    assert await svc.poll(req()) == STARTING
+    assert await svc.poll(replace(req(), hold=CANCELLED)) == STARTING  # its Pod runs: it finishes
+    assert len(cluster.jobs) == 1 and cluster.calls.count["delete_job"] == 0
+    cluster.finish(job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now))
+    assert await svc.poll(replace(req(), hold=CANCELLED)) == Progress(ProgressState.DONE, "update applied")

@@ -190,3 +190,65 @@ async def test_an_attempt_whose_process_died_mid_play_resumes_outside_the_window
         assert [run.attempt_dir.name for run in fake.started] == ["attempt-0002"]
     finally:
         service.close()
+
+
+@pytest.fixture
+def one_slot(settings: Settings, fake: FakeRunner, clock: Clock, health: Health) -> Iterator[RunService]:
+    """``--max-parallel-runs 1``: a second Machine waits in the queue while the first plays."""
+    one = settings.model_copy(update={"max_parallel_runs": 1})
+    service = run_service(one, windows=NIGHTS, clock=clock, object_health=health)
+    yield service
+    if fake.gate is not None:
+        fake.gate.set()
+    service.close()
+
+
+async def queued_behind_m1(svc: RunService, fake: FakeRunner) -> threading.Event:
+    """m1 takes the one slot and plays until the returned gate opens; m2, started inside its window with
+    every check holding, waits for the slot."""
+    gate = fake.gate = threading.Event()
+    await svc.poll(req())
+    assert wait_until(lambda: fake.count("m1") == 1, 5, 0.01)
+    queued = await svc.poll(req("m2"))
+    assert (queued.message, queued.in_flight) == ("queued: position 1 of 1", True)
+    assert (await svc.poll(req("m2"))).in_flight, "a queued attempt the checks let start stays queued"
+    return gate
+
+
+async def test_a_queued_attempt_is_cancelled_and_never_plays_after_its_window_closed(
+    one_slot: RunService, fake: FakeRunner, clock: Clock
+) -> None:
+    """The window closes and the operator cancels while m2 waits for the slot: its poll takes it out of
+    the queue and answers the cancel; the slot frees and m2 has not played, nor does it later."""
+    gate = await queued_behind_m1(one_slot, fake)
+    clock.now = utc("2026-12-01T23:30:00")
+    assert await one_slot.poll(held(req("m2"), CANCELLED)) == Progress(
+        ProgressState.FAILED, CANCELLED.message, cancelled=True
+    )
+    gate.set()
+    assert (await settle(one_slot, req())).state is ProgressState.DONE  # m1's play finishes
+    answer = await one_slot.poll(req("m2"))  # the annotation removed: the window still holds it
+    assert (answer.message, answer.waiting) == (WINDOW, "window")
+    assert fake.count("m2") == 0, "no play of m2 after the cancel, nor outside its window"
+    clock.now = utc("2026-12-02T22:00:00")
+    assert (await settle(one_slot, req("m2"))).state is ProgressState.DONE
+    assert fake.count("m2") == 1
+
+
+@pytest.mark.parametrize("what", ["window", "health_check"])
+async def test_a_queued_attempt_is_checked_again_as_it_takes_its_slot(
+    one_slot: RunService, settings: Settings, fake: FakeRunner, clock: Clock, health: Health, what: str
+) -> None:
+    """Nobody polls m2 while it waits; when m1 ends and the slot is m2's, its window has closed (or a
+    health check stopped holding): it leaves without playing, and its next poll says why."""
+    gate = await queued_behind_m1(one_slot, fake)
+    if what == "window":
+        clock.now = utc("2026-12-01T23:30:00")
+    else:
+        health.failing = CEPH_DOWN
+    gate.set()
+    assert await one_slot.wait_end(req("m2"), 10), "m2 still in flight"
+    assert fake.count("m2") == 0, "m2 played although it may no longer start"
+    answer = await one_slot.poll(req("m2"))
+    assert (answer.message, answer.waiting) == (WINDOW if what == "window" else CEPH_WAITING, what)
+    assert not list((settings.runs_dir / req("m2").ident).glob("attempt-*")), "no attempt recorded"

@@ -131,3 +131,15 @@ def test_a_new_retry_token_resets_the_budget_and_host_busy_does_not_spend_it() -
     assert decide(retried, token, NOW, 10, budget=3).verdict is Verdict.START, "2 of 3 with this token"
     busy = [att(n, OutcomeKind.HOST_BUSY, finished=NOW - 999) for n in (1, 2, 3, 4)]
     assert decide(busy, "", NOW, 10, budget=3).verdict is Verdict.START
+
+
+def test_an_attempt_taken_back_before_its_play_is_as_if_it_never_was() -> None:
+    """Withdrawn (a hold came while its Job's Pod had not started): no backoff, no budget spent, and a
+    remembered task failure stays remembered; only its number is used up."""
+    withdrawn = att(2, OutcomeKind.WITHDRAWN)
+    now = decide([withdrawn], "", NOW, 10, budget=1)
+    assert (now.verdict, now.next_attempt) == (Verdict.START, 3)
+    spent = decide([att(1, OutcomeKind.UNREACHABLE, finished=NOW - 100), withdrawn], "", NOW, 10, budget=2)
+    assert (spent.verdict, spent.next_attempt) == (Verdict.START, 3), "one failure of a budget of 2"
+    failed = decide([att(1, OutcomeKind.TASK_FAILED, capability="ntp", task="t"), withdrawn], "", NOW, 10)
+    assert failed.verdict is Verdict.FAILED

@@ -114,4 +114,54 @@ def test_a_window_across_a_daylight_saving_change_lasts_its_duration_in_elapsed_
     assert closed is not None, "still open after 4 h of real time"
     assert closed.opens - start in (23 * 3600, 24 * 3600, 25 * 3600)  # the next night's start
     last = window.last_start(datetime.fromtimestamp(start + 3600, UTC))
+    assert last is not None
     assert (last.timestamp(), window.end(last).timestamp() - last.timestamp()) == (start, 4 * 3600)
+
+
+@pytest.mark.parametrize(
+    ("zone", "cron", "opens"),
+    [
+        # Berlin, 2026-10-25: 03:00 CEST becomes 02:00 CET, so 02:00-02:59 happen twice (00:00Z and 01:00Z)
+        ("Europe/Berlin", "30 2 * * *", "2026-10-25T00:30:00"),  # inside the repeated hour: its first pass
+        ("Europe/Berlin", "0 2 * * *", "2026-10-25T00:00:00"),  # its first minute
+        ("Europe/Berlin", "59 2 * * *", "2026-10-25T00:59:00"),  # its last minute
+        ("Europe/Berlin", "30 1 * * *", "2026-10-24T23:30:00"),  # before it (CEST)
+        ("Europe/Berlin", "30 3 * * *", "2026-10-25T02:30:00"),  # after it (CET)
+        # New York, 2026-11-01: 02:00 EDT becomes 01:00 EST, so 01:00-01:59 happen twice (05:00Z and 06:00Z)
+        ("America/New_York", "30 1 * * *", "2026-11-01T05:30:00"),
+        ("America/New_York", "0 1 * * *", "2026-11-01T05:00:00"),
+        ("America/New_York", "30 0 * * *", "2026-11-01T04:30:00"),
+        ("America/New_York", "30 2 * * *", "2026-11-01T07:30:00"),
+        # Berlin, 2026-03-29: 02:00 CET becomes 03:00 CEST; a start in the skipped hour opens as the
+        # clocks jump, as the time before the change counts on (02:30 CET would be 01:30Z)
+        ("Europe/Berlin", "30 2 * * *", "2026-03-29T01:30:00"),
+        ("Europe/Berlin", "0 2 * * *", "2026-03-29T01:00:00"),
+        ("Europe/Berlin", "30 1 * * *", "2026-03-29T00:30:00"),
+        ("Europe/Berlin", "30 3 * * *", "2026-03-29T01:30:00"),
+        # New York, 2026-03-08: 02:00 EST becomes 03:00 EDT
+        ("America/New_York", "30 2 * * *", "2026-03-08T07:30:00"),
+        ("America/New_York", "30 1 * * *", "2026-03-08T06:30:00"),
+        ("America/New_York", "30 3 * * *", "2026-03-08T07:30:00"),
+    ],
+)
+def test_a_window_starting_around_a_changed_hour_is_open_once_for_its_duration_without_a_gap(
+    zone: str, cron: str, opens: str
+) -> None:
+    """Open from its first start for exactly 4 h of elapsed time, and at no other moment of the night:
+    no gap in the repeated hour, no second start that keeps it open an hour late."""
+    schedule = Schedule((MaintenanceWindow("night", cron, 4 * 3600, zone),))
+    start, end = at(opens), at(opens) + 4 * 3600
+    for moment in (start - 1, end):
+        closed = schedule.closed({}, moment)
+        assert closed is not None, f"open at {datetime.fromtimestamp(moment, UTC)}"
+    first = schedule.closed({}, start - 1)
+    assert first is not None and first.opens == start
+    # every 5 minutes from 6 h before to 10 h after the start (one extra second past each)
+    for minute in range(-6 * 60, 10 * 60, 5):
+        moment = start + minute * 60 + 1
+        expected = start <= moment < end
+        assert (schedule.closed({}, moment) is None) is expected, (
+            f"{'closed' if expected else 'open'} at {datetime.fromtimestamp(moment, UTC)}"
+        )
+    after = schedule.closed({}, end)
+    assert after is not None and after.opens - start in (23 * 3600, 24 * 3600, 25 * 3600)
