@@ -158,7 +158,8 @@ def run_attempt(
     finally:
         deadline.cancel()
         stop.over()
-    attempts = load_attempts(settings.runs_dir.expanduser().resolve() / request.ident, request.fingerprint)
+    # the Job's own runs dir (an emptyDir) holds this one attempt: of whichever episode
+    attempts = load_attempts(runs_dir / request.ident, request.fingerprint, episode=None)
     last = attempts[-1].outcome if attempts else None
     stopped = stop.reason
     if stopped is not None and (last is None or last.kind is not OutcomeKind.SUCCESSFUL):

@@ -21,7 +21,9 @@ once a second, and the record and the Job's Pod only once it has finished.
 
 Launching records the attempt first (its number, retry token, host lock token), then creates its
 Secret, then its Job: two replicas launching at once agree on one attempt (the record's precondition)
-and one Job (its name; AlreadyExists is in progress). A replica killed after the Secret leaves an
+and one Job (its name; AlreadyExists is in progress). The name carries the record's episode (record.py):
+a Job that exists already under it is of this very attempt, never one of an earlier episode of the same
+desired state (A -> B -> A), whose outcome answers nothing. A replica killed after the Secret leaves an
 attempt whose Job the next poll creates from that Secret; one killed before it leaves an attempt with
 neither, which the next poll finds interrupted after :data:`JOB_APPEARS_SECONDS`. A launch whose Secret
 or Job the API server refuses (or does not answer) withdraws its attempt: nothing is charged, and the
@@ -33,7 +35,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import anyio.to_thread
@@ -144,7 +146,7 @@ class JobBackend:
 
     async def end_wait(self, request: RunRequest) -> None:
         def end() -> None:
-            self._update(request, lambda r: Record(r.ident, r.attempts) if r.wait is not None else None)
+            self._update(request, lambda r: r.waiting_for_nothing() if r.wait is not None else None)
 
         await anyio.to_thread.run_sync(end)
 
@@ -242,11 +244,13 @@ class JobBackend:
 
     def _update(self, request: RunRequest, change: Callable[[Record], Record | None]) -> Record:
         """Apply ``change`` to the record and write it if the object is unchanged since read (Conflict:
-        read again and apply again); ``change`` answers None when there is nothing to write."""
+        read again and apply again); ``change`` answers None when there is nothing to write. A record
+        written for the first time for its desired state opens a new episode (record.py): of the replicas
+        writing at once, one wins, and the others read its episode when they read again."""
         ref = self._where(request)
         for _ in range(WRITE_TRIES):
             record, version, _node, _value = self._read(request)
-            changed = change(record)
+            changed = change(record.opened())
             if changed is None:
                 return record
             try:
@@ -281,7 +285,7 @@ class JobBackend:
                     now,
                 )
                 record = self._end(request, attempt, outcome)
-            elif self._resume(request, attempt, node):
+            elif self._resume(request, attempt, node, record.episode):
                 running = JobState(finished=False, termination_message=None, phase=None)
             elif now - attempt.started >= JOB_APPEARS_SECONDS:
                 outcome = interrupted(f"Job {attempt.job} is gone without an outcome", now)
@@ -312,10 +316,11 @@ class JobBackend:
         self._end(request, attempt, Outcome(OutcomeKind.WITHDRAWN, detail=detail, finished=self._clock()))
         return True
 
-    def _resume(self, request: RunRequest, attempt: Recorded, node: str | None) -> bool:
-        """The Job of a recorded attempt whose replica was killed after creating its Secret: created now
-        from that Secret (True). False when there is no Secret either (nothing of the attempt exists)."""
-        job = job_manifest(self._config, request, attempt.number, node)
+    def _resume(self, request: RunRequest, attempt: Recorded, node: str | None, episode: str) -> bool:
+        """The Job of a recorded attempt (of ``episode``) whose replica was killed after creating its
+        Secret: created now from that Secret (True). False when there is no Secret either (nothing of the
+        attempt exists)."""
+        job = job_manifest(self._config, request, attempt.number, node, episode=episode)
         try:
             created = self._jobs.create_job(job, None)
         except NotFound:
@@ -368,7 +373,7 @@ class JobBackend:
 
     def _launch(self, launch: Launch) -> str:
         request = launch.request
-        begun: list[tuple[Recorded, tuple[str, ...]]] = []
+        begun: list[tuple[Recorded, tuple[str, ...], str]] = []
 
         def begin(record: Record) -> Record | None:
             begun.clear()
@@ -381,15 +386,16 @@ class JobBackend:
                 lock_token=secrets.token_hex(16),
                 started=self._clock(),
                 address=launch.target.address,
-                job=job_name(request.ident, number),
+                job=job_name(request.ident, number, episode=record.episode),
             )
-            begun.append((attempt, record.takeover_tokens()))
-            return Record(record.ident, record.attempts).begun(attempt)  # a started attempt waits no more
+            begun.append((attempt, record.takeover_tokens(), record.episode))
+            # a started attempt waits no more; the episode is its own (never a Job of an earlier one)
+            return record.waiting_for_nothing().begun(attempt)
 
         self._update(request, begin)
         if not begun:
             return progress.running(progress.STARTING)
-        attempt, takeover = begun[0]
+        attempt, takeover, episode = begun[0]
         _record, _version, node, _value = self._read(request)
         spec = AttemptSpec(
             request=request,
@@ -404,8 +410,9 @@ class JobBackend:
             settings=self._job_settings,
             capabilities_file=self._capabilities_file,
         )
-        job = job_manifest(self._config, request, attempt.number, node)
-        secret = secret_manifest(self._config, attempt.job, spec.encode(), labels(request, attempt.number))
+        job = job_manifest(self._config, request, attempt.number, node, episode=episode)
+        job_labels = labels(request, attempt.number, episode=episode)
+        secret = secret_manifest(self._config, attempt.job, spec.encode(), job_labels)
         try:
             created = self._jobs.create_job(job, secret)
         except KubeError as exc:
@@ -435,7 +442,7 @@ class JobBackend:
             last = record.unfinished
             if last is None or (last.number, last.lock_token) != (attempt.number, attempt.lock_token):
                 return None
-            return Record(record.ident, record.attempts[:-1], record.wait)
+            return replace(record, attempts=record.attempts[:-1])  # the same episode
 
         try:
             self._jobs.delete_job(self._config.namespace, attempt.job, attempt.job)
@@ -454,4 +461,4 @@ def _with_wait(record: Record, check: str, token: str, now: float) -> Record | N
     wait = record.wait
     if wait is not None and (wait.check, wait.token) == (check, token):
         return None
-    return Record(record.ident, record.attempts, WaitClock(check, token, now))
+    return replace(record, wait=WaitClock(check, token, now))

@@ -22,6 +22,8 @@ MACHINE_LABEL: Final = "inplace-extension.io/machine"
 NAMESPACE_LABEL: Final = "inplace-extension.io/namespace"
 ATTEMPT_LABEL: Final = "inplace-extension.io/attempt"
 RUN_LABEL: Final = "inplace-extension.io/run"  # a hash of the run ident (names are too long for a label)
+# the episode of the run's desired state the attempt belongs to (kubejobs/record.py): A -> B -> A makes two
+EPISODE_LABEL: Final = "inplace-extension.io/episode"
 DEPLOYMENT_LABEL: Final = "inplace-extension.io/machine-deployment"
 SET_LABEL: Final = "inplace-extension.io/machine-set"
 # the owners CAPI labels its Machines with
@@ -56,9 +58,11 @@ class JobConfig:
     ttl_seconds: int
 
 
-def job_name(ident: str, attempt: int) -> str:
-    """``inplace-<16 hex of sha256(ident)>-<attempt>``: a DNS label, the same in every replica."""
-    return f"inplace-{hashlib.sha256(ident.encode()).hexdigest()[:16]}-{attempt}"
+def job_name(ident: str, attempt: int, *, episode: str) -> str:
+    """``inplace-<16 hex of sha256(ident)>-<episode>-<attempt>``: a DNS label, the same in every replica.
+    The episode (kubejobs/record.py) sets a desired state that comes back (A -> B -> A) apart from its
+    earlier episode, whose Job may still exist (``--job-ttl-seconds``): that Job never has this name."""
+    return f"inplace-{hashlib.sha256(ident.encode()).hexdigest()[:16]}-{episode}-{attempt}"
 
 
 def run_label(ident: str) -> str:
@@ -70,15 +74,17 @@ def label_value(value: str) -> str:
     return _LABEL_VALUE_CUT.sub("", value[:63])
 
 
-def labels(request: RunRequest, attempt: int) -> dict[str, str]:
+def labels(request: RunRequest, attempt: int, *, episode: str) -> dict[str, str]:
     """What an operator selects Jobs by: the app, the Machine (or Node), its namespace, its
-    MachineDeployment and MachineSet when CAPI labelled it with them, the run and the attempt."""
+    MachineDeployment and MachineSet when CAPI labelled it with them, the run, its episode and the
+    attempt."""
     result = {
         "app.kubernetes.io/name": APP,
         "app.kubernetes.io/component": COMPONENT,
         MACHINE_LABEL: label_value(request.name),
         NAMESPACE_LABEL: label_value(request.namespace),
         RUN_LABEL: run_label(request.ident),
+        EPISODE_LABEL: episode,
         ATTEMPT_LABEL: str(attempt),
     }
     for theirs, ours in CAPI_OWNER_LABELS.items():
@@ -117,11 +123,13 @@ def _api_access() -> dict[str, Any]:
     }
 
 
-def job_manifest(config: JobConfig, request: RunRequest, attempt: int, node: str | None) -> dict[str, Any]:
-    """The Job of ``request``'s attempt ``attempt``; ``node``: the Node it updates, which the Job's Pod
-    keeps off (when known and in the cluster the Job runs in)."""
-    name = job_name(request.ident, attempt)
-    job_labels = labels(request, attempt)
+def job_manifest(
+    config: JobConfig, request: RunRequest, attempt: int, node: str | None, *, episode: str
+) -> dict[str, Any]:
+    """The Job of ``request``'s attempt ``attempt`` in ``episode``; ``node``: the Node it updates, which
+    the Job's Pod keeps off (when known and in the cluster the Job runs in)."""
+    name = job_name(request.ident, attempt, episode=episode)
+    job_labels = labels(request, attempt, episode=episode)
     affinity: dict[str, Any] = {}
     if node:
         affinity = {

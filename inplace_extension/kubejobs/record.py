@@ -2,16 +2,22 @@
 
 One JSON value, ``inplace-extension.io/attempts``, keyed by the run ident (namespace, name and the
 desired state's fingerprint): a record of another ident is a record of another desired state, so the
-update starts afresh and its first attempt replaces it. It holds each attempt's number, retry token (a
-hash), host lock token, start, host address, Job name and outcome (None while its Job runs), and the
-health-wait clock. Bounded: the oldest attempts go past :data:`MAX_ATTEMPTS` (far above any retry
-budget). It stays on the object until the next desired state replaces it or the object is deleted.
-Pure: the backend reads and writes it with a resourceVersion precondition.
+update starts afresh and its first write replaces it. That write opens a new *episode* of the desired
+state (a random id, :meth:`Record.opened`): a desired state that comes back after another (A -> B -> A,
+a revert) is a new episode, whose Jobs are named and labelled with it, so a Job of A's earlier episode
+(still there for ``--job-ttl-seconds``) never answers it; two replicas writing at once agree on one
+episode through the write's resourceVersion precondition. It holds the episode, each attempt's number,
+retry token (a hash), host lock token, start, host address, Job name and outcome (None while its Job
+runs), and the health-wait clock. Bounded: the oldest attempts go past :data:`MAX_ATTEMPTS` (far
+above any retry budget). It stays on the object until the next desired state replaces it or the object
+is deleted. Pure (but for the episode id :meth:`Record.opened` draws): the backend reads and writes it
+with a resourceVersion precondition.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -20,6 +26,9 @@ from inplace_extension.runs.artifacts import Attempt, Outcome
 RECORD_ANNOTATION: Final = "inplace-extension.io/attempts"
 MAX_ATTEMPTS: Final = 200
 VERSION: Final = 1
+# an episode id: 8 random bytes (16 hex) in every Job name of the episode, so that two episodes of one
+# desired state never share one (they would have to draw the same 64 bits)
+EPISODE_BYTES: Final = 8
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,9 @@ class Record:
     ident: str
     attempts: tuple[Recorded, ...] = ()
     wait: WaitClock | None = None
+    # the episode of the desired state ``ident`` this record is of ("": none yet, the record was not
+    # written for this desired state, or by a version before episodes)
+    episode: str = ""
 
     @classmethod
     def decode(cls, value: str | None, ident: str) -> Record:
@@ -90,6 +102,7 @@ class Record:
                 WaitClock(str(wait["check"]), str(wait["token"]), float(wait["since"]))
                 if isinstance(wait, dict)
                 else None,
+                str(data.get("e", "")),
             )
         except (ValueError, KeyError, TypeError):
             return cls(ident)
@@ -112,11 +125,20 @@ class Record:
         data: dict[str, Any] = {
             "v": VERSION,
             "ident": self.ident,
+            "e": self.episode,
             "attempts": [a.to_json() for a in self.attempts[-MAX_ATTEMPTS:]],
         }
         if self.wait is not None:
             data["wait"] = {"check": self.wait.check, "token": self.wait.token, "since": self.wait.since}
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def opened(self) -> Record:
+        """This record, in an episode: its own, else a new one (a record about to be written for the
+        first time for this desired state, or one a version before episodes wrote)."""
+        return self if self.episode else replace(self, episode=secrets.token_hex(EPISODE_BYTES))
+
+    def waiting_for_nothing(self) -> Record:
+        return replace(self, wait=None)
 
     @property
     def unfinished(self) -> Recorded | None:
@@ -151,5 +173,6 @@ class Record:
 
     def to_attempts(self) -> list[Attempt]:
         return [
-            Attempt(a.number, None, a.token, a.outcome, a.address or None, a.started) for a in self.attempts
+            Attempt(a.number, None, a.token, a.outcome, a.address or None, a.started, self.episode)
+            for a in self.attempts
         ]

@@ -12,7 +12,8 @@ two runs' stats);
 the play lives: the kernel drops it when they die, however they die, so a free lease says the play is
 over, even across a restart of the service, and names the play's process group (:func:`stop_play`).
 ``meta.json`` records the host lock token each attempt's play holds, so a later attempt of the same
-Machine can take over a lock its own dead play left (:func:`ended_lock_tokens`). Plain file reading
+Machine can take over a lock its own dead play left (:func:`ended_lock_tokens`), and the episode it
+began in (runs/episode.py: ``<runs_dir>/.machines/``). Plain file reading
 (and the one signal of :func:`stop_play`); :mod:`inplace_extension.runs.outcomes` reads what attempts
 ended as.
 """
@@ -98,6 +99,9 @@ class Attempt:
     outcome: Outcome | None  # None: never summarised (still running, or the service died during it)
     address: str | None = None  # the host address SSH used (health checks of the Kubernetes-aware mode)
     started: float = 0.0  # wall-clock seconds when it started (meta.json; 0 when not recorded)
+    # the episode of the desired state it began in (runs/episode.py; kubejobs/record.py): a desired state
+    # that comes back (A -> B -> A) is a new episode, and only the current episode's attempts answer
+    episode: str = ""
 
 
 def write_json(path: Path, data: object, mode: int = 0o600) -> None:

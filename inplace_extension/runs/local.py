@@ -5,8 +5,9 @@ plays one attempt in the calling thread instead (what runs inside the Job of the
 Attempts are queued in the registry (registry.py), which batches Machines queued together into one
 play; in a worker thread each attempt gets its directory and ``meta.json`` (artifacts.py), the cluster
 side prepares it, ansible-runner plays it (runner.py), and its outcome is classified (outcomes.py) and
-written as ``outcome.json``, so a restarted process answers from disk. The health-wait clock is a file
-beside the attempts (health_wait.py).
+written as ``outcome.json``, so a restarted process answers from disk. Only the attempts of the machine's
+current episode answer (episode.py): a desired state that comes back after another plays again. The
+health-wait clock is a file beside the attempts (health_wait.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Final
 import anyio.to_thread
 
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs import health_wait, model, progress, runner, ssh
+from inplace_extension.runs import episode, health_wait, model, progress, runner, ssh
 from inplace_extension.runs.artifacts import (
     Attempt,
     BatchRef,
@@ -142,7 +143,13 @@ class LocalBackend:
         await anyio.to_thread.run_sync(health_wait.end, self._runs_dir / request.ident)
 
     def _load_now(self, request: RunRequest) -> list[Attempt]:
-        attempts = load_attempts(self._runs_dir / request.ident, request.fingerprint)
+        # only the machine's current episode answers: after A -> B -> A, the first A's attempts do not
+        answers = episode.answering(self._runs_dir, request)
+        attempts = (
+            []
+            if answers is None
+            else load_attempts(self._runs_dir / request.ident, request.fingerprint, answers)
+        )
         self._attempts.set(request.ident, tuple(attempts))
         return attempts
 
@@ -253,6 +260,10 @@ class LocalBackend:
         takeover_tokens = given.takeover_tokens if given else ended_lock_tokens(ident_dir)
         lock_token = given.token if given else secrets.token_hex(16)
         stop_waiting_plays(ident_dir)  # an orphaned play at its drain point gives up
+        began_in, ended = episode.enter(self._runs_dir, request)
+        if ended is not None:  # a new episode: what was read of either desired state is of earlier ones
+            self._attempts.pop(ended)
+            self._attempts.pop(request.ident)
         number, attempt_dir = new_attempt_dir(ident_dir)
         job.attempt = number
         meta = {
@@ -263,6 +274,7 @@ class LocalBackend:
             "address": target.address,
             # recorded before the play starts, so a later attempt can tell a lock left by this one
             "lock_token": lock_token,
+            "episode": began_in,  # only attempts of the machine's current episode answer (episode.py)
         }
         write_json(attempt_dir / "meta.json", {**meta, "pid": os.getpid(), **ref.to_meta()})
         log.info(

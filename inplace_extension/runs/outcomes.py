@@ -206,12 +206,16 @@ def _started(meta: dict[str, Any], path: Path) -> float:
     return float(started) if isinstance(started, int | float) else mtime(path)
 
 
-def load_attempts(ident_dir: Path, fingerprint: str) -> list[Attempt]:
-    """All attempts of one ident, oldest first. Attempts without ``outcome.json`` are classified from
-    their batch's ansible-runner artifacts when those are final, else left with ``outcome=None``."""
+def load_attempts(ident_dir: Path, fingerprint: str, episode: str | None) -> list[Attempt]:
+    """The attempts of one ident in ``episode`` (runs/episode.py; None: of every episode), oldest first.
+    Attempts without ``outcome.json`` are classified from their batch's ansible-runner artifacts when
+    those are final, else left with ``outcome=None``."""
     attempts = []
     for number, path in sorted(attempt_dirs(ident_dir)):
         meta = read_json(path / "meta.json") or {}
+        began_in = str(meta.get("episode", ""))
+        if episode is not None and began_in != episode:
+            continue  # an earlier episode of this desired state: kept on disk, answers nothing
         summary = read_json(path / "outcome.json")
         outcome = Outcome.from_json(summary) if summary else None
         batch = BatchRef.from_meta(meta)
@@ -226,6 +230,7 @@ def load_attempts(ident_dir: Path, fingerprint: str) -> list[Attempt]:
                 outcome,
                 address if isinstance(address, str) else None,
                 _started(meta, path),
+                began_in,
             )
         )
     return attempts

@@ -87,8 +87,11 @@ class RunService:
         self._backend = deps.backend
         # what this process did already, so that the next poll does not do it again; bounded (memo.py),
         # and never the record: forgetting one only repeats work whose answer is the same
-        self._settled: Memo[str] = Memo()  # idents whose settle() answered done (health gate passed)
-        self._reported: Memo[tuple[str, str]] = Memo()  # (ident, failure) handed to cluster.failed
+        # (ident, episode) whose settle() answered done (health gate passed): a desired state that comes
+        # back after another (A -> B -> A) is a new episode, played and gated again
+        self._settled: Memo[tuple[str, str]] = Memo()
+        # (ident, failure) handed to cluster.failed; a failure's ident carries its episode (``_episode``)
+        self._reported: Memo[tuple[str, str]] = Memo()
         self._inventory = InventorySource(settings.inventory)
         self._object_health = deps.object_health
         self._gate_seconds = settings.health_gate_timeout_seconds
@@ -167,7 +170,7 @@ class RunService:
         if standing.verdict is Verdict.DONE:
             return await self._settle(request, attempts)
         if standing.verdict is Verdict.FAILED:
-            reported = (request.ident, standing.message)
+            reported = (_episode(request, attempts), standing.message)
             # once, unless the clean-up could not be done (the API server away): then on the next poll
             if (
                 reported not in self._reported
@@ -286,7 +289,8 @@ class RunService:
         """Applied on the host; the health gate decides (once passed, remembered): with a cluster side
         its Node checks, then the checks of cluster objects."""
         gated = self._cluster is not NO_CLUSTER_SIDE or self._object_health is not NO_OBJECT_HEALTH
-        if not gated or request.ident in self._settled:
+        settled = (request.ident, attempts[-1].episode)
+        if not gated or settled in self._settled:
             return Progress(ProgressState.DONE, progress.APPLIED)
         applied = max(
             (a for a in attempts if a.outcome and a.outcome.kind is OutcomeKind.SUCCESSFUL),
@@ -294,16 +298,14 @@ class RunService:
         )
         applied_at = applied.outcome.finished if applied.outcome else 0.0
         if self._cluster is not NO_CLUSTER_SIDE:
-            settled = await anyio.to_thread.run_sync(
-                self._cluster.settle, request, applied_at, applied.address
-            )
-            if settled.state is ProgressState.IN_PROGRESS:
-                return Progress(settled.state, settled.message, self._retry_after, waiting="health_check")
-            if settled.state is ProgressState.FAILED:
-                return settled
+            gate = await anyio.to_thread.run_sync(self._cluster.settle, request, applied_at, applied.address)
+            if gate.state is ProgressState.IN_PROGRESS:
+                return Progress(gate.state, gate.message, self._retry_after, waiting="health_check")
+            if gate.state is ProgressState.FAILED:
+                return gate
         unhealthy = await anyio.to_thread.run_sync(self._object_health.unhealthy, request)
         if unhealthy is None:
-            self._settled.add(request.ident)
+            self._settled.add(settled)
             self._cluster.state(request, "Done", progress.APPLIED)
             return Progress(ProgressState.DONE, progress.APPLIED)
         if self._clock() - applied_at < self._gate_seconds:
@@ -370,3 +372,9 @@ class RunService:
         self._play_times.began(request.ident, self._clock())
         self._cluster.state(request, "Queued", "queued")
         return self._in_progress(request, message)
+
+
+def _episode(request: RunRequest, attempts: list[Attempt]) -> str:
+    """``request``'s ident and the episode of its last attempt: what a failure was reported for (the
+    same failure in a later episode of the same desired state is reported, and cleaned up, again)."""
+    return f"{request.ident}#{attempts[-1].episode if attempts else ''}"

@@ -26,6 +26,7 @@ from inplace_extension.runs.model import RunRequest
 from .conftest import create_machine
 
 pytestmark = pytest.mark.kube
+EPISODE = "0123456789abcdef"  # as kubejobs/record.py draws one
 
 
 @pytest.fixture
@@ -77,9 +78,9 @@ def test_a_job_owns_its_secret_is_created_once_and_reports_its_pod(kubelab: Lab,
         ttl_seconds=600,
     )
     request = RunRequest("default", "m1", "ab" * 32, ("ntp",), {"ntp": {"ntp_servers": ["a"]}})
-    name = job_name(request.ident, 1)
-    job = job_manifest(config, request, 1, "node-1")
-    secret = secret_manifest(config, name, '{"secret": "data"}', labels(request, 1))
+    name = job_name(request.ident, 1, episode=EPISODE)
+    job = job_manifest(config, request, 1, "node-1", episode=EPISODE)
+    secret = secret_manifest(config, name, '{"secret": "data"}', labels(request, 1, episode=EPISODE))
     assert jobs.create_job(job, secret) is True
     assert jobs.create_job(job, secret) is False, "AlreadyExists: the same attempt"
     made = objects.get(kubelab, "job", name, ns)

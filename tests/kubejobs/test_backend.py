@@ -104,8 +104,13 @@ def record(cluster: FakeJobs, request: RunRequest | None = None) -> Record:
     return Record.decode(cluster.annotation(MACHINE, RECORD_ANNOTATION), (request or req()).ident)
 
 
+def job_of(cluster: FakeJobs, attempt: int) -> str:
+    """The name of attempt ``attempt``'s Job, as the record says (it carries the record's episode)."""
+    return next(a.job for a in record(cluster).attempts if a.number == attempt)
+
+
 def spec_of(cluster: FakeJobs, attempt: int) -> AttemptSpec:
-    secret = cluster.secrets[(CONFIG.namespace, job_name(req().ident, attempt))]
+    secret = cluster.secrets[(CONFIG.namespace, job_of(cluster, attempt))]
     return AttemptSpec.decode(secret["stringData"]["attempt.json"])
 
 
@@ -116,7 +121,7 @@ async def test_two_replicas_start_one_job_and_answer_its_phase_and_outcome_alike
     assert await a.poll(req()) == STARTING
     assert await b.poll(req()) == STARTING
     job = cluster.only_job()
-    assert job.manifest["metadata"]["name"] == job_name(req().ident, 1)
+    assert job.manifest["metadata"]["name"] == job_of(cluster, 1)
     assert cluster.calls.count["create_job"] == 1, "the second replica found the attempt in flight"
     assert job.manifest["spec"]["template"]["spec"]["affinity"], "kept off the Machine's Node"
     (attempt,) = record(cluster).attempts
@@ -143,8 +148,12 @@ async def test_a_job_that_exists_already_is_the_attempt_in_flight(
     settings: Settings, cluster: FakeJobs, clock: Clock
 ) -> None:
     cluster.conflict_next_write = 1  # another replica wrote the Machine meanwhile: read again, decide again
+    episode = "0123456789abcdef"  # the record's episode, as that replica left it
+    cluster.objects[("Machine", "default", "m1")]["annotations"][RECORD_ANNOTATION] = Record(
+        req().ident, episode=episode
+    ).encode()
     service = replica(settings, cluster, clock)
-    name = job_name(req().ident, 1)
+    name = job_name(req().ident, 1, episode=episode)
     cluster.create_job(
         {"metadata": {"namespace": CONFIG.namespace, "name": name}}, {"metadata": {"name": name}}
     )
@@ -159,7 +168,7 @@ async def test_a_job_ended_without_an_outcome_counts_once_and_the_next_takes_its
 ) -> None:
     a, b = replica(settings, cluster, clock), replica(settings, cluster, clock)
     await a.poll(req())
-    first = job_name(req().ident, 1)
+    first = job_of(cluster, 1)
     cluster.finish(first, None)  # its Pod was deleted mid-play: no termination message
     retrying = await a.poll(req())
     assert retrying.retrying and retrying.message == "run interrupted, retrying (attempt 2)"
@@ -168,7 +177,7 @@ async def test_a_job_ended_without_an_outcome_counts_once_and_the_next_takes_its
     assert attempt.outcome is not None and attempt.outcome.kind is OutcomeKind.INTERRUPTED
     clock.now += 2  # past the backoff
     assert await b.poll(req()) == STARTING
-    assert [n for _, n in sorted(cluster.jobs)] == sorted([first, job_name(req().ident, 2)])
+    assert [n for _, n in sorted(cluster.jobs)] == sorted([first, job_of(cluster, 2)])
     second = spec_of(cluster, 2)
     assert second.number == 2
     assert second.takeover_tokens == (attempt.lock_token,), "the lock left by the gone Job is taken at once"
@@ -181,7 +190,7 @@ async def test_the_retry_budget_and_token_hold_for_a_replica_that_never_saw_the_
 ) -> None:
     settings = settings.model_copy(update={"max_failed_attempts": 1})
     await replica(settings, cluster, clock).poll(req())
-    cluster.finish(job_name(req().ident, 1), None)
+    cluster.finish(job_of(cluster, 1), None)
     blocked = Progress(ProgressState.FAILED, "blocked after 1 failed attempts: run interrupted", blocked=True)
     assert await replica(settings, cluster, clock).poll(req()) == blocked
     assert await replica(settings, cluster, clock).poll(req()) == blocked
@@ -196,7 +205,7 @@ async def test_a_task_failure_is_remembered_for_every_replica(
 ) -> None:
     await replica(settings, cluster, clock).poll(req())
     message = outcome(OutcomeKind.TASK_FAILED, clock.now, capability="ntp", task="Write config")
-    cluster.finish(job_name(req().ident, 1), message)
+    cluster.finish(job_of(cluster, 1), message)
     failed = Progress(ProgressState.FAILED, 'ntp: task "Write config" failed on host')
     assert await replica(settings, cluster, clock).poll(req()) == failed
     assert await replica(settings, cluster, clock).poll(req()) == failed
@@ -208,7 +217,7 @@ async def test_a_job_that_never_appears_or_is_gone_is_interrupted_after_a_grace(
 ) -> None:
     service = replica(settings, cluster, clock)
     await service.poll(req())
-    cluster.expire_job(job_name(req().ident, 1))
+    cluster.expire_job(job_of(cluster, 1))
     assert cluster.secrets == {}, "the Secret goes with the Job that owns it"
     clock.now += 10  # another replica may have recorded the attempt and not created its Job yet
     assert await service.poll(req()) == STARTING
@@ -241,7 +250,7 @@ async def test_a_new_desired_state_starts_afresh_on_the_same_machine(
 ) -> None:
     service = replica(settings, cluster, clock)
     await service.poll(req())
-    cluster.finish(job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now))
+    cluster.finish(job_of(cluster, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now))
     assert (await service.poll(req())).state is ProgressState.DONE
     newer = req(fp="cd" * 32)
     assert await service.poll(newer) == STARTING
@@ -275,7 +284,7 @@ async def test_a_new_desired_state_waits_for_the_job_of_the_earlier_one(
     queued = Progress(ProgressState.IN_PROGRESS, "queued: position 1 of 1", 1, in_flight=True)
     assert await replica(settings, cluster, clock).poll(newer) == queued
     assert len(cluster.jobs) == 1, "one Machine never has two plays at once"
-    cluster.finish(job_name(req().ident, 1), None)
+    cluster.finish(job_of(cluster, 1), None)
     assert await replica(settings, cluster, clock).poll(newer) == STARTING
     assert json.loads(cluster.annotation(MACHINE, RECORD_ANNOTATION) or "{}")["ident"] == newer.ident
 
@@ -331,7 +340,7 @@ async def test_a_poll_near_the_jobs_expected_end_waits_for_it_and_answers_done(
     assert await service.poll(req()) == STARTING  # its expected end is seconds away: no wait
     assert time.monotonic() - early < 0.5
     clock.now += known_cost(req().capabilities) - 1.0
-    name = job_name(req().ident, 1)
+    name = job_of(cluster, 1)
     threading.Timer(0.5, cluster.finish, (name, outcome(OutcomeKind.SUCCESSFUL, clock.now))).start()
     started = time.monotonic()
     done = await service.poll(req())
@@ -348,7 +357,7 @@ async def test_wait_end_of_a_job_that_goes_on_gives_up_at_its_deadline(
     started = time.monotonic()
     assert not await service.wait_end(req(), 0.5)
     assert 0.5 <= time.monotonic() - started < 1.0
-    cluster.finish(job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now))
+    cluster.finish(job_of(cluster, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now))
     assert await service.wait_end(req(), 5.0)
     assert await service.wait_end(req(), 5.0)  # none in flight: at once
 
@@ -375,9 +384,7 @@ async def test_a_near_end_wait_reads_the_job_alone_once_a_second(
     # the Job finishes during the wait: one more read of the Job, then one full look copies its outcome
     assert await backend.in_flight(req()) is not None
     before = cluster.calls.count.copy()
-    threading.Timer(
-        0.3, cluster.finish, (job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, 1.0))
-    ).start()
+    threading.Timer(0.3, cluster.finish, (job_of(cluster, 1), outcome(OutcomeKind.SUCCESSFUL, 1.0))).start()
     started = time.monotonic()
     assert await backend.wait_end(req(), 2.0)
     assert 0.9 <= time.monotonic() - started < 2.5  # seen at the look after it finished
@@ -426,10 +433,10 @@ async def test_a_replica_killed_between_the_secret_and_the_job_is_recovered_by_t
 ) -> None:
     """Never a Job without its Secret (its Pod would wait in ContainerCreating until the deadline), and
     an attempt left with its Secret alone gets its Job on the next poll, not an hour later."""
-    name = job_name(req().ident, 1)
     cluster.killed_after_secret = True
     with pytest.raises(ReplicaKilled):
         await replica(settings, cluster, clock).poll(req())
+    name = job_of(cluster, 1)
     assert cluster.jobs == {} and list(cluster.secrets) == [(CONFIG.namespace, name)]
     clock.now += 1
     assert await replica(settings, cluster, clock).poll(req()) == STARTING
@@ -542,12 +549,12 @@ async def test_the_api_server_busy_or_away_is_in_progress_charging_and_posting_n
     outcome's write, the deletion of a Job that did not start."""
     posted = Posted()
     service = posting_replica(settings, cluster, clock, posted)
-    name = job_name(req().ident, 1)
     if call in ("job_state", "outcome", "delete_job"):
         assert await service.poll(req()) == STARTING
         posted.events.clear()
         if call == "outcome":
-            cluster.finish(name, None)  # ended without an outcome: an interrupted attempt to record
+            # ended without an outcome: an interrupted attempt to record
+            cluster.finish(job_of(cluster, 1), None)
         if call == "delete_job":
             cluster.only_job().pod_status = pending_pod(None, UNSCHEDULABLE)
             clock.now += START_SECONDS
@@ -587,7 +594,7 @@ async def test_a_hold_takes_back_an_attempt_whose_pod_has_not_started(
     for attempt, hold in ((1, PAUSED), (2, CANCELLED)):
         assert await svc.poll(req()) == STARTING
         cluster.only_job().pending = True
-        assert cluster.only_job().manifest["metadata"]["name"] == job_name(req().ident, attempt)
+        assert cluster.only_job().manifest["metadata"]["name"] == job_of(cluster, attempt)
         answer = await svc.poll(replace(req(), hold=hold))
         if hold.cancel:
             assert answer == Progress(ProgressState.FAILED, CANCELLED.message, cancelled=True)
@@ -609,5 +616,5 @@ async def test_a_hold_lets_an_attempt_whose_pod_started_play_on(
     assert await svc.poll(req()) == STARTING
     assert await svc.poll(replace(req(), hold=CANCELLED)) == STARTING  # its Pod runs: it finishes
     assert len(cluster.jobs) == 1 and cluster.calls.count["delete_job"] == 0
-    cluster.finish(job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now))
+    cluster.finish(job_of(cluster, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now))
     assert await svc.poll(replace(req(), hold=CANCELLED)) == Progress(ProgressState.DONE, "update applied")

@@ -31,6 +31,7 @@ from kubejobs import support
 SECRET_VALUE = "hunter2-very-secret-file-content"
 CONFIG = replace(support.CONFIG, image="registry.example/inplace-extension:0.1.0")  # as a release names it
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+EPISODE = "0123456789abcdef"  # as kubejobs/record.py draws one
 
 
 def request(name: str = "md-0-abcde-x7k2p") -> RunRequest:
@@ -58,17 +59,19 @@ def target() -> HostTarget:
     )
 
 
-def test_the_job_name_is_a_dns_label_derived_from_the_ident_and_attempt_alone() -> None:
-    first = job_name(request().ident, 1)
-    assert first == job_name(request().ident, 1), "every replica names the same Job"
-    assert first != job_name(request().ident, 2)
-    assert first != job_name(request("other").ident, 1)
-    assert DNS_LABEL.match(first) and DNS_LABEL.match(job_name("x" * 300, 12345))
+def test_the_job_name_is_a_dns_label_derived_from_the_ident_episode_and_attempt_alone() -> None:
+    first = job_name(request().ident, 1, episode=EPISODE)
+    assert first == job_name(request().ident, 1, episode=EPISODE), "every replica names the same Job"
+    assert first != job_name(request().ident, 2, episode=EPISODE)
+    assert first != job_name(request("other").ident, 1, episode=EPISODE)
+    assert first != job_name(request().ident, 1, episode="fedcba9876543210"), "a revert's Job is its own"
+    longest = job_name("x" * 300, 12345, episode=EPISODE)
+    assert DNS_LABEL.match(first) and DNS_LABEL.match(longest) and len(longest) <= 63
 
 
 def test_the_job_is_selectable_kept_off_its_node_bounded_in_time_and_non_root() -> None:
-    job = job_manifest(CONFIG, request(), 3, "node-7")
-    assert job["metadata"]["name"] == job_name(request().ident, 3)
+    job = job_manifest(CONFIG, request(), 3, "node-7", episode=EPISODE)
+    assert job["metadata"]["name"] == job_name(request().ident, 3, episode=EPISODE)
     assert job["metadata"]["namespace"] == CONFIG.namespace
     want = {
         "app.kubernetes.io/name": "inplace-extension",
@@ -77,6 +80,7 @@ def test_the_job_is_selectable_kept_off_its_node_bounded_in_time_and_non_root() 
         "inplace-extension.io/namespace": "team-a",
         "inplace-extension.io/machine-deployment": "md-0",
         "inplace-extension.io/machine-set": "md-0-abcde",
+        "inplace-extension.io/episode": EPISODE,
         "inplace-extension.io/attempt": "3",
     }
     assert want.items() <= job["metadata"]["labels"].items()
@@ -112,7 +116,7 @@ def test_the_job_is_selectable_kept_off_its_node_bounded_in_time_and_non_root() 
 
 
 def test_the_pod_declares_its_own_token_so_it_needs_no_service_account_admission_plugin() -> None:
-    pod = job_manifest(CONFIG, request(), 1, None)["spec"]["template"]["spec"]
+    pod = job_manifest(CONFIG, request(), 1, None, episode=EPISODE)["spec"]["template"]["spec"]
     # not left to the admission plugin (a cluster may not run it): the token is the Pod's own volume
     assert pod["automountServiceAccountToken"] is False
     (container,) = pod["containers"]
@@ -134,7 +138,7 @@ def test_the_pod_declares_its_own_token_so_it_needs_no_service_account_admission
 
 
 def test_without_a_known_node_there_is_no_affinity_and_long_names_make_valid_label_values() -> None:
-    job = job_manifest(CONFIG, request("m" * 200), 1, None)
+    job = job_manifest(CONFIG, request("m" * 200), 1, None, episode=EPISODE)
     assert "affinity" not in job["spec"]["template"]["spec"]
     assert len(job["metadata"]["labels"]["inplace-extension.io/machine"]) == 63
 
@@ -151,8 +155,10 @@ def test_request_data_is_only_in_the_secret() -> None:
         role_vars={"x": 1},
         roles_paths=(),
     )
-    job = job_manifest(CONFIG, request(), 1, None)
-    secret = secret_manifest(CONFIG, job["metadata"]["name"], spec.encode(), labels(request(), 1))
+    job = job_manifest(CONFIG, request(), 1, None, episode=EPISODE)
+    secret = secret_manifest(
+        CONFIG, job["metadata"]["name"], spec.encode(), labels(request(), 1, episode=EPISODE)
+    )
     assert SECRET_VALUE not in json.dumps(job)
     assert "lock-1" not in json.dumps(job)
     assert SECRET_VALUE in secret["stringData"]["attempt.json"]

@@ -59,7 +59,7 @@ def play_started(runs: Path) -> bool:
 
 def attempts(runs: Path, node: str, fingerprint: str) -> list[Attempt]:
     """The agent's attempts of one Node's update to ``fingerprint``, oldest first, from its run artifacts."""
-    return load_attempts(runs / f"{mcm.NAMESPACE}.{node}.{fingerprint[:12]}", fingerprint)
+    return load_attempts(runs / f"{mcm.NAMESPACE}.{node}.{fingerprint[:12]}", fingerprint, None)
 
 
 class AgentProcess:

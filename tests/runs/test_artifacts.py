@@ -116,13 +116,13 @@ def test_attempts_are_numbered_and_loaded_in_order(tmp_path: Path) -> None:
     assert (d1 / "outcome.json").stat().st_mode & 0o777 == 0o600
     # the service died before it summarised attempt 2: its batch's artifacts are classified again
     write_artifacts(tmp_path / "b2", BATCH, "failed", 2, failed_events("ntp", "Restart chrony"))
-    attempts = load_attempts(ident_dir, FP)
+    attempts = load_attempts(ident_dir, FP, None)
     assert [a.number for a in attempts] == [1, 2, 3]
     assert attempts[0].outcome == Outcome(OutcomeKind.UNREACHABLE, finished=5.0)
     assert attempts[0].retry_token == "t1"
     assert attempts[1].outcome is not None and attempts[1].outcome.capability == "ntp"
     assert attempts[2].outcome is None
-    assert load_attempts(tmp_path / "absent", FP) == []
+    assert load_attempts(tmp_path / "absent", FP, None) == []
 
 
 def test_only_lock_tokens_of_plays_known_to_have_ended_are_offered_for_takeover(tmp_path: Path) -> None:
