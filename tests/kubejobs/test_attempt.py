@@ -5,6 +5,8 @@ the real play inside a real Job is the lab's."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,11 +17,11 @@ from inplace_extension.capabilities_file import FileConfig, load_file
 from inplace_extension.cli import main
 from inplace_extension.engine import ExecutorError, Records, build_engine, job_settings, own_image
 from inplace_extension.inplace.custom import NO_CUSTOM
-from inplace_extension.kubejobs.attempt import run_attempt
+from inplace_extension.kubejobs.attempt import PlayStop, run_attempt
 from inplace_extension.kubejobs.spec import AttemptSpec, outcome_of
 from inplace_extension.metrics import Metrics
 from inplace_extension.runs import runner as runner_mod
-from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.artifacts import Outcome, OutcomeKind
 from inplace_extension.runs.model import NO_CLUSTER_SIDE
 from inplace_extension.settings import Settings
 
@@ -176,3 +178,40 @@ def test_the_kubernetes_executor_refuses_the_capabilities_files_own_roles_at_sta
     # the same file with the local executor is fine: the refusal is the kubernetes executor's
     settings = Settings(runs_dir=tmp_path / "runs", playbooks_dir=PLAYBOOKS)
     build_engine(settings, load_file(caps), Metrics()).close()
+
+
+def test_a_play_past_the_attempts_deadline_is_stopped_and_the_attempt_interrupted(
+    tmp_path: Path, fake: FakeRunner
+) -> None:
+    """The deadline (before the Job's own ends the Pod) stops the play as SIGTERM does; a stopped play's
+    remains are not its outcome (a killed ssh reads as unreachable): interrupted, why named."""
+    fake.gate = threading.Event()
+    fake.scripts[request().name] = [lambda run: ("failed", 4, unreachable_events())]
+    settings = Settings(runs_dir=tmp_path / "scratch", playbooks_dir=PLAYBOOKS)
+    stop = PlayStop(tmp_path / "scratch" / ".batches")
+    log = tmp_path / "termination-log"
+    ended: list[Outcome] = []
+    attempt = threading.Thread(
+        target=lambda: ended.append(
+            run_attempt(
+                spec(),
+                settings=settings,
+                cluster=NO_CLUSTER_SIDE,
+                publish=lambda p: None,
+                termination_log=log,
+                timeout=0.2,
+                stop=stop,
+            )
+        )
+    )
+    attempt.start()
+    deadline = time.monotonic() + 10
+    while stop.reason is None:  # the deadline has told the play to stop
+        assert time.monotonic() < deadline, "the deadline never stopped the play"
+        time.sleep(0.01)
+    fake.gate.set()  # the fake play ends as a stopped one does
+    attempt.join(10)
+    (outcome,) = ended
+    assert outcome.kind is OutcomeKind.INTERRUPTED
+    assert outcome.detail == "the play did not end within 0s"
+    assert outcome_of(log.read_text()) == outcome
