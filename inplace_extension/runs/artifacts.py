@@ -102,6 +102,10 @@ class Attempt:
     # the episode of the desired state it began in (runs/episode.py; kubejobs/record.py): a desired state
     # that comes back (A -> B -> A) is a new episode, and only the current episode's attempts answer
     episode: str = ""
+    # no outcome (its process died mid-play): whether its play may have disrupted the machine, by its own
+    # events: it reached its drain point (the Node may be cordoned), or, without one, began a step (the
+    # host may be half changed). True where that cannot be told; False: nothing was disrupted
+    past_drain_point: bool = True
 
 
 def write_json(path: Path, data: object, mode: int = 0o600) -> None:

@@ -291,6 +291,13 @@ class LocalBackend:
         if failure is not None:  # no Node to drain: this Machine stays out of the play
             self._finish(job, attempt_dir, blocked_outcome(failure, self._clock()), "not started")
             return None
+        drain_before = self._cluster.drain_point(request)
+        # where the play may start disrupting the machine: a later attempt tells by it (and the play's
+        # events) whether a play that died had passed it (outcomes.past_drain_point)
+        write_json(
+            attempt_dir / "meta.json",
+            {**meta, "pid": os.getpid(), **ref.to_meta(), "drain_before": drain_before},
+        )
         return runner.HostRun(
             ident=request.ident,
             host_name=request.ident,  # the ident is the inventory host name
@@ -302,7 +309,7 @@ class LocalBackend:
             roles=request.roles,
             lock_token=lock_token,
             takeover_tokens=takeover_tokens,
-            drain_before=self._cluster.drain_point(request),
+            drain_before=drain_before,
             drain_wait_seconds=self._drain_wait_seconds,
         )
 

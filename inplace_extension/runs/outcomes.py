@@ -21,6 +21,7 @@ from inplace_extension.runs.artifacts import (
     read_json,
     runner_status,
 )
+from inplace_extension.runs.steps import DRAIN_TASK, JOINT_TASK
 
 # ansible-playbook exit codes for "could not even start": error, parser error, bad options, unexpected error
 PLAYBOOK_ERROR_RCS = frozenset({1, 4, 5, 250})
@@ -200,6 +201,25 @@ def classify(batch: BatchRef, fingerprint: str, finished: float | None = None) -
     return Outcome(OutcomeKind.INTERRUPTED, detail=detail + " (no failed task)", finished=when)
 
 
+def past_drain_point(meta: dict[str, Any]) -> bool:
+    """Whether the play of an attempt without an outcome may have disrupted its machine, by the events
+    the play itself wrote (they are on disk whether or not the service that started it lived on):
+    it reached its drain point (``drain_before`` in meta.json: the service drains the Node there), or,
+    with no drain point, it began a step. An attempt whose play has no events did nothing."""
+    batch = BatchRef.from_meta(meta)
+    if batch is None:
+        return False  # its service died before the play was started
+    started = [
+        e.get("event_data") or {}
+        for e in _events(batch)
+        if e.get("event") == "runner_on_start" and (e.get("event_data") or {}).get("host") == batch.host
+    ]
+    if "drain_before" in meta and meta["drain_before"] is not None:
+        return any(data.get("task") == DRAIN_TASK for data in started)
+    # no drain point (or not recorded: an attempt of an older version): any step may change the host
+    return any(data.get("role") or data.get("task") in (DRAIN_TASK, JOINT_TASK) for data in started)
+
+
 def _started(meta: dict[str, Any], path: Path) -> float:
     """When the attempt started: meta.json's ``started``, else when its directory was made."""
     started = meta.get("started")
@@ -231,6 +251,7 @@ def load_attempts(ident_dir: Path, fingerprint: str, episode: str | None) -> lis
                 address if isinstance(address, str) else None,
                 _started(meta, path),
                 began_in,
+                past_drain_point=outcome is not None or past_drain_point(meta),
             )
         )
     return attempts

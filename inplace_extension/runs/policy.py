@@ -42,8 +42,9 @@ class Standing:
     wait_seconds: int = 0  # WAIT: retryAfterSeconds
     next_attempt: int = 1
     blocked: bool = False  # FAILED: the retry budget is spent (not a task failure)
-    # START: the last attempt has no outcome (the process running it died mid-play): this one resumes a
-    # play that had started, so it finishes like a play in flight; any other START is a new attempt
+    # START: the last attempt has no outcome (the process running it died mid-play) and its play had
+    # passed its drain point (artifacts.Attempt.past_drain_point): this one resumes what it began, so it
+    # finishes like a play in flight; any other START is a new attempt
     resumes: bool = False
 
 
@@ -87,8 +88,9 @@ def decide(
     outcome = last.outcome
     if outcome is None:
         # no summary and no final status: the process running it died; restart it (the host lock and
-        # stamp make a second run safe even if the old ansible-playbook still lives)
-        return Standing(Verdict.START, next_attempt=next_attempt, resumes=True)
+        # stamp make a second run safe even if the old ansible-playbook still lives). It resumes what
+        # the dead play began only if that may have disrupted the machine; else it is a new start
+        return Standing(Verdict.START, next_attempt=next_attempt, resumes=last.past_drain_point)
     if outcome.kind is OutcomeKind.TASK_FAILED:
         if last.retry_token == token:
             message = outcome.message or failure_message(outcome.capability, outcome.task)

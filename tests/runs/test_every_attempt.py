@@ -6,6 +6,7 @@ moves (so a backoff ends when the test says) and the hold the request carries (a
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -19,10 +20,11 @@ from inplace_extension.runs import holds
 from inplace_extension.runs.model import Hold, Progress, ProgressState, RunRequest
 from inplace_extension.runs.policy import RETRY_ANNOTATION
 from inplace_extension.runs.service import RunService
+from inplace_extension.runs.steps import DRAIN_TASK
 from inplace_extension.runs.windows import MaintenanceWindow, Schedule
 from inplace_extension.settings import Settings
 
-from .fakes import FakeRunner, failed_events, unreachable_events
+from .fakes import FakeRunner, failed_events, unreachable_events, write_artifacts
 from .test_service import CEPH_DOWN, INVENTORY, PLAYBOOKS, Clock, Health, req, settle, utc
 
 pytestmark = pytest.mark.anyio
@@ -177,15 +179,88 @@ async def test_a_play_in_flight_finishes_after_its_window_closed(
     assert fake.count("m1") == 1
 
 
-async def test_an_attempt_whose_process_died_mid_play_resumes_outside_the_window(
-    settings: Settings, fake: FakeRunner, clock: Clock
+def killed_mid_play(
+    settings: Settings, drain_before: str | None, tasks: list[tuple[str | None, str]]
 ) -> None:
-    """Its play had started (and may have cordoned the Node): it finishes like a play in flight."""
-    killed = settings.runs_dir / req().ident / "attempt-0001"
-    killed.mkdir(parents=True)  # a previous process died mid-play: no status, no outcome
+    """A previous process died mid-play: m1's attempt 1 with its meta.json (its drain point) and the
+    events its play wrote so far (``tasks``: role and task of each task started), no status, no outcome."""
+    ident = req().ident
+    attempt = settings.runs_dir / ident / "attempt-0001"
+    attempt.mkdir(parents=True)
+    batch = settings.runs_dir / ".batches" / "batch-dead"
+    events = [{"event": "runner_on_start", "event_data": {"role": r, "task": t}} for r, t in tasks]
+    write_artifacts(batch, batch.name, None, None, [{"event": "playbook_on_play_start"}, *events])
+    for path in (batch / "artifacts" / batch.name / "job_events").glob("*.json"):
+        event = json.loads(path.read_text())
+        if event["event"] == "runner_on_start":
+            event["event_data"]["host"] = ident
+            path.write_text(json.dumps(event))
+    meta = {"attempt": 1, "started": utc("2026-12-01T22:59:30"), "retry_token": "", "lock_token": "dead"}
+    meta |= {"batch_dir": str(batch), "batch_ident": batch.name, "host": ident, "drain_before": drain_before}
+    (attempt / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    ("drain_before", "tasks"),
+    [
+        # it waited at its drain point: the Node may be cordoned
+        ("kubeadm_files", [(None, "Check the run parameters"), ("ntp", "Write config"), (None, DRAIN_TASK)]),
+        # no drain point: a step began, the host may be half changed
+        (None, [(None, "Check the run parameters"), ("ntp", "Write config")]),
+    ],
+    ids=["past-its-drain-point", "no-drain-point-a-step-began"],
+)
+async def test_an_attempt_whose_play_died_past_its_drain_point_resumes_outside_the_window(
+    settings: Settings,
+    fake: FakeRunner,
+    clock: Clock,
+    drain_before: str | None,
+    tasks: list[tuple[str | None, str]],
+) -> None:
+    """Its play may have disrupted the machine: the next attempt finishes it, unchecked."""
+    killed_mid_play(settings, drain_before, tasks)
     clock.now = utc("2026-12-01T23:30:00")
     service = run_service(settings, windows=NIGHTS, clock=clock)
     try:
+        assert (await settle(service, held(req(), CANCELLED))).state is ProgressState.DONE
+        assert [run.attempt_dir.name for run in fake.started] == ["attempt-0002"]
+        meta = json.loads((fake.started[0].attempt_dir / "meta.json").read_text())
+        assert meta["drain_before"] is None, "each attempt records its drain point (none here)"
+    finally:
+        service.close()
+
+
+@pytest.mark.parametrize(
+    ("drain_before", "tasks"),
+    [
+        # only the steps before its drain point ran (on a schedulable Node): nothing disrupted
+        ("kubeadm_files", [(None, "Check the run parameters"), ("ntp", "Write config")]),
+        # no drain point, and no step began
+        (None, [(None, "Check the run parameters")]),
+        # no event at all: its play never started
+        ("kubeadm_files", []),
+    ],
+    ids=["before-its-drain-point", "no-drain-point-no-step", "no-play"],
+)
+async def test_an_attempt_whose_play_died_before_it_disrupted_anything_is_a_new_start(
+    settings: Settings,
+    fake: FakeRunner,
+    clock: Clock,
+    drain_before: str | None,
+    tasks: list[tuple[str | None, str]],
+) -> None:
+    """The next attempt is a whole new play (drain, restarts): the window, the pause and the cancel
+    hold it like any new start."""
+    killed_mid_play(settings, drain_before, tasks)
+    clock.now = utc("2026-12-01T23:30:00")
+    service = run_service(settings, windows=NIGHTS, clock=clock)
+    try:
+        answer = await service.poll(req())
+        assert (answer.message, answer.waiting) == (WINDOW, "window")
+        assert (await service.poll(held(req(), CANCELLED))).cancelled
+        clock.now = utc("2026-12-02T22:00:00")
+        assert (await service.poll(held(req(), PAUSED))).waiting == "pause"
+        assert fake.count("m1") == 0, "no play while the operator holds it"
         assert (await settle(service, req())).state is ProgressState.DONE
         assert [run.attempt_dir.name for run in fake.started] == ["attempt-0002"]
     finally:
