@@ -124,3 +124,49 @@ def test_close_drops_the_queue() -> None:
     gates.release["a"].set()
     threads[0].join(5)
     assert gates.ran == ["a"]
+
+
+def test_a_queued_job_withdrawn_leaves_and_a_released_one_frees_its_slot_at_once() -> None:
+    """withdraw: out of the queue before a slot admits it (its on_done called once); release: admitted
+    to a batch but not playing, it leaves its slot at once, not when the batch's play ends, and the
+    ident may be queued again meanwhile without the batch's end taking the new job out."""
+    done: list[str] = []
+    gates = Gates()
+    released = threading.Event()
+    reg: RunRegistry[None] = RunRegistry(1, lambda batch: None)
+
+    def work(batch: list[Job[None]]) -> None:
+        for job in batch:
+            if job.ident == "r1" and not released.is_set():
+                reg.release(job)  # refused at its start: it does not play
+                released.set()
+                gates.release["hold"].wait(10)  # the batch's thread goes on a while
+            else:
+                gates.work([job])
+
+    reg = RunRegistry(1, work)
+    gates.release["hold"] = threading.Event()
+    first = gates.job("r0", "ns/m0")
+    assert reg.submit(first)
+    assert wait_until(lambda: gates.ran == ["r0"], 5, 0.01)
+    queued = Job("r9", "ns/m9", None, on_done=lambda: done.append("r9"))
+    assert reg.submit(queued)
+    assert reg.view("r9").state is JobState.QUEUED  # type: ignore[union-attr]
+    assert reg.withdraw("r9") and reg.view("r9") is None and done == ["r9"]
+    assert not reg.withdraw("r0"), "a running job is not withdrawn"
+    assert reg.submit(Job("r1", "ns/m1", None, on_done=lambda: done.append("r1")))
+    assert reg.submit(gates.job("r2", "ns/m2"))
+    gates.release["r0"].set()
+    assert wait_until(released.is_set, 5, 0.01)
+    # r1's slot is free while its batch's thread still runs: r2 is admitted and plays
+    assert wait_until(lambda: gates.ran == ["r0", "r2"], 5, 0.01)
+    assert reg.view("r1") is None and done == ["r9", "r1"]
+    again = Job("r1", "ns/m1", None)
+    gates.release["r1"] = threading.Event()
+    assert reg.submit(again)  # the same ident queued again
+    gates.release["hold"].set()  # the old batch ends: it must not take the new r1 out
+    gates.release["r2"].set()
+    assert wait_until(lambda: gates.ran == ["r0", "r2", "r1"], 5, 0.01)
+    assert done == ["r9", "r1"], "on_done once per job"
+    gates.release["r1"].set()
+    assert wait_until(lambda: reg.in_flight() == 0, 5, 0.01)
