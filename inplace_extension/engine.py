@@ -27,8 +27,6 @@ from inplace_extension.metrics import Metrics
 from inplace_extension.runs.backend import Backend
 from inplace_extension.runs.local import LocalBackend, PlayConfig
 from inplace_extension.runs.model import (
-    NO_CLUSTER_SIDE,
-    NO_OBJECT_HEALTH,
     ClusterSide,
     HostCheck,
     ObjectHealth,
@@ -89,11 +87,11 @@ def build_engine(
     settings: Settings,
     config: FileConfig,
     metrics: Metrics,
-    cluster: ClusterSide = NO_CLUSTER_SIDE,
-    object_health: ObjectHealth = NO_OBJECT_HEALTH,
+    cluster: ClusterSide,
+    object_health: ObjectHealth,
     *,
-    records: Records | None = None,
-    jobs_kubeconfig: Path | None = None,
+    records: Records | None,
+    jobs_kubeconfig: Path | None,
 ) -> RunService:
     """The run service for ``settings`` and what the capabilities file configures (its roles, the health
     gate's command checks, the maintenance windows); ``cluster`` is what a run does in the cluster around
@@ -101,7 +99,8 @@ def build_engine(
     ``kubernetes`` health checks over the cluster the caller reads them in (``serve``: each Machine's
     workload cluster; ``mcm-agent``: the target cluster). ``--executor kubernetes`` needs ``records``
     (the edge's cluster access; None: it has none, and the start is refused) and runs its Jobs in the
-    cluster of ``jobs_kubeconfig``."""
+    cluster of ``jobs_kubeconfig``. Every dependency is given: a caller that forgets one is a type error,
+    not a service that silently runs without it (``NO_CLUSTER_SIDE``, ``NO_OBJECT_HEALTH``: none)."""
     play = play_config(config)
     backend: Backend
     if settings.executor == "kubernetes":

@@ -77,3 +77,7 @@ def configure_logging(log_format: str, level: str, stream: TextIO | None = None)
     # and its connection layer half a dozen DEBUG lines more: --log-level debug is for our decisions
     for name in ("httpx", "httpx2", "httpcore", "httpcore2"):
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+    # the AWS SDK's DEBUG lines carry each signed request's headers (the access key id, the signature)
+    # and its bodies: never below INFO, whatever --log-level says
+    for name in ("boto3", "botocore", "s3transfer", "urllib3"):
+        logging.getLogger(name).setLevel(max(logging.INFO, root.level))

@@ -1,6 +1,9 @@
-"""Service settings: one pydantic-settings model, read from ``INPLACE_*`` environment variables and CLI flags.
+"""Service settings: one pydantic-settings model, given by CLI flags and ``INPLACE_*`` environment variables.
 
-Every other module receives a :class:`Settings` instance; nothing reads the environment by itself.
+Every other module receives a :class:`Settings` instance; nothing reads the environment by itself, not
+even this model: the CLI (``inplace_extension.cli.flags``) hands it exactly the settings of the command
+that runs, from its flags and its variables, so that a variable of a setting the command does not use is
+never taken in silence (it is warned about), and a misspelt one is refused.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from inplace_extension.validation import described
 
@@ -30,12 +33,14 @@ def default_state_dir() -> Path:
 class Settings(BaseSettings):
     """All knobs of the service. Flag ``--foo-bar`` = field ``foo_bar`` = env ``INPLACE_FOO_BAR``."""
 
-    model_config = SettingsConfigDict(env_prefix="INPLACE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="INPLACE_", extra="forbid")
 
     # edge
     listen: str = Field("0.0.0.0:9443", description="HOST:PORT to listen on")
     path_prefix: str = Field(
-        "", description="optional URL path prefix before /hooks.runtime.cluster.x-k8s.io"
+        "",
+        pattern=described("^(/.*)?$", "a URL path that starts with /, e.g. /inplace"),
+        description="optional URL path prefix before /hooks.runtime.cluster.x-k8s.io",
     )
     tls_cert: Path | None = Field(None, description="PEM certificate (chain) to serve")
     tls_key: Path | None = Field(None, description="PEM private key of --tls-cert")
@@ -185,6 +190,19 @@ class Settings(BaseSettings):
         description="after the play: Node Ready at the target version within this long; in every mode, "
         "how long the capabilities file's command checks may take to pass on the host",
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # only the values given: the CLI reads each command's own variables (cli/flags.py), so that a
+        # variable of a setting the command does not use cannot slip in here
+        return (init_settings,)
 
     @property
     def kube_aware(self) -> bool:

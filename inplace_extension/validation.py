@@ -134,6 +134,11 @@ def close_match(word: str, valid: Sequence[str]) -> str | None:
     return close[0] if close else None
 
 
+def keys_at(model: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
+    """The keys ``model`` accepts at ``loc`` (a mapping's place in the document; none known: ``[]``)."""
+    return _keys_at(model, tuple(loc))
+
+
 def _lowercase_first(text: str) -> str:
     # pydantic's "Input should be ..." reads "input should be ..." after "field: "
     return text[:1].lower() + text[1:]

@@ -19,11 +19,15 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 def read_file(path: Path, what: str, error: type[Exception]) -> str:
-    """The UTF-8 text of ``path``; an unreadable file raises ``error("<what>: cannot read: ...")``."""
+    """The UTF-8 text of ``path``; an unreadable file raises ``error("<what>: cannot read it (why)")``
+    (the command line checked it could be opened, naming its flag: this is the later reload's, or a
+    race's)."""
     try:
         return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"{what}: cannot read: {exc}") from exc
+    except OSError as exc:
+        raise error(f"{what}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{what}: not UTF-8 text (byte {exc.start})") from None
 
 
 def load_model(path: Path, model: type[ModelT], what: str, error: type[Exception]) -> ModelT:
@@ -39,11 +43,23 @@ def parse_model(
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise error(f"{what}: not valid YAML: {exc}") from exc
+        raise error(f"{what}: {syntax_problem(exc)}") from None
     try:
         return model.model_validate({} if data is None else data), node
     except ValidationError as exc:
         raise error(f"{what}: " + "; ".join(yaml_problems(exc, node, model))) from None
+
+
+def syntax_problem(exc: yaml.YAMLError) -> str:
+    """A YAML syntax error as ``line N, column M: not valid YAML: <what>``: the place in the file the
+    caller names, not PyYAML's ``in "<unicode string>"`` (the text was parsed from a string)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or "cannot be parsed"
+    context = getattr(exc, "context", None)
+    what = f"{context}, {problem}" if context else str(problem)
+    if mark is None:
+        return f"not valid YAML: {what}"
+    return f"line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {what}"
 
 
 def yaml_problems(exc: ValidationError, node: yaml.Node | None, model: type[BaseModel]) -> list[str]:

@@ -14,7 +14,7 @@ import pydantic_core
 from pydantic import BaseModel, ValidationError
 
 from inplace_extension.errors import InvalidRequest
-from inplace_extension.validation import problems
+from inplace_extension.validation import close_match, keys_at, problems
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -76,14 +76,50 @@ def _check_tree(document: Any) -> None:
             raise InvalidRequest(field_path(loc), "number out of range")
 
 
-def to_invalid_request(exc: ValidationError, model: type[BaseModel] | None = None) -> InvalidRequest:
-    """The first validation error as ``InvalidRequest`` naming its field path (+ how many more there are)."""
+# how many problems one answer names (a body with many wrong fields names the first ones and the count)
+SHOWN_PROBLEMS = 5
+
+
+def to_invalid_request(
+    exc: ValidationError, model: type[BaseModel] | None = None, document: Any = None
+) -> InvalidRequest:
+    """The validation errors as one ``InvalidRequest``: the first one's field path, then every problem
+    (up to :data:`SHOWN_PROBLEMS`, then how many more), each with its path, so that none is hidden behind
+    a count. A required key that is missing where the ``document`` has a close one (``machin`` for
+    ``machine``: the wire models ignore unknown keys, as Go's decoder does) says which it most likely
+    meant."""
     found = problems(exc, model, "json")  # worded in inplace_extension/validation.py, in JSON terms
-    first = found[0]
-    problem = first.message
-    if len(found) > 1:
-        problem += f" (and {len(found) - 1} more problem{'s' if len(found) > 2 else ''})"
-    return InvalidRequest(field_path(first.loc), problem)
+    worded = [_with_guess(problem.loc, problem.message, document, model) for problem in found]
+    first = worded[0]
+    if len(found) == 1:
+        return InvalidRequest(field_path(found[0].loc), first)
+    shown = [first] + [f"{field_path(p.loc)}: {w}" for p, w in zip(found[1:], worded[1:], strict=True)]
+    rest = len(shown) - SHOWN_PROBLEMS
+    text = "; ".join(shown[:SHOWN_PROBLEMS])
+    if rest > 0:
+        text += f" (and {rest} more problem{'s' if rest > 1 else ''})"
+    return InvalidRequest(field_path(found[0].loc), text)
+
+
+def _with_guess(
+    loc: tuple[int | str, ...], message: str, document: Any, model: type[BaseModel] | None
+) -> str:
+    """``missing`` + the document's unknown key at that place that is most likely a misspelling of it."""
+    if message != "missing" or not loc or not isinstance(loc[-1], str):
+        return message
+    known = set(keys_at(model, loc[:-1])) if model is not None else set()
+    parent = document
+    for part in loc[:-1]:
+        if isinstance(parent, dict) and isinstance(part, str):
+            parent = parent.get(part)
+        elif isinstance(parent, list) and isinstance(part, int) and part < len(parent):
+            parent = parent[part]
+        else:
+            return message
+    if not isinstance(parent, dict):
+        return message
+    guess = close_match(loc[-1], [key for key in parent if isinstance(key, str) and key not in known])
+    return f'{message} (the request has "{guess}": did you mean "{loc[-1]}"?)' if guess else message
 
 
 def parse_request(model: type[ModelT], body: bytes) -> ModelT:
@@ -92,4 +128,4 @@ def parse_request(model: type[ModelT], body: bytes) -> ModelT:
     try:
         return model.model_validate(document)
     except ValidationError as exc:
-        raise to_invalid_request(exc, model) from None
+        raise to_invalid_request(exc, model, document) from None

@@ -4,7 +4,11 @@ else set, and AWS's error codes sorted into retriable and terminal.
 The preserve rule (the same as CAPA's ``ensureTags``): only tags named by the desired map are created or
 changed, and only tags the last application set (``last_applied``) and the desired map no longer names
 are deleted, each only while it still holds the value we set. Every other tag of the instance is never
-touched. The instance's attached EBS volumes get the same created and deleted tags.
+touched. The instance's attached EBS volumes get the whole desired set (a volume attached since, or
+tagged by someone else, ends with the class's tags too) and the same deleted tags.
+
+What EC2 refuses of a tag set (:func:`tags_problem`: the ``aws:`` prefix, more than 50 tags on a
+resource, a key over 128 or a value over 256 characters) is said before any call, naming the key.
 
 Credentials reach boto3 only as arguments of its session: they are never part of a message, an
 exception or a log line (:class:`Credentials` hides them from ``repr``). The endpoint is boto3's own
@@ -60,6 +64,30 @@ _CONFIG: Final[dict[str, Any]] = {
 }
 
 
+# EC2's limits of user tags ("Tag restrictions", EC2 user guide): AWS reserves the aws: prefix
+MAX_TAGS: Final = 50
+MAX_KEY_LENGTH: Final = 128
+MAX_VALUE_LENGTH: Final = 256
+RESERVED_PREFIX: Final = "aws:"
+
+
+def tags_problem(tags: Mapping[str, str]) -> str | None:
+    """Why EC2 would refuse ``tags`` on a resource (naming the key, never a value), or None."""
+    if len(tags) > MAX_TAGS:
+        return f"has {len(tags)} tags: EC2 takes at most {MAX_TAGS} per resource"
+    for key, value in sorted(tags.items()):
+        if key.lower().startswith(RESERVED_PREFIX):
+            return f"tag {key!r}: the prefix {RESERVED_PREFIX} is reserved for AWS"
+        if not key:
+            return "a tag has an empty key"
+        if len(key) > MAX_KEY_LENGTH:
+            shown = f"{key[:40]!r}..."
+            return f"tag {shown}: the key has {len(key)} characters, EC2 takes at most {MAX_KEY_LENGTH}"
+        if len(value) > MAX_VALUE_LENGTH:
+            return f"tag {key!r}: the value has {len(value)} characters, EC2 takes at most {MAX_VALUE_LENGTH}"
+    return None
+
+
 @dataclass(frozen=True)
 class Credentials:
     """An access key from the MachineClass's credentials Secret; ``repr`` shows neither part."""
@@ -99,8 +127,9 @@ def apply_tags(
     last_applied: Mapping[str, str],
 ) -> TagsApplied:
     """Make the instance (and its volumes) carry ``desired``, deleting what ``last_applied`` set that
-    ``desired`` no longer names; other tags are kept. Calls CreateTags/DeleteTags only for a difference.
-    Raises :class:`Ec2TagsError`."""
+    ``desired`` no longer names; other tags are kept. The instance gets CreateTags/DeleteTags only for a
+    difference, its volumes the whole desired set. Raises :class:`Ec2TagsError` (a set EC2 would refuse:
+    before any call)."""
     # imported on first use: half a second of CPU that every command importing this module (each one
     # of the CLI, the ``attempt`` in every Job among them) would pay otherwise
     import boto3
@@ -108,6 +137,9 @@ def apply_tags(
     from botocore.config import Config
 
     what = f"instance {instance_id} in {region}"
+    problem = tags_problem(desired)
+    if problem is not None:
+        raise Ec2TagsError("InvalidParameterValue", False, f"the tags for {what}: {problem}")
     try:
         client: Any = boto3.session.Session(
             aws_access_key_id=credentials.access_key_id,
@@ -134,7 +166,9 @@ def apply_tags(
         )
         resources = [instance_id, *volumes]
         if created:
-            client.create_tags(Resources=resources, Tags=[{"Key": k, "Value": v} for k, v in created.items()])
+            client.create_tags(Resources=[instance_id], Tags=_pairs(created))
+        if volumes and desired:  # the whole set, as the instance carries it (created: only its difference)
+            client.create_tags(Resources=volumes, Tags=_pairs(desired))
         if deleted:
             client.delete_tags(
                 Resources=resources, Tags=[{"Key": key, "Value": last_applied[key]} for key in deleted]
@@ -159,3 +193,7 @@ def apply_tags(
         raise Ec2TagsError(
             type(exc).__name__, False, f"the AWS client failed for {what} ({type(exc).__name__}): terminal"
         ) from None
+
+
+def _pairs(tags: Mapping[str, str]) -> list[dict[str, str]]:
+    return [{"Key": key, "Value": value} for key, value in tags.items()]

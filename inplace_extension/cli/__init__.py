@@ -38,10 +38,16 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    commands: dict[str, Parser] = {}
     for command in COMMANDS:
         parser_of_command = sub.add_parser(command.name, help=command.help)
         command.configure(parser_of_command)
         parser_of_command.set_defaults(func=command.run)
+        commands[command.name] = parser_of_command
+    # each command checks the environment against every command's variables (flags.variable_problems)
+    every = {var.variable: var.flag for p in commands.values() for var in p.variables.values()}
+    for parser_of_command in commands.values():
+        parser_of_command.every_variable = every
     return parser
 
 

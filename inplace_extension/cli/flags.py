@@ -8,6 +8,11 @@ choices, its default and its variable, and docs/configuration.md's table of vari
 these parsers (``python -m inplace_extension.cli.reference``). A boolean takes ``--foo``, ``--no-foo``,
 ``--foo=true`` and ``--foo=false``. Where a value came from is kept (:class:`Origin`), so that an error
 names it as the user gave it: ``--drain sometimes`` or ``INPLACE_DRAIN=sometimes``.
+
+A command reads only its own variables: :func:`settings_from_args` hands :class:`Settings` the settings
+of the command's flags, nothing else, and :func:`variable_problems` refuses an ``INPLACE_*`` variable no
+command has (a misspelling, with the name it most likely meant) and warns about one of a setting the
+command does not use (``INPLACE_TLS_CERT`` for ``mcm-agent``): no variable is ignored in silence.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import os
 import re
 import shlex
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -107,6 +113,9 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.boolean_flags: set[str] = set()
         self.variables: dict[str, Variable] = {}
+        # every command's variables -> their flags (set by the program's parser): a command's parser
+        # checks the environment against them (:func:`variable_problems`); None: not checked
+        self.every_variable: Mapping[str, str] | None = None
 
     def add_option(self, option: Option) -> None:
         """A command's own flag, with its variable and default in ``--help``; argparse leaves it None when
@@ -143,8 +152,22 @@ class Parser(argparse.ArgumentParser):
         parsed, rest = super().parse_known_args(args, namespace)
         if self.variables:
             self._refuse_unknown_flags(rest)
+            self._check_environment(os.environ)
             self._take_variables(parsed, os.environ)
         return parsed, rest
+
+    def _check_environment(self, environ: Mapping[str, str]) -> None:
+        """Warn about each ``INPLACE_*`` variable this command does not read; refuse the start on one no
+        command has (before a required flag is missed: the misspelt variable may be the one meant)."""
+        if self.every_variable is None:
+            return
+        command = self.prog.rsplit(" ", 1)[-1]
+        own = [var.variable for var in self.variables.values()]
+        found = variable_problems(environ, command, own, self.every_variable)
+        for line in found.warned:
+            sys.stderr.write(f"inplace-extension: warning: {line}\n")
+        if found.refused:
+            self.exit(2, "".join(f"inplace-extension: {line}\n" for line in found.refused))
 
     def _refuse_unknown_flags(self, rest: Sequence[str]) -> None:
         """A flag this command does not have is refused here, with the one it most likely meant."""
@@ -171,7 +194,7 @@ class Parser(argparse.ArgumentParser):
             origins[var.dest] = origin
             option = var.option
             if option is None:
-                continue  # a service setting: Settings reads its variable itself
+                continue  # a service setting: settings_from_args hands Settings its flag or variable
             if origin.source == "default":
                 if option.required:
                     self.error(f"{option.flag} (or the variable {option.variable}) is required")
@@ -254,9 +277,6 @@ def given_as(args: argparse.Namespace, dest: str, value: object = None) -> str:
     origin = origins.get(dest)
     if origin is not None:
         return origin.shown(value)
-    variable = env_name(dest)
-    if variable in os.environ:  # a setting this command has no flag for, read by Settings all the same
-        return f"{variable}={shlex.quote(os.environ[variable])}"
     return f"{dest} {value}"
 
 
@@ -332,16 +352,73 @@ def add_settings_flags(parser: Parser, names: Iterable[str] | None = None) -> No
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Environment first, then every flag that was given on the command line; a bad value raises
-    :class:`SettingsError` naming the flag or the variable it came from."""
-    overrides = {
-        name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None) is not None
-    }
+    """The command's settings: each one's flag when given, else its variable, else the default; a setting
+    the command has no flag for keeps its default (its variable is not read: see :func:`variable_problems`).
+    A bad value raises :class:`SettingsError` naming the flag or the variable it came from."""
+    origins: dict[str, Origin] = getattr(args, "origins", {})
+    given: dict[str, Any] = {}
+    for name in Settings.model_fields:
+        origin = origins.get(name)
+        if origin is None or origin.source == "default":
+            continue
+        given[name] = getattr(args, name) if origin.source == "flag" else origin.text
     try:
-        return Settings(**overrides)
+        return Settings(**given)
     except ValidationError as exc:
         lines = []
         for problem in problems(exc, Settings):
             name = str(problem.loc[0]) if problem.loc else ""
             lines.append(f"{given_as(args, name, getattr(args, name, None))}: {problem.message}")
         raise SettingsError(lines) from None
+
+
+# INPLACE_* variables that are no command's: other tools' of the project (scripts/release and
+# clusterctl's INPLACE_NAMESPACE and INPLACE_IMAGE, the tests' INPLACE_TEST_WORKERS and caches) and the
+# one the service sets for its own plays (runs/artifacts.py): neither refused nor warned about
+OTHER_VARIABLES: frozenset[str] = frozenset(
+    {
+        "INPLACE_NAMESPACE",
+        "INPLACE_IMAGE",
+        "INPLACE_TEST_WORKERS",
+        "INPLACE_IMAGE_CACHE_DIR",
+        "INPLACE_VAGRANT_CACHE_DIR",
+        "INPLACE_EXTENSION_PLAY_LEASE",
+    }
+)
+
+
+@dataclass(frozen=True)
+class VariableProblems:
+    """What :func:`variable_problems` found: variables refused (no command has them) and warned about
+    (another command's, or a setting this command does not use: not read)."""
+
+    refused: list[str]
+    warned: list[str]
+
+
+def variable_problems(
+    environ: Mapping[str, str], command: str, own: Iterable[str], every: Mapping[str, str]
+) -> VariableProblems:
+    """The ``INPLACE_*`` variables of ``environ`` that ``command`` (whose variables are ``own``) does not
+    read. ``every`` maps each variable of any command to the flag it stands for. A variable in ``every``
+    is warned about (it would be ignored), any other is refused, with the variable it most likely meant."""
+    mine = set(own)
+    refused: list[str] = []
+    warned: list[str] = []
+    for name in sorted(environ):
+        if not name.startswith("INPLACE_") or name in mine or name in OTHER_VARIABLES:
+            continue
+        if name in every:
+            warned.append(
+                f"{name} is ignored: {command} has no {every[name]} (inplace-extension {command} --help "
+                "lists what it reads)"
+            )
+            continue
+        suffixes = {variable.removeprefix("INPLACE_"): variable for variable in [*sorted(mine), *every]}
+        guess = close_match(name.removeprefix("INPLACE_"), list(suffixes))
+        hint = f" (did you mean {suffixes[guess]}?)" if guess else ""
+        refused.append(
+            f"{name} is not a variable of inplace-extension{hint}; inplace-extension {command} --help lists "
+            "the variables it reads"
+        )
+    return VariableProblems(refused, warned)

@@ -8,7 +8,14 @@ import re
 import uuid
 from pathlib import Path
 
-from inplace_extension.cli.command import Command, kubeconfig_from_env
+from inplace_extension.cli.command import (
+    Command,
+    bind,
+    kubeconfig_from_env,
+    kubeconfig_given,
+    readable_file,
+    usable_dir,
+)
 from inplace_extension.cli.flags import (
     Option,
     Parser,
@@ -147,6 +154,8 @@ def agent_id(value: str | None, given: str = "--agent-id") -> str:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    listen_given = given_as(args, "listen", settings.listen)
+    host, port = parse_listen(settings.listen, listen_given)
     options = AgentOptions(
         namespace=args.namespace,
         delete_pods=args.delete_pods,
@@ -155,11 +164,23 @@ def run(args: argparse.Namespace) -> int:
         resync_seconds=args.resync_seconds,
         claim_seconds=args.claim_seconds,
         agent_id=agent_id(args.agent_id, given_as(args, "agent_id")),
+        max_failed_attempts=settings.max_failed_attempts,
     )
     clusters = Clusters(args.target_kubeconfig or kubeconfig_from_env(), args.control_kubeconfig)
-    return run_agent(
-        settings, options, clusters, parse_listen(settings.listen, given_as(args, "listen", settings.listen))
-    )
+    # every file and directory it reads or writes, refused before anything starts, naming its flag
+    for name in ("inventory", "capabilities_file"):
+        path = getattr(settings, name)
+        readable_file(path, given_as(args, name, path))
+    readable_file(clusters.target, kubeconfig_given(args, "target_kubeconfig", clusters.target))
+    readable_file(clusters.control, given_as(args, "control_kubeconfig", clusters.control))
+    if settings.executor == "local":  # the kubernetes executor's runs dir is in each Job
+        usable_dir(settings.runs_dir, given_as(args, "runs_dir", settings.runs_dir))
+    # bound before anything else starts: a port in use is said naming --listen, before "serving"
+    sock = bind(host, port, listen_given)
+    try:
+        return run_agent(settings, options, clusters, sock)
+    finally:
+        sock.close()
 
 
 COMMAND = Command(

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from inplace_extension.cli.command import Command
-from inplace_extension.cli.flags import Option, Parser, add_settings_flags, settings_from_args
+from inplace_extension.cli.command import Command, readable_file
+from inplace_extension.cli.flags import Option, Parser, add_settings_flags, given_as, settings_from_args
 from inplace_extension.engine import load_config
 from inplace_extension.preview.inputs import (
     Machine,
@@ -96,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
     if args.file is None and (args.old is None or args.new is None):
         raise PlanInputError(f"--{'new' if args.new is None else 'old'} FILE is missing: give both")
     settings = settings_from_args(args)
+    for name in ("inventory", "capabilities_file"):  # refused naming the flag or the variable
+        path = getattr(settings, name)
+        readable_file(path, given_as(args, name, path))
     config = load_config(settings.capabilities_file)
     inventory = load_inventory(settings.inventory.expanduser()) if settings.inventory is not None else None
     context = Context(settings, config.custom, config.windows, inventory, time.time())

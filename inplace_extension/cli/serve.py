@@ -10,6 +10,7 @@ import argparse
 import gc
 import logging
 import socket
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -17,7 +18,14 @@ import uvicorn
 from inplace_extension.app import create_app, normalize_prefix
 from inplace_extension.auth import server_tls
 from inplace_extension.capabilities_file import CapabilitiesFileError
-from inplace_extension.cli.command import Command, kubeconfig_from_env
+from inplace_extension.cli.command import (
+    Command,
+    bind,
+    kubeconfig_from_env,
+    kubeconfig_given,
+    readable_file,
+    usable_dir,
+)
 from inplace_extension.cli.flags import add_settings_flags, given_as, parse_listen, settings_from_args
 from inplace_extension.engine import Records, build_engine, load_config, refuse_url_checks
 from inplace_extension.kubeaware.cluster_side import connect_cluster_side
@@ -70,25 +78,6 @@ def tls_options(settings: Settings, host: str, args: argparse.Namespace) -> dict
     return server_tls(certfile, keyfile, settings.client_ca).uvicorn_options()
 
 
-def bind(host: str, port: int, given: str = "--listen") -> socket.socket:
-    """The listening socket; one that cannot be had (a port in use, an address not of this machine) is
-    refused naming the address and ``given`` (how --listen was given)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto must say TCP: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto is IPPROTO_TCP,
-    # and with Nagle on, a response written in two parts waits ~40 ms for the client's delayed ACK
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(1024)
-    except OSError as exc:
-        sock.close()
-        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        raise ValueError(f"{given}: cannot listen on {shown}: {exc.strerror or exc}") from None
-    sock.set_inheritable(True)
-    return sock
-
-
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if settings.kube and settings.kubeconfig is None and (path := kubeconfig_from_env()) is not None:
@@ -97,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(settings.log_format, settings.log_level)
     listen_given = given_as(args, "listen", settings.listen)
     host, port = parse_listen(settings.listen, listen_given)
+    check_paths(settings, args)
     # everything that can refuse the start is checked before "serving" is printed: TLS files, the
     # address, the capabilities file, the cluster connection
     tls = tls_options(settings, host, args)
@@ -105,6 +95,21 @@ def run(args: argparse.Namespace) -> int:
         return _serve(settings, host, sock, tls)
     finally:
         sock.close()
+
+
+def check_paths(settings: Settings, args: argparse.Namespace) -> None:
+    """Every file and directory the service reads or writes, refused now when it cannot be, naming the
+    flag or the variable that gave it (the files' content is checked as each is loaded)."""
+    for name in ("inventory", "capabilities_file", "client_ca", "bearer_token_file"):
+        path = getattr(settings, name)
+        readable_file(path, given_as(args, name, path))
+    if settings.kube_aware:
+        readable_file(settings.kubeconfig, kubeconfig_given(args, "kubeconfig", settings.kubeconfig))
+    workload = settings.workload_kubeconfig
+    if workload.startswith("/"):
+        readable_file(Path(workload), given_as(args, "workload_kubeconfig", workload))
+    if settings.executor == "local":  # the kubernetes executor's runs dir is in each Job
+        usable_dir(settings.runs_dir, given_as(args, "runs_dir", settings.runs_dir))
 
 
 def _serve(settings: Settings, host: str, sock: socket.socket, tls: dict[str, Any]) -> int:
@@ -139,7 +144,7 @@ def _serve(settings: Settings, host: str, sock: socket.socket, tls: dict[str, An
     if (problem := executor.hosts_problem()) is not None:
         logger.warning("%s", problem)
     # provider-applied infrastructure tags are claimed, and waited for, only with cluster access
-    infra_tags = InfraTagsWait(cluster.management) if cluster is not None else None
+    infra_tags = InfraTagsWait(cluster.management, cluster.reported_version) if cluster is not None else None
     app = create_app(settings, executor, metrics, custom, executor.hosts_problem, infra_tags)
     scheme = "https" if tls else "http"
     shown = f"[{host}]" if ":" in host else host

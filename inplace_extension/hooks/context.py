@@ -16,7 +16,7 @@ from inplace_extension.settings import Settings
 
 if TYPE_CHECKING:
     from inplace_extension.hooks.table import Hook
-    from inplace_extension.runs.model import Executor, Progress
+    from inplace_extension.runs.model import Executor, Progress, RunRequest
 
 
 class InfraTagsPoller(Protocol):
@@ -24,6 +24,10 @@ class InfraTagsPoller(Protocol):
     (``kubeaware.infra_tags.InfraTagsWait`` in the Kubernetes-aware mode)."""
 
     async def poll(self, desired: DesiredTags) -> Progress: ...
+
+    async def host_idle(self, run: RunRequest) -> bool:
+        """True when the host has nothing to do for ``run`` (its steps hold already): no play runs."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -95,8 +95,11 @@ async def update_machine(request: UpdateMachineRequest, context: HookContext) ->
     tags = None
     if context.infra_tags is not None:
         tags = desired_tags(request.desired.to_json().get("infrastructureMachine"))
-    # a desired state with no host step but tags is only the provider's work: no play, no SSH
-    host = await context.executor.poll(run) if run.capabilities or tags is None else None
+    # a desired state whose host steps hold already (none, or only the Kubernetes version the Node
+    # reports) but whose tags change is only the provider's work: no play, no SSH, no inventory entry
+    idle = tags is not None and context.infra_tags is not None
+    idle = idle and (not run.capabilities or await context.infra_tags.host_idle(run))  # type: ignore[union-attr]
+    host = None if idle else await context.executor.poll(run)
     infrastructure = await context.infra_tags.poll(tags) if context.infra_tags and tags else None
     progress = combined(host, infrastructure)
     logger.info(

@@ -219,6 +219,15 @@ class KubeClusterSide:
         for)."""
         return self._management
 
+    def reported_version(self, request: RunRequest) -> str | None:
+        """The kubelet version the Machine's Node reports (None: no Machine, no Node yet); KubeError when
+        the cluster cannot be read."""
+        facts = self._machine(request)
+        if facts is None or facts.node_name is None:
+            return None
+        node = self._management.workload(facts.namespace, facts.cluster).node_health(facts.node_name)
+        return node.kubelet_version if node.exists else None
+
     def objects_of(self, request: RunRequest) -> ClusterObjects:
         """The Machine's workload cluster, where the ``kubernetes`` health checks read their objects
         (the Machine's cluster label, else its ``spec.clusterName``); KubeError when it cannot be told."""

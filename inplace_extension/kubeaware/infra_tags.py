@@ -9,6 +9,11 @@ later call for that desired state, as every UpdateMachine failure).
 
 When the wait began is remembered by this process only, bounded (like ``runs/memo.py``): a restarted
 replica starts the clock again, so a restart can only lengthen a wait, never fail one early.
+
+A tags-only change needs nothing on the host either: UpdateMachine plans ``kubernetes_version`` whenever
+the Machine carries a version (CAPI sends no current state), so :meth:`InfraTagsWait.host_idle` says
+when that is the only host step and the Node already reports the version: then no play runs, no SSH,
+and the Machine needs no inventory entry.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import anyio.to_thread
 from inplace_extension.inplace.infra_tags import DesiredTags, missing_tags
 from inplace_extension.kube.errors import KubeError
 from inplace_extension.kube.port import ClusterObjects, ObjectQuery
-from inplace_extension.runs.model import Progress, ProgressState
+from inplace_extension.kubeaware.cluster_side import VERSION_INPUT, VERSION_STEP
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 
 # CAPA re-applies tags on every reconcile of the AWSMachine, which the in-place trigger's change of its
 # spec starts at once; ten minutes leaves room for EC2 throttling and a controller restart
@@ -41,10 +47,12 @@ class InfraTagsWait:
     def __init__(
         self,
         objects: ClusterObjects,
+        reported_version: Callable[[RunRequest], str | None],
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._objects = objects
+        self._reported_version = reported_version  # the kubelet version the machine's Node reports
         self._timeout = timeout_seconds
         self._clock = clock
         self._since: OrderedDict[Key, float] = OrderedDict()  # when this process first waited
@@ -86,6 +94,18 @@ class InfraTagsWait:
             self._failed[key] = message
             _trim(self._failed)
         return Progress(ProgressState.FAILED, message)
+
+    async def host_idle(self, run: RunRequest) -> bool:
+        """True when the host has nothing to do for ``run``: its only step is ``kubernetes_version`` and
+        the Node reports that version already (a Node that cannot be read: not known, the play runs)."""
+        target = run.inputs.get(VERSION_STEP, {}).get(VERSION_INPUT)
+        if tuple(run.capabilities) != (VERSION_STEP,) or target is None:
+            return False
+        try:
+            reported = await anyio.to_thread.run_sync(self._reported_version, run)
+        except KubeError:
+            return False
+        return bool(reported == target)
 
     def _missing(self, desired: DesiredTags) -> tuple[str, ...]:
         """The desired tags the live infrastructure machine's annotation does not hold yet (blocking)."""

@@ -28,6 +28,10 @@ MachineDeployment wakes the held Nodes at once. A ``kubernetes`` health check pa
 before the start is answered ``failed`` in the same way: the resync looks again, and the update starts
 once the check holds.
 
+An AWS MachineClass's tags (``aws_tags``) obey the same holds: they are applied before the play, only
+once the run service says nothing keeps a new start back (``held``), and an AWS error a retry can fix
+counts against the same retry budget as a play's failed attempt.
+
 Once MCM is done with a Node (its candidate and result labels gone), the agent removes the annotations
 of ours left on it (``node_state.leftovers``).
 
@@ -59,7 +63,7 @@ from inplace_extension.mcm.desired import DesiredStateError
 from inplace_extension.mcm.metrics import AgentMetrics
 from inplace_extension.mcm.source import DesiredStates
 from inplace_extension.runs.model import EndWaitingExecutor, Progress, ProgressState, RunRequest, run_request
-from inplace_extension.runs.policy import RETRY_ANNOTATION
+from inplace_extension.runs.policy import BLOCKED_MESSAGE, RETRY_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,8 @@ class AgentOptions:
     resync_seconds: float = 30.0
     claim_seconds: float = 120.0
     agent_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # the retry budget of an AWS tags application, as a play's (--max-failed-attempts)
+    max_failed_attempts: int = 3
 
 
 class Agent:
@@ -288,16 +294,6 @@ class Agent:
             log.debug("node %s: answered %s already for this desired state", name, result)
             return False
         node = await self._claim(node)
-        if desired.tags is not None:
-            failed = await self._apply_tags(node, desired.tags)
-            node = self._nodes.get(name, node)
-            if failed is not None:
-                reason, retriable = failed
-                if retriable:  # an outage or throttling: answered failed, retried at the next poll
-                    await self._answer(node, successful=False, reason=reason)
-                    return True
-                await self._answer(node, successful=False, reason=reason, answered_key=key)
-                return False
         request = run_request(
             desired.plan,
             ns.node_annotations(node),
@@ -305,7 +301,23 @@ class Agent:
             desired.hold,
             ns.node_addresses(node),
         )
-        progress = await self._executor.poll(request)
+        wanted = desired.tags
+        held: Progress | None = None
+        if wanted is not None and aws_tags.last_applied(ns.node_annotations(node)) != dict(wanted.tags):
+            # the tags obey every hold as a play does: applied before the play, once no cancel, pause,
+            # closed window or health check keeps a new start back (else answered as the poll would)
+            held = await self._executor.held(request)
+            if held is None:
+                failed = await self._apply_tags(node, wanted, key)
+                node = self._nodes.get(name, node)
+                if failed is not None:
+                    reason, final = failed
+                    if not final:  # an outage or throttling: answered failed, retried at the next poll
+                        await self._answer(node, successful=False, reason=reason)
+                        return True
+                    await self._answer(node, successful=False, reason=reason, answered_key=key)
+                    return False
+        progress = held or await self._executor.poll(request)
         if progress.unavailable:
             # the API server away or busy: nothing was decided; no Event, no result, the resync asks again
             log.info("node %s: %s", name, progress.message)
@@ -354,10 +366,15 @@ class Agent:
         await self._answer(node, successful, progress.message, answered_key=key)
         return False
 
-    async def _apply_tags(self, node: dict[str, Any], target: aws_tags.TagsTarget) -> tuple[str, bool] | None:
+    async def _apply_tags(
+        self, node: dict[str, Any], target: aws_tags.TagsTarget, key: str
+    ) -> tuple[str, bool] | None:
         """Set the MachineClass's tags on the Node's instance (mcm/aws_tags.py, aws/ec2_tags.py) unless
         the Node's record says they are applied; then record them. None when done, else the reason and
-        whether it is retriable. The credentials are read here and handed to boto3 only."""
+        whether it is final. A retriable error counts against the retry budget (``--max-failed-attempts``)
+        of the desired state ``key``, as a play's failed attempt does, on the Node (a restarted agent
+        goes on counting): the one that spends it is final. The credentials are read here and handed to
+        boto3 only."""
         name = ns.name(node)
         record = aws_tags.last_applied(ns.node_annotations(node))
         if record == dict(target.tags):
@@ -366,7 +383,7 @@ class Agent:
             secret = await self._control.get("Secret", target.secret_namespace, target.secret_name)
             key_id, key_secret = aws_tags.credentials_of(secret, target)
         except DesiredStateError as exc:
-            return str(exc), False
+            return str(exc), True
         try:
             applied = await asyncio.to_thread(
                 apply_tags,
@@ -378,12 +395,27 @@ class Agent:
             )
         except Ec2TagsError as exc:
             log.info("node %s: tags of %s: %s", name, target.instance_id, exc)
-            return f"AwsTags{'Retriable' if exc.retriable else 'Failed'}: {exc}", exc.retriable
+            if not exc.retriable:
+                return f"AwsTagsFailed: {exc}", True
+            failures = aws_tags.failures(ns.node_annotations(node), key) + 1
+            self._patched(
+                await self._target.patch_node_metadata(
+                    name,
+                    ns.resource_version(node),
+                    annotations={aws_tags.FAILURES_ANNOTATION: aws_tags.failures_value(key, failures)},
+                )
+            )
+            if failures >= self.options.max_failed_attempts:
+                return BLOCKED_MESSAGE.format(count=failures, reason=f"AwsTagsRetriable: {exc}"), True
+            return f"AwsTagsRetriable: {exc}", False
         self._patched(
             await self._target.patch_node_metadata(
                 name,
                 ns.resource_version(node),
-                annotations={aws_tags.LAST_APPLIED_ANNOTATION: aws_tags.record_value(target.tags)},
+                annotations={
+                    aws_tags.LAST_APPLIED_ANNOTATION: aws_tags.record_value(target.tags),
+                    aws_tags.FAILURES_ANNOTATION: None,
+                },
             )
         )
         created, deleted = len(applied.created), len(applied.deleted)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from inplace_extension.aws.ec2_tags import tags_problem
 from inplace_extension.mcm.desired import DesiredStateError
 
 # the Node annotation holding, as JSON, the tags the agent last applied to the Node's instance
@@ -64,6 +65,9 @@ def tags_target(machine_class: Mapping[str, Any], machine: Mapping[str, Any]) ->
         raise DesiredStateError(
             "InvalidDesiredState", f"MachineClass {name} providerSpec.tags: must map strings to strings"
         )
+    problem = tags_problem(tags)
+    if problem is not None:  # said now, as the desired state's error, not at CreateTags time
+        raise DesiredStateError("InvalidDesiredState", f"MachineClass {name} providerSpec.tags: {problem}")
     region = spec.get("region") if isinstance(spec, Mapping) else None
     if not isinstance(region, str) or not region:
         raise DesiredStateError(
@@ -118,6 +122,25 @@ def last_applied(node_annotations: Mapping[str, str]) -> dict[str, str]:
     if not isinstance(recorded, dict):
         return {}
     return {k: v for k, v in recorded.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+# the Node annotation counting the retriable failures of applying the tags of one desired state:
+# "<digest of the desired state's key> <count>" (another desired state, or retry token, counts afresh)
+FAILURES_ANNOTATION: Final = "inplace-extension.io/aws-tags-failures"
+
+
+def failures(node_annotations: Mapping[str, str], key: str) -> int:
+    """How many times applying the tags of the desired state ``key`` failed retriably so far."""
+    digest, _, count = (node_annotations.get(FAILURES_ANNOTATION) or "").partition(" ")
+    return int(count) if digest == _digest(key) and count.isdigit() else 0
+
+
+def failures_value(key: str, count: int) -> str:
+    return f"{_digest(key)} {count}"
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def record_value(tags: Mapping[str, str]) -> str:

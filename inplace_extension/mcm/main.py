@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from inplace_extension.logs import configure_logging
 from inplace_extension.mcm.agent import Agent, AgentOptions
 from inplace_extension.mcm.metrics import AgentMetrics
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs.model import NO_OBJECT_HEALTH, ObjectHealth
+from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, ObjectHealth
 from inplace_extension.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ async def serve(
     settings: Settings,
     options: AgentOptions,
     clusters: Clusters,
-    listen: tuple[str, int],
+    sock: socket.socket,
     config_file: FileConfig,
 ) -> None:
     metrics = Metrics()
@@ -68,7 +69,8 @@ async def serve(
         settings,
         config_file,
         metrics,
-        object_health=object_health,
+        NO_CLUSTER_SIDE,  # drain, health gate and Events around the play are the agent's (mcm/agent.py)
+        object_health,
         # the kubernetes executor's record is on each Node, its Jobs beside the agent (MCM's cluster)
         records=Records("Node", clusters.target),
         jobs_kubeconfig=clusters.control or clusters.target,
@@ -76,19 +78,18 @@ async def serve(
     target = connect_target(clusters.target)
     control = connect_control(clusters.control or clusters.target)
     agent = Agent(options, target, control, executor, AgentMetrics(metrics), custom)
-    config = uvicorn.Config(
-        http_app(agent, metrics), host=listen[0], port=listen[1], log_config=None, access_log=False
-    )
+    config = uvicorn.Config(http_app(agent, metrics), log_config=None, access_log=False)
     server = uvicorn.Server(config)
     watcher = asyncio.create_task(agent.run(), name="node watch")
+    host, port = sock.getsockname()[:2]
     log.info(
-        "mcm-agent %s: namespace %s, serving /healthz and /metrics on %s:%d",
+        "mcm-agent %s: namespace %s, serving /healthz and /metrics on %s",
         agent.options.agent_id,
         agent.options.namespace,
-        *listen,
+        f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
     )
     try:
-        await server.serve()
+        await server.serve(sockets=[sock])
     finally:
         watcher.cancel()  # the agent stops: its Node tasks finish their step, then it closes both clients
         with contextlib.suppress(asyncio.CancelledError):
@@ -98,10 +99,12 @@ async def serve(
             objects.close()
 
 
-def run_agent(settings: Settings, options: AgentOptions, clusters: Clusters, listen: tuple[str, int]) -> int:
+def run_agent(settings: Settings, options: AgentOptions, clusters: Clusters, sock: socket.socket) -> int:
+    """Run the agent until a signal, its HTTP server on ``sock`` (bound by the caller, which names the
+    flag when the address cannot be had)."""
     configure_logging(settings.log_format, settings.log_level)
     config_file = load_config(settings.capabilities_file)  # a bad file stops the start
     # the agent has no health gate of Node checks after the play, where url checks would be asked
     refuse_url_checks(config_file, settings.capabilities_file, "mcm-agent")
-    asyncio.run(serve(settings, options, clusters, listen, config_file))
+    asyncio.run(serve(settings, options, clusters, sock, config_file))
     return 0

@@ -146,6 +146,11 @@ class EndWaitingExecutor(Executor, Protocol):
         only then may a caller wait for the end between its polls."""
         ...
 
+    async def held(self, request: RunRequest) -> Progress | None:
+        """What keeps a new start of ``request`` back now (cancel, pause, window, health checks), as
+        :meth:`poll` would answer it; None: nothing. Work beside the play obeys the same holds."""
+        ...
+
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
         """Wait until ``request``'s attempt in flight has ended, at most ``seconds``: True when none is in
         flight (any more), False when it still is."""

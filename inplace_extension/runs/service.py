@@ -196,6 +196,12 @@ class RunService:
             return held
         return await self._start_now(request, token, checked=True)
 
+    async def held(self, request: RunRequest) -> Progress | None:
+        """What keeps a new start of ``request`` back now (the operator's cancel or pause, the maintenance
+        window, the ``kubernetes`` health checks), answered as :meth:`poll` answers it; None when it may
+        start. For work beside the play that obeys the same holds (the MCM agent's AWS tags)."""
+        return await self._held(request, retry_token(request.annotations.get(RETRY_ANNOTATION)))
+
     async def _held(self, request: RunRequest, token: str) -> Progress | None:
         """The start checks of a new attempt: the operator's cancel or pause, the maintenance window,
         the ``kubernetes`` health checks; the answer of the first that holds it back, None when it may

@@ -96,7 +96,35 @@ def test_parse_request_never_echoes_the_offending_value() -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_request(UpdateMachineRequest, json.dumps(document).encode())
     assert SECRET not in str(info.value)
-    assert "and 1 more problem" in str(info.value)
+    # both problems, each with its path: none hidden behind a count
+    assert "settings.k: must be a string" in str(info.value)
+    assert "desired.machine.metadata.name: must be a string" in str(info.value)
+
+
+def test_a_misspelt_key_is_named_beside_the_key_it_hides_and_the_other_problems() -> None:
+    """Issue 39: the wire models ignore unknown keys (as Go's decoder does), so ``machin`` leaves
+    ``machine`` missing: the answer says which key the request most likely meant, and a second problem
+    does not hide it behind "(and 1 more problem)"."""
+    document = request_6a()
+    document["desired"]["machin"] = document["desired"].pop("machine")
+    document["desired"]["infrastructureMachine"]["kind"] = 5
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(UpdateMachineRequest, json.dumps(document).encode())
+    assert info.value.where == "desired.machine"
+    assert str(info.value) == (
+        'InvalidRequest: desired.machine: missing (the request has "machin": did you mean "machine"?); '
+        "desired.infrastructureMachine.kind: must be a string"
+    )
+
+
+def test_many_problems_are_named_up_to_a_bound_and_counted_beyond() -> None:
+    document = request_6a()
+    document["settings"] = {f"k{i}": i for i in range(8)}
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(UpdateMachineRequest, json.dumps(document).encode())
+    text = str(info.value)
+    assert [f"settings.k{i}: must be a string" in text for i in range(8)] == [True] * 5 + [False] * 3
+    assert text.endswith("(and 3 more problems)")
 
 
 def test_parse_request_refuses_an_array_body() -> None:

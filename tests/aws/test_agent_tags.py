@@ -13,7 +13,17 @@ import logging
 import pytest
 from kubefake import FakeControl, FakeTarget
 from kubelab.ports import free_port
-from mcm.test_agent_fake import NS, Executor, done_after, pool, result, running, until, waiting_node
+from mcm.test_agent_fake import (
+    NS,
+    Executor,
+    annotate_deployment,
+    done_after,
+    pool,
+    result,
+    running,
+    until,
+    waiting_node,
+)
 
 from inplace_extension.mcm import node_state as ns
 from inplace_extension.mcm.aws_tags import LAST_APPLIED_ANNOTATION, last_applied
@@ -91,7 +101,8 @@ async def test_an_outage_is_answered_failed_and_retried_until_the_api_is_back(
     aws_pool(control, instance_id, {"team": "blue"})
     target.put_node(waiting_node())
     monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", f"http://127.0.0.1:{free_port()}")  # the API is down
-    async for _agent in running(target, control, Executor(target, done_after(1))):
+    # a budget that outlasts the outage (the next test spends one)
+    async for _agent in running(target, control, Executor(target, done_after(1)), max_failed_attempts=100):
         await until(lambda: result(target) == ns.FAILED, target.activity, 60)
         reason = ns.node_annotations(target.nodes["n1"]).get(ns.FAILED_REASON_ANNOTATION, "")
         assert reason.startswith("AwsTagsRetriable: the AWS API could not be reached"), reason
@@ -114,3 +125,48 @@ async def test_a_terminal_error_is_a_final_failure(ec2_endpoint: str) -> None:
         f"{REGION}: terminal"
     )
     assert ns.ANSWERED_ANNOTATION in annotations and executor.requests == []  # final, no play
+
+
+async def test_a_paused_node_gets_no_tags_until_the_pause_is_removed(ec2_endpoint: str) -> None:
+    """Issue 39: the tags obey the operator's pause as a play does. The host has the desired state already
+    (a tags-only change of the MachineClass: the run service answers done), and the MachineDeployment is
+    paused: no CreateTags, no result, one waiting Event; once the pause is gone the tags are applied."""
+    instance_id = instance(ec2_endpoint, {"owner": "someone"})
+    target, control = FakeTarget(), FakeControl()
+    aws_pool(control, instance_id, {"team": "blue"})
+    annotate_deployment(control, "true")
+    target.put_node(waiting_node())
+    async for _agent in running(target, control, Executor(target, done_after(0))):
+        await until(lambda: target.reasons("n1") == ["InPlaceUpdateWaiting"], target.activity, 60)
+        assert tags_of(ec2_endpoint, instance_id) == {"owner": "someone"}, "no CreateTags while paused"
+        assert result(target) is None
+        annotate_deployment(control, "cancel")
+        await until(lambda: result(target) == ns.FAILED, target.activity, 60)
+        assert tags_of(ec2_endpoint, instance_id) == {"owner": "someone"}, "nor once cancelled"
+        annotate_deployment(control, None)
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, 60)
+    assert tags_of(ec2_endpoint, instance_id) == {"owner": "someone", "team": "blue"}
+    assert "InPlaceTagsApplied" in target.reasons("n1")
+
+
+async def test_retriable_errors_count_against_the_retry_budget(
+    ec2_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39: an outage is retried as a play's failed attempt is, until the budget
+    (--max-failed-attempts) is spent: then a final answer, blocked until the retry annotation changes."""
+    instance_id = instance(ec2_endpoint, {})
+    target, control = FakeTarget(), FakeControl()
+    aws_pool(control, instance_id, {"team": "blue"})
+    target.put_node(waiting_node())
+    monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", f"http://127.0.0.1:{free_port()}")  # the API is down
+    executor = Executor(target, done_after(0))
+    async for _agent in running(target, control, executor, max_failed_attempts=2):
+        await until(
+            lambda: ns.ANSWERED_ANNOTATION in ns.node_annotations(target.nodes["n1"]), target.activity, 60
+        )
+    annotations = ns.node_annotations(target.nodes["n1"])
+    assert result(target) == ns.FAILED
+    assert annotations[ns.FAILED_REASON_ANNOTATION].startswith(
+        "blocked after 2 failed attempts: AwsTagsRetriable: the AWS API could not be reached"
+    ), annotations
+    assert ns.CLAIM_ANNOTATION not in annotations  # final: released

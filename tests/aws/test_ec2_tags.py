@@ -4,6 +4,8 @@ credentials in no message."""
 
 from __future__ import annotations
 
+import io
+import logging
 from typing import Any
 
 import boto3
@@ -19,6 +21,7 @@ from inplace_extension.aws.ec2_tags import (
     apply_tags,
     classify,
 )
+from inplace_extension.logs import configure_logging
 
 REGION = "eu-west-1"
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY"  # moto accepts any key; this one must never be shown
@@ -69,6 +72,52 @@ def test_tags_are_applied_to_the_instance_and_its_volumes(ec2_endpoint: str) -> 
     assert apply_tags(CREDENTIALS, REGION, instance_id, {"team": "blue", "cost": "42"}, {}) == TagsApplied(
         {}, ()
     )
+
+
+def test_volumes_get_the_whole_tag_set_not_only_the_difference(ec2_endpoint: str) -> None:
+    """Issue 39: a volume that lacks a tag the instance has already (attached since, or its tag removed
+    by someone) gets it at the next application, as the instance carries the whole set."""
+    instance_id = instance(ec2_endpoint, {"team": "blue"})  # the instance has team already, its volume not
+    [volume] = volumes_of(ec2_endpoint, instance_id)
+    assert tags_of(ec2_endpoint, volume) == {}
+    applied = apply_tags(CREDENTIALS, REGION, instance_id, {"team": "blue", "cost": "42"}, {"team": "blue"})
+    assert applied == TagsApplied({"cost": "42"}, ())  # the instance: only its difference
+    assert tags_of(ec2_endpoint, volume) == {"team": "blue", "cost": "42"}
+
+
+def test_a_tag_set_ec2_refuses_is_refused_before_any_call(ec2_endpoint: str) -> None:
+    instance_id = instance(ec2_endpoint, {})
+    with pytest.raises(Ec2TagsError) as info:
+        apply_tags(CREDENTIALS, REGION, instance_id, {"aws:owner": "x"}, {})
+    assert (info.value.code, info.value.retriable) == ("InvalidParameterValue", False)
+    assert "tag 'aws:owner': the prefix aws: is reserved for AWS" in str(info.value)
+    assert tags_of(ec2_endpoint, instance_id) == {}
+
+
+def test_no_credential_is_logged_at_the_debug_level(ec2_endpoint: str) -> None:
+    """Issue 39: with --log-level debug, botocore would log each signed request's headers (the access key
+    id in the Authorization header) and the SDK's credential lookups."""
+    stream = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    levels = {name: logging.getLogger(name).level for name in ("boto3", "botocore", "urllib3")}
+    try:
+        configure_logging("text", "debug", stream)
+        logging.getLogger("inplace_extension.test").debug("debug is on")
+        instance_id = instance(ec2_endpoint, {})
+        apply_tags(CREDENTIALS, REGION, instance_id, {"team": "blue"}, {})
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+        for name, old in levels.items():
+            logging.getLogger(name).setLevel(old)
+    output = stream.getvalue()
+    assert "debug is on" in output  # the level was debug
+    assert CREDENTIALS.access_key_id not in output and SECRET not in output
+    assert "Authorization" not in output and "Signature=" not in output
 
 
 def test_only_tags_we_set_are_removed_and_foreign_ones_are_kept(ec2_endpoint: str) -> None:

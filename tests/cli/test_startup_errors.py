@@ -4,6 +4,7 @@ settings error says whether the value was a flag or a variable; every command's 
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from inplace_extension.cli import BROKEN_PIPE_STATUS, build_parser
+from inplace_extension.cli.flags import settings_from_args
+from inplace_extension.engine import build_engine
 from inplace_extension.tls import ensure_dev_certificate
 
 from .conftest import FIXTURES, ROOT, clean_env, run_cli
@@ -208,3 +211,150 @@ def test_a_misspelt_flag_gets_the_flag_it_most_likely_meant(tmp_path: Path) -> N
     assert "unknown flag --delete-pdos (did you mean --delete-pods?)" in stderr
     stderr = refused("plan", "x.yaml", "--zzz", env=clean_env(tmp_path))
     assert "unknown flag --zzz; inplace-extension plan --help lists its flags" in stderr
+
+
+# -- issue 39 item 5: no setting silently ignored, every error names its origin ----------------------------
+
+
+def test_a_misspelt_variable_is_refused_with_the_one_it_most_likely_meant(tmp_path: Path) -> None:
+    env = clean_env(tmp_path) | {"INPLACE_MAX_PARALEL_RUNS": "3"}
+    stderr = refused("serve", "--plain-http", "--listen", "127.0.0.1:0", env=env)
+    assert (
+        "inplace-extension: INPLACE_MAX_PARALEL_RUNS is not a variable of inplace-extension "
+        "(did you mean INPLACE_MAX_PARALLEL_RUNS?)"
+    ) in stderr
+    stderr = refused("mcm-agent", env=clean_env(tmp_path) | {"INPLACE_MCM_NAMSPACE": "m"})
+    assert (
+        "INPLACE_MCM_NAMSPACE is not a variable of inplace-extension (did you mean INPLACE_MCM_NAMESPACE?)"
+        in stderr
+    )
+
+
+def test_a_variable_the_command_does_not_use_is_warned_about_and_not_taken(tmp_path: Path) -> None:
+    # mcm-agent serves plain HTTP and leaves draining to MCM: each of these is said, and none is read (a
+    # bad INPLACE_DRAIN would otherwise refuse the start in the name of a setting the agent has not)
+    variables = {
+        "INPLACE_TLS_CERT": str(tmp_path / "tls.crt"),
+        "INPLACE_BEARER_TOKEN_FILE": str(tmp_path / "token"),
+        "INPLACE_DRAIN": "sometimes",
+        "INPLACE_RUNS_DIR": "/proc/nope",  # the agent's own: the start stops here, after the warnings
+    }
+    stderr = refused(
+        "mcm-agent", "--namespace", "m", "--listen", "127.0.0.1:0", env=clean_env(tmp_path) | variables
+    )
+    for name, flag in [
+        ("INPLACE_TLS_CERT", "--tls-cert"),
+        ("INPLACE_BEARER_TOKEN_FILE", "--bearer-token-file"),
+        ("INPLACE_DRAIN", "--drain"),
+    ]:
+        assert f"inplace-extension: warning: {name} is ignored: mcm-agent has no {flag}" in stderr
+    assert "sometimes" not in stderr
+    assert "INPLACE_RUNS_DIR=/proc/nope: cannot create it (No such file or directory)" in stderr
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("INPLACE_DRAIN", "never")
+        patch.setenv("INPLACE_MAX_PARALLEL_RUNS", "3")
+        args = build_parser().parse_args(["mcm-agent", "--namespace", "m"])
+        settings = settings_from_args(args)
+    assert (settings.drain, settings.max_parallel_runs) == ("auto", 3)  # its own setting read, no other
+
+
+def test_the_path_prefix_must_start_with_a_slash(tmp_path: Path) -> None:
+    stderr = refused(
+        "serve", "--plain-http", "--listen", "127.0.0.1:0", "--path-prefix", "ext", env=clean_env(tmp_path)
+    )
+    assert (
+        "inplace-extension: --path-prefix ext: must be a URL path that starts with /, e.g. /inplace" in stderr
+    )
+
+
+def test_the_agent_binds_first_and_names_listen_for_a_port_in_use(tmp_path: Path, taken_port: int) -> None:
+    address = f"127.0.0.1:{taken_port}"
+    stderr = refused("mcm-agent", "--namespace", "m", "--listen", address, env=clean_env(tmp_path))
+    assert (
+        f"inplace-extension: --listen {address}: cannot listen on {address}: Address already in use" in stderr
+    )
+    assert "uvicorn" not in stderr and "Errno" not in stderr
+    env = clean_env(tmp_path) | {"INPLACE_LISTEN": address, "INPLACE_MCM_NAMESPACE": "m"}
+    stderr = refused("mcm-agent", env=env)
+    assert f"inplace-extension: INPLACE_LISTEN={address}: cannot listen on {address}" in stderr
+
+
+SERVE = ("serve", "--plain-http", "--listen", "127.0.0.1:0")
+AGENT = ("mcm-agent", "--namespace", "m", "--listen", "127.0.0.1:0")
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "variables", "expected"),
+    [
+        (SERVE, ["--runs-dir", "/proc/nope"], {}, "--runs-dir /proc/nope: cannot create it"),
+        (AGENT, [], {"INPLACE_RUNS_DIR": "/proc/nope"}, "INPLACE_RUNS_DIR=/proc/nope: cannot create it"),
+        (SERVE, ["--inventory", "{tmp}/nope.yaml"], {}, "--inventory {tmp}/nope.yaml: cannot read it"),
+        (
+            AGENT,
+            [],
+            {"INPLACE_INVENTORY": "{tmp}/nope.yaml"},
+            "INPLACE_INVENTORY={tmp}/nope.yaml: cannot read it",
+        ),
+        (
+            SERVE,
+            [],
+            {"INPLACE_CAPABILITIES_FILE": "{tmp}/caps.yaml"},
+            "INPLACE_CAPABILITIES_FILE={tmp}/caps.yaml: cannot read it",
+        ),
+        (
+            ("plan", "x.json"),
+            ["--capabilities-file", "{tmp}/caps.yaml"],
+            {},
+            "--capabilities-file {tmp}/caps.yaml: cannot read it",
+        ),
+        (SERVE, ["--kubeconfig", "{tmp}/kubeconfig"], {}, "--kubeconfig {tmp}/kubeconfig: cannot read it"),
+        (
+            SERVE,
+            ["--kube"],
+            {"KUBECONFIG": "{tmp}/kubeconfig"},
+            "KUBECONFIG={tmp}/kubeconfig: cannot read it",
+        ),
+        (
+            AGENT,
+            ["--target-kubeconfig", "{tmp}/kubeconfig"],
+            {},
+            "--target-kubeconfig {tmp}/kubeconfig: cannot read it",
+        ),
+        (AGENT, [], {"KUBECONFIG": "{tmp}/kubeconfig"}, "KUBECONFIG={tmp}/kubeconfig: cannot read it"),
+        (
+            AGENT,
+            [],
+            {"INPLACE_CONTROL_KUBECONFIG": "{tmp}/kubeconfig"},
+            "INPLACE_CONTROL_KUBECONFIG={tmp}/kubeconfig: cannot read it",
+        ),
+    ],
+)
+def test_a_file_error_names_the_flag_or_variable_that_gave_the_path(
+    tmp_path: Path, command: tuple[str, ...], flags: list[str], variables: dict[str, str], expected: str
+) -> None:
+    tmp = str(tmp_path)
+    env = clean_env(tmp_path) | {name: value.format(tmp=tmp) for name, value in variables.items()}
+    stderr = refused(*command, *(flag.format(tmp=tmp) for flag in flags), env=env)
+    assert f"inplace-extension: {expected.format(tmp=tmp)} (No such file or directory)" in stderr
+
+
+def test_a_yaml_syntax_error_names_the_file_and_the_line(tmp_path: Path) -> None:
+    broken = tmp_path / "caps.yaml"
+    broken.write_text("capabilities: []\nmaintenance_windows: [\n  {name: a\nhealth_checks: []\n")
+    stderr = refused(*SERVE, "--capabilities-file", str(broken), env=clean_env(tmp_path))
+    assert f"inplace-extension: capabilities file {broken}: line 4, column 14: not valid YAML:" in stderr
+    assert "<unicode string>" not in stderr
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts:\n  - name: a\n   address: b\n")
+    stderr = refused(*SERVE, "--inventory", str(inventory), env=clean_env(tmp_path))
+    assert f"inventory {inventory}: line 3, column " in stderr and "<unicode string>" not in stderr
+
+
+def test_the_engine_has_no_defaulted_dependency() -> None:
+    """Issue 39: mcm/main.py relied on ``cluster``'s default; every dependency is now given by each caller."""
+    defaulted = [
+        name
+        for name, parameter in inspect.signature(build_engine).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    ]
+    assert defaulted == []

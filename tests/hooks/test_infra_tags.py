@@ -13,7 +13,7 @@ import pytest
 
 from inplace_extension.app import create_app
 from inplace_extension.inplace.infra_tags import DesiredTags
-from inplace_extension.runs.model import Executor, Progress, ProgressState
+from inplace_extension.runs.model import Executor, Progress, ProgressState, RunRequest
 from inplace_extension.settings import Settings
 
 from .conftest import CAN_UPDATE_MACHINE, CAN_UPDATE_MACHINE_SET, UPDATE_MACHINE, FakeExecutor, load, post_to
@@ -26,13 +26,19 @@ AWS = "infrastructure.cluster.x-k8s.io/v1beta2"
 class FakeTagsWait:
     """Answers a fixed Progress and records what it was asked to wait for."""
 
-    def __init__(self, progress: Progress) -> None:
+    def __init__(self, progress: Progress, idle: bool = False) -> None:
         self.progress = progress
+        self.idle = idle  # what host_idle answers (the Node reports the version already)
         self.asked: list[DesiredTags] = []
+        self.idle_asked: list[RunRequest] = []
 
     async def poll(self, desired: DesiredTags) -> Progress:
         self.asked.append(desired)
         return self.progress
+
+    async def host_idle(self, run: RunRequest) -> bool:
+        self.idle_asked.append(run)
+        return self.idle
 
 
 async def post(
@@ -201,3 +207,30 @@ async def test_without_cluster_access_update_machine_does_not_wait_for_tags() ->
     executor = FakeExecutor(Progress(ProgressState.DONE, "update applied"))
     answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}), False, executor)
     assert answer["message"] == "update applied"
+
+
+def version_only_request(tags: dict[str, str]) -> dict[str, Any]:
+    """UpdateMachine for a tags-only change under CAPI: the Machine carries its version (unchanged), the
+    KubeadmConfig nothing the host converges."""
+    request = update_request(tags)
+    del request["desired"]["bootstrapConfig"]
+    request["desired"]["machine"]["spec"]["version"] = "v1.31.0"
+    return request
+
+
+async def test_a_tags_only_change_runs_nothing_on_the_host_when_the_node_has_the_version() -> None:
+    """Issue 39: the plan's only host step is the Kubernetes version the Machine carries; the Node
+    reports it already (host_idle): no play, no SSH, no inventory entry needed."""
+    executor = FakeExecutor(Progress(ProgressState.DONE, "update applied"))
+    waiting = FakeTagsWait(Progress(ProgressState.DONE, "infrastructure: CAPA applied the tags"), idle=True)
+    answer = await post(UPDATE_MACHINE, version_only_request({"team": "blue"}), True, executor, waiting)
+    assert (answer["status"], answer["retryAfterSeconds"]) == ("Success", 0)
+    assert answer["message"] == "infrastructure: CAPA applied the tags"
+    assert executor.requests == []  # no play
+    [run] = waiting.idle_asked
+    assert run.capabilities == ("kubernetes_version",)
+    # the Node does not report the version (yet): the play converges it, as for every update
+    waiting.idle = False
+    answer = await post(UPDATE_MACHINE, version_only_request({"team": "blue"}), True, executor, waiting)
+    assert answer["message"] == "update applied; infrastructure: CAPA applied the tags"
+    assert len(executor.requests) == 1

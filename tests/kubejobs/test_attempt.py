@@ -22,7 +22,7 @@ from inplace_extension.kubejobs.spec import AttemptSpec, outcome_of
 from inplace_extension.metrics import Metrics
 from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
-from inplace_extension.runs.model import NO_CLUSTER_SIDE
+from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH
 from inplace_extension.settings import Settings
 
 from .test_manifest import request, target
@@ -102,9 +102,25 @@ def test_the_attempt_command_refuses_a_spec_it_cannot_read(
 def test_the_kubernetes_executor_is_refused_without_cluster_access(tmp_path: Path) -> None:
     settings = Settings(runs_dir=tmp_path / "runs", playbooks_dir=PLAYBOOKS, executor="kubernetes")
     with pytest.raises(ExecutorError, match="needs cluster access, and this command has none"):
-        build_engine(settings, FileConfig(NO_CUSTOM), Metrics())
+        build_engine(
+            settings,
+            FileConfig(NO_CUSTOM),
+            Metrics(),
+            NO_CLUSTER_SIDE,
+            NO_OBJECT_HEALTH,
+            records=None,
+            jobs_kubeconfig=None,
+        )
     with pytest.raises(ExecutorError, match=r"needs cluster access \(--kubeconfig, else the in-cluster"):
-        build_engine(settings, FileConfig(NO_CUSTOM), Metrics(), records=Records("Machine", None))
+        build_engine(
+            settings,
+            FileConfig(NO_CUSTOM),
+            Metrics(),
+            NO_CLUSTER_SIDE,
+            NO_OBJECT_HEALTH,
+            records=Records("Machine", None),
+            jobs_kubeconfig=None,
+        )
 
 
 def test_serve_says_why_the_kubernetes_executor_cannot_start(
@@ -177,7 +193,15 @@ def test_the_kubernetes_executor_refuses_the_capabilities_files_own_roles_at_sta
     assert "--executor local" in error
     # the same file with the local executor is fine: the refusal is the kubernetes executor's
     settings = Settings(runs_dir=tmp_path / "runs", playbooks_dir=PLAYBOOKS)
-    build_engine(settings, load_file(caps), Metrics()).close()
+    build_engine(
+        settings,
+        load_file(caps),
+        Metrics(),
+        NO_CLUSTER_SIDE,
+        NO_OBJECT_HEALTH,
+        records=None,
+        jobs_kubeconfig=None,
+    ).close()
 
 
 def test_a_play_past_the_attempts_deadline_is_stopped_and_the_attempt_interrupted(

@@ -14,7 +14,7 @@ from inplace_extension.kube.cluster import connect_control, connect_target
 from inplace_extension.mcm.agent import Agent, AgentOptions
 from inplace_extension.mcm.metrics import AgentMetrics
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs.model import Progress, RunRequest
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 
 
 class ScriptedExecutor:
@@ -31,6 +31,15 @@ class ScriptedExecutor:
             count = sum(1 for r in self.requests if r.ident == request.ident)
             self.requests.append(request)
         return self.answer(request, count)
+
+    async def held(self, request: RunRequest) -> Progress | None:
+        """A request's hold (the pause annotation the agent read) as the run service answers it
+        (tests/runs/test_service.py checks the service's own)."""
+        if request.hold is not None and request.hold.cancel:
+            return Progress(ProgressState.FAILED, request.hold.message, cancelled=True)
+        if request.hold is not None:
+            return Progress(ProgressState.IN_PROGRESS, request.hold.message, 30, waiting="pause")
+        return None
 
     end_wait_is_cheap = True  # its wait_end answers at once (or, a test's override, on an event)
 

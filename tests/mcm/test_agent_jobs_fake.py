@@ -113,6 +113,9 @@ class Counted:
         self.polls += 1
         return await self.service.poll(request)
 
+    async def held(self, request: RunRequest) -> Progress | None:
+        return await self.service.held(request)
+
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
         self.end_waits += 1
         return await self.service.wait_end(request, seconds)

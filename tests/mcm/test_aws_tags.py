@@ -105,3 +105,35 @@ def test_the_nodes_record_round_trips_and_a_bad_one_counts_as_none() -> None:
     assert last_applied({LAST_APPLIED_ANNOTATION: record_value({"b": "2", "a": "1"})}) == {"a": "1", "b": "2"}
     assert last_applied({LAST_APPLIED_ANNOTATION: "not json"}) == {}
     assert last_applied({}) == {}
+
+
+@pytest.mark.parametrize(
+    ("tags", "message"),
+    [
+        (
+            {"aws:cloudformation:stack": "x"},
+            "tag 'aws:cloudformation:stack': the prefix aws: is reserved for AWS",
+        ),
+        ({"AWS:Team": "x"}, "tag 'AWS:Team': the prefix aws: is reserved for AWS"),
+        ({f"k{i}": "v" for i in range(51)}, "has 51 tags: EC2 takes at most 50 per resource"),
+        ({"k" * 129: "v"}, "the key has 129 characters, EC2 takes at most 128"),
+        ({"team": "v" * 257}, "tag 'team': the value has 257 characters, EC2 takes at most 256"),
+    ],
+)
+def test_tags_ec2_would_refuse_are_refused_up_front_naming_the_key(
+    tags: dict[str, str], message: str
+) -> None:
+    """Issue 39: said as the desired state's error (a final answer naming the MachineClass and the key),
+    not found out when CreateTags fails and the rollout stalls."""
+    spec = {"region": "eu-west-1", "tags": tags}
+    with pytest.raises(DesiredStateError) as info:
+        tags_target({**CLASS, "providerSpec": spec}, MACHINE)
+    assert info.value.reason == "InvalidDesiredState"
+    assert str(info.value).startswith("InvalidDesiredState: MachineClass pool-v2 providerSpec.tags: ")
+    assert message in str(info.value)
+    assert "v" * 257 not in str(info.value)  # a value is never shown
+
+
+def test_the_limits_themselves_are_accepted() -> None:
+    tags = {f"k{i}": "v" for i in range(48)} | {"k" * 128: "v" * 256, "team-aws:x": "y"}
+    assert tags_target({**CLASS, "providerSpec": {"region": "eu-west-1", "tags": tags}}, MACHINE) is not None

@@ -23,7 +23,13 @@ from hostlab.pytest_plugin import WriteInventory
 from inplace_extension.capabilities_file import parse_capabilities, parse_file
 from inplace_extension.engine import build_engine, host_checks
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.runs.model import (
+    NO_CLUSTER_SIDE,
+    NO_OBJECT_HEALTH,
+    Progress,
+    ProgressState,
+    RunRequest,
+)
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 
@@ -69,7 +75,15 @@ def service(lab: Lab, inventory: Path, tmp_path: Path, capabilities_yaml: str, g
         retry_after_seconds=1,
         health_gate_timeout_seconds=gate,
     )
-    return build_engine(settings, parse_file(capabilities_yaml), Metrics())
+    return build_engine(
+        settings,
+        parse_file(capabilities_yaml),
+        Metrics(),
+        NO_CLUSTER_SIDE,
+        NO_OBJECT_HEALTH,
+        records=None,
+        jobs_kubeconfig=None,
+    )
 
 
 def stamped(lab: Lab, host: Host) -> str | None:
