@@ -67,7 +67,8 @@ def bind(host: str, port: int, given: str = "--listen") -> socket.socket:
 
 def readable_file(path: Path | None, given: str) -> None:
     """A file the command reads at start-up (or later): refused now when it cannot be opened, naming it
-    as ``given`` (``--inventory /x``, ``INPLACE_INVENTORY=/x``, ``KUBECONFIG=/x``). None: not given."""
+    as ``given`` (``--inventory /x``, ``INPLACE_INVENTORY=/x``, ``$KUBECONFIG's first file /x``).
+    None: not given."""
     if path is None:
         return
     try:
@@ -96,4 +97,4 @@ def kubeconfig_given(args: argparse.Namespace, dest: str, path: Path | None) -> 
     origin = origins.get(dest)
     if origin is not None and origin.source != "default":
         return str(origin.shown(path))
-    return f"KUBECONFIG={path}"
+    return f"$KUBECONFIG's first file {path}"

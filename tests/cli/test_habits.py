@@ -90,10 +90,11 @@ def test_serve_and_the_agent_take_the_kubeconfig_from_the_environment(tmp_path: 
     env = clean_env(tmp_path) | {"KUBECONFIG": f"{missing}:{tmp_path / 'second'}"}
     serve = run_cli("serve", "--plain-http", "--listen", "127.0.0.1:0", "--kube", env=env)
     assert serve.returncode == 2
-    assert f"cannot load the Kubernetes client config from {missing}" in serve.stderr
+    # the start stops naming where the path came from (issue 39)
+    assert f"inplace-extension: $KUBECONFIG's first file {missing}: cannot read it" in serve.stderr
     agent = run_cli("mcm-agent", "--namespace", "n", "--listen", "127.0.0.1:0", env=env)
     assert agent.returncode == 2
-    assert f"cannot load the Kubernetes client config from {missing}" in agent.stderr
+    assert f"inplace-extension: $KUBECONFIG's first file {missing}: cannot read it" in agent.stderr
 
 
 def test_serve_warns_when_no_host_can_be_reached(start_server: StartServer) -> None:

@@ -312,7 +312,7 @@ AGENT = ("mcm-agent", "--namespace", "m", "--listen", "127.0.0.1:0")
             SERVE,
             ["--kube"],
             {"KUBECONFIG": "{tmp}/kubeconfig"},
-            "KUBECONFIG={tmp}/kubeconfig: cannot read it",
+            "$KUBECONFIG's first file {tmp}/kubeconfig: cannot read it",
         ),
         (
             AGENT,
@@ -320,7 +320,12 @@ AGENT = ("mcm-agent", "--namespace", "m", "--listen", "127.0.0.1:0")
             {},
             "--target-kubeconfig {tmp}/kubeconfig: cannot read it",
         ),
-        (AGENT, [], {"KUBECONFIG": "{tmp}/kubeconfig"}, "KUBECONFIG={tmp}/kubeconfig: cannot read it"),
+        (
+            AGENT,
+            [],
+            {"KUBECONFIG": "{tmp}/kubeconfig"},
+            "$KUBECONFIG's first file {tmp}/kubeconfig: cannot read it",
+        ),
         (
             AGENT,
             [],
