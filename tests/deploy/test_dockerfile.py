@@ -113,7 +113,7 @@ def test_entrypoint_is_the_console_script_and_cmd_is_serve(monkeypatch: pytest.M
     for key, value in env.items():
         if key.startswith("INPLACE_"):
             monkeypatch.setenv(key, value)
-    settings = settings_from_args(args)
+    settings = settings_from_args(build_parser().parse_args(cmd))  # the command reads its variables
     for key, value in env.items():
         if key.startswith("INPLACE_"):
             field = key.removeprefix("INPLACE_").lower()

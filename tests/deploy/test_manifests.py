@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from inplace_extension.cli import build_parser
+from inplace_extension.cli.flags import settings_from_args
 from inplace_extension.hooks.context import HookOptions
 from inplace_extension.inplace.infra_tags import PROVIDER_TAGS
 from inplace_extension.kube.objects import plural_of
@@ -67,11 +69,16 @@ def _pod_env() -> dict[str, str]:
     return env
 
 
+def _serve_settings() -> Settings:
+    """The settings ``serve`` runs with in this environment (the command reads its own variables)."""
+    return settings_from_args(build_parser().parse_args(["serve"]))
+
+
 def _settings_from_pod_env(monkeypatch: pytest.MonkeyPatch) -> Settings:
     for key, value in _pod_env().items():
         if key.startswith("INPLACE_"):
             monkeypatch.setenv(key, value)
-    return Settings()
+    return _serve_settings()
 
 
 def _under(path: str, directory: str) -> bool:
@@ -360,7 +367,7 @@ def test_client_auth_component_validates_and_points_settings_into_its_mounts(
     assert set(env) - set(base_env) == {"INPLACE_CLIENT_CA", "INPLACE_BEARER_TOKEN_FILE"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    settings = Settings()
+    settings = _serve_settings()
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
     assert settings.client_ca is not None and settings.bearer_token_file is not None
@@ -392,7 +399,7 @@ def test_kube_aware_component_validates_and_grants_only_what_the_mode_uses(
     for item in pod["containers"][0]["env"]:
         if "value" in item:
             monkeypatch.setenv(item["name"], item["value"])
-    assert Settings().kube_aware
+    assert _serve_settings().kube_aware
     rules = {
         (g, r, v)
         for rule in by_kind["ClusterRole"]["rules"]
