@@ -76,7 +76,7 @@ from kubelab.flavours import capi_objects as co  # noqa: E402
 from kubelab.lab import Lab as KubeLab  # noqa: E402
 from nodes.conftest import Cluster  # noqa: E402
 from nodes.images import import_pause, node_image  # noqa: E402
-from nodes.operator import ATTEMPT_ACCOUNT, SSH_SECRET, operator_objects, ssh_secret  # noqa: E402
+from nodes.operator import ATTEMPT_ACCOUNT, operator_objects  # noqa: E402
 from nodes.test_node_jobs import _diagnosis  # noqa: E402
 from playbooks.standins import install_standins, lab_run_on_host  # noqa: E402
 
@@ -342,11 +342,10 @@ def rig(machines: int) -> Iterator[Rig]:
         objects.ensure_namespace(kube, NAMESPACE)
         for name, host in zip(names, hosts, strict=True):
             _machine(kube, name, host)
-        # the Jobs' namespace as an operator prepares it: their account and rights, the SSH key's Secret
+        # the Jobs' namespace as an operator prepares it: their account, rights and policies
         jobs_namespace = "bench-jobs"
         objects.ensure_namespace(kube, jobs_namespace)
-        ssh = ssh_secret(jobs_namespace, hosts_lab.private_key)
-        objects.apply(kube, *operator_objects(jobs_namespace), ssh)
+        objects.apply(kube, *operator_objects(jobs_namespace))
         kubeconfig = work / "service.kubeconfig"
         _service_kubeconfig(kube, kubeconfig)
         objects.apply(
@@ -376,7 +375,6 @@ def start_service(rig: Rig, executor: str) -> Service:
     argv += ["--executor", executor]
     if executor == "kubernetes":
         argv += ["--job-namespace", rig.jobs_namespace, "--job-image", rig.image]
-        argv += ["--job-ssh-secret", SSH_SECRET, "--job-ssh-dir", str(rig.hosts_lab.private_key.parent)]
         argv += ["--job-playbooks-dir", "/opt/inplace-extension/playbooks", "--job-deadline-seconds", "900"]
     return Service(argv, home / "service.log", runs)
 

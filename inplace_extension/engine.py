@@ -180,8 +180,6 @@ def kubernetes_backend(
             namespace=settings.job_namespace,
             image=image,
             service_account=settings.job_service_account,
-            ssh_secret=settings.job_ssh_secret,
-            ssh_dir=settings.job_ssh_dir,
             deadline_seconds=settings.job_deadline_seconds,
             ttl_seconds=settings.job_ttl_seconds,
         ),

@@ -114,15 +114,6 @@ class Settings(BaseSettings):
     job_service_account: str = Field(
         "inplace-extension-attempt", description="kubernetes executor: the Jobs' ServiceAccount"
     )
-    job_ssh_secret: str = Field(
-        "inplace-extension-ssh",
-        description="kubernetes executor: the Secret with the SSH keys, mounted in each Job",
-    )
-    job_ssh_dir: str = Field(
-        "/etc/inplace-extension/ssh",
-        description="kubernetes executor: where each Job mounts --job-ssh-secret (where the service mounts "
-        "it: the directory of the inventory's private_key_file)",
-    )
     job_playbooks_dir: str | None = Field(
         None,
         # the default is right when the Jobs run the service's own image; a service outside that image,

@@ -469,6 +469,7 @@ class FakeJobs:
         self.pod_images: dict[tuple[str, str], str] = {}  # (namespace, Pod) -> its first container's image
         self.killed_after_secret = False  # the next create_job dies after the Secret, before the Job
         self.deleted: list[str] = []  # the Jobs deleted by the executor (not by their TTL)
+        self.other_secrets: dict[tuple[str, str], dict[str, bytes]] = {}  # (namespace, name) -> its data
 
     def _bump(self) -> str:
         self.version += 1
@@ -508,6 +509,10 @@ class FakeJobs:
         else:
             obj["annotations"][key] = value
         obj["rv"] = self._bump()
+
+    def secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
+        self.calls("secret_value")
+        return self.other_secrets.get((namespace, name), {}).get(key)
 
     def create_job(self, job: Mapping[str, Any], secret: Mapping[str, Any] | None) -> bool:
         """As kube/jobs.py: the Secret first (None: it must exist, else NotFound), then the Job, then the

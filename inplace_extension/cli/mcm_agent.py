@@ -48,8 +48,6 @@ AGENT_SETTINGS = (
     "job_image",
     "job_namespace",
     "job_service_account",
-    "job_ssh_secret",
-    "job_ssh_dir",
     "job_playbooks_dir",
     "job_deadline_seconds",
     "job_ttl_seconds",

@@ -199,6 +199,9 @@ class KubeJobs:
     def pod_image(self, namespace: str, name: str) -> str | None:
         return jobs.pod_image(self._client, namespace, name)
 
+    def secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
+        return jobs.secret_value(self._client, namespace, name, key)
+
     def read(self, ref: RecordRef, key: str) -> Annotation | None:
         return records.read(self._client, ref, key)
 

@@ -16,6 +16,7 @@ read of the Job (a wait for its end looks at that only, and reads the Pod once i
 
 from __future__ import annotations
 
+import base64
 import copy
 from collections.abc import Mapping
 from typing import Any, Final, cast
@@ -240,6 +241,16 @@ def pod_image(client: Client, namespace: str, name: str) -> str | None:
         return None
     containers = (pod.get("spec") or {}).get("containers") or []
     return str(containers[0]["image"]) if containers and containers[0].get("image") else None
+
+
+def secret_value(client: Client, namespace: str, name: str, key: str) -> bytes | None:
+    try:
+        with translated(f"get Secret {namespace}/{name}"):
+            secret = client.get(Secret, name, namespace=namespace)
+    except NotFound:
+        return None
+    encoded = (secret.data or {}).get(key)
+    return base64.b64decode(encoded) if encoded else None
 
 
 def annotate_pod(client: Client, namespace: str, name: str, key: str, value: str) -> None:

@@ -334,3 +334,8 @@ class JobCluster(Protocol):
     def pod_image(self, namespace: str, name: str) -> str | None:
         """The image of the Pod's first container (the service's own); None when there is no such Pod."""
         ...
+
+    def secret_value(self, namespace: str, name: str, key: str) -> bytes | None:
+        """One key of a Secret (a workload cluster's kubeconfig, which the service copies into the one
+        attempt's Secret that needs it); None when there is no such Secret or key."""
+        ...

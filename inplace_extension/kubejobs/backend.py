@@ -19,7 +19,11 @@ attempt's Job:
 Near a play's expected end, :meth:`JobBackend.wait_end` reads the Job in flight alone (one request)
 once a second, and the record and the Job's Pod only once it has finished.
 
-Launching records the attempt first (its number, retry token, host lock token), then creates its
+Launching reads the target's private key first (the inventory's ``private_key_file``, on the service's
+own SSH mount) and, in the Kubernetes-aware mode, the workload cluster's kubeconfig: the Job gets that
+one key (and that kubeconfig) in its own Secret, never the SSH Secret with every host's key, and its
+account reads no Secret. A key the service cannot read is a Failure before anything is recorded.
+Then it records the attempt (its number, retry token, host lock token), then creates its
 Secret, then its Job: two replicas launching at once agree on one attempt (the record's precondition)
 and one Job (its name; AlreadyExists is in progress). The name carries the record's episode (record.py):
 a Job that exists already under it is of this very attempt, never one of an earlier episode of the same
@@ -36,13 +40,23 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Final
 
 import anyio.to_thread
 
 from inplace_extension.kube.errors import Conflict, KubeError, NotFound
 from inplace_extension.kube.port import JobCluster, JobState, RecordRef, RecordStore
-from inplace_extension.kubejobs.manifest import JobConfig, job_manifest, job_name, labels, secret_manifest
+from inplace_extension.kube.workload import FROM_MANAGEMENT, FROM_SECRET, secret_name
+from inplace_extension.kubejobs.manifest import (
+    ATTEMPT_KEY_FILE,
+    WORKLOAD_KUBECONFIG_FILE,
+    JobConfig,
+    job_manifest,
+    job_name,
+    labels,
+    secret_manifest,
+)
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record, Recorded, WaitClock
 from inplace_extension.kubejobs.spec import AttemptSpec, interrupted, outcome_of
 from inplace_extension.runs import progress
@@ -51,6 +65,7 @@ from inplace_extension.runs.backend import Launch
 from inplace_extension.runs.local import PlayConfig
 from inplace_extension.runs.memo import Recent
 from inplace_extension.runs.model import ClusterSide, RunRequest
+from inplace_extension.runs.resolve import HostTarget, ResolveError
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +73,7 @@ log = logging.getLogger(__name__)
 # died in between) or was deleted: interrupted. Shorter, a replica could see another's fresh attempt
 # before that replica created its Job.
 JOB_APPEARS_SECONDS: Final = 60.0
+CLUSTER_LABEL: Final = "cluster.x-k8s.io/cluster-name"  # CAPI sets it on every Machine
 # how often wait_end looks at the Job in flight, reading the Job alone (one request; the record and the
 # Pod only once it has finished): the near-end wait is 3 s (runs/play_time.py), so three looks per poll.
 # Not a watch: lightkube's watch reconnects by itself when the server ends it, so a watch bounded by the
@@ -371,8 +387,33 @@ class JobBackend:
         )
         return self._update(request, end)
 
+    def _workload_kubeconfig(self, request: RunRequest) -> bytes | None:
+        """The kubeconfig the Job drains the Machine's Node with, as the service reads it (the Machine's
+        cluster's ``<cluster>-kubeconfig`` Secret, or the one file ``--workload-kubeconfig`` names); None
+        when the Job needs none: not Kubernetes-aware, or the Nodes are in the cluster the Job runs in
+        (its own account drains). The Job's account reads no Secret."""
+        source = self._job_settings.get("workload_kubeconfig")
+        if not self._job_settings.get("kube") or source in (None, FROM_MANAGEMENT):
+            return None
+        if source != FROM_SECRET:
+            try:
+                return Path(str(source)).read_bytes()
+            except OSError as exc:
+                raise KubeError(
+                    f"workload kubeconfig {source}: {exc.strerror or type(exc).__name__}"
+                ) from None
+        cluster = request.labels.get(CLUSTER_LABEL)
+        if not cluster:
+            return None  # no cluster, no Node to drain: the Job's cluster side says so
+        value = self._jobs.secret_value(request.namespace, secret_name(cluster), "value")
+        if value is None:
+            raise KubeError(f"Secret {request.namespace}/{secret_name(cluster)} has no key 'value'")
+        return value
+
     def _launch(self, launch: Launch) -> str:
         request = launch.request
+        private_key = _private_key(launch.target)
+        kubeconfig = self._workload_kubeconfig(request)
         begun: list[tuple[Recorded, tuple[str, ...], str]] = []
 
         def begin(record: Record) -> Record | None:
@@ -397,9 +438,12 @@ class JobBackend:
             return progress.running(progress.STARTING)
         attempt, takeover, episode = begun[0]
         _record, _version, node, _value = self._read(request)
+        target = launch.target
+        if private_key is not None:  # the play in the Job reads its copy, in the attempt's own Secret
+            target = replace(target, private_key_file=Path(ATTEMPT_KEY_FILE))
         spec = AttemptSpec(
             request=request,
-            target=launch.target,
+            target=target,
             number=attempt.number,
             token=launch.token,
             lock_token=attempt.lock_token,
@@ -407,12 +451,16 @@ class JobBackend:
             host_checks=self._play.host_checks,
             role_vars=self._play.role_vars,
             roles_paths=tuple(str(path) for path in self._play.roles_paths),
-            settings=self._job_settings,
+            settings=self._job_settings
+            if kubeconfig is None
+            else {**self._job_settings, "workload_kubeconfig": WORKLOAD_KUBECONFIG_FILE},
             capabilities_file=self._capabilities_file,
         )
         job = job_manifest(self._config, request, attempt.number, node, episode=episode)
         job_labels = labels(request, attempt.number, episode=episode)
-        secret = secret_manifest(self._config, attempt.job, spec.encode(), job_labels)
+        secret = secret_manifest(
+            self._config, attempt.job, spec.encode(), job_labels, private_key, kubeconfig
+        )
         try:
             created = self._jobs.create_job(job, secret)
         except KubeError as exc:
@@ -455,6 +503,21 @@ class JobBackend:
                 attempt.number,
                 exc,
             )
+
+
+def _private_key(target: HostTarget) -> bytes | None:
+    """The target's private key as the service reads it (None: the inventory names none)."""
+    if target.private_key_file is None:
+        return None
+    try:
+        return target.private_key_file.expanduser().read_bytes()
+    except OSError as exc:
+        # the inventory's path is the operator's, not request data; the key is never in the message
+        raise ResolveError(
+            "PrivateKeyUnreadable",
+            f"the inventory's private_key_file {target.private_key_file} cannot be read by the service "
+            f"({exc.strerror or type(exc).__name__}), so no attempt Job can be given it",
+        ) from None
 
 
 def _with_wait(record: Record, check: str, token: str, now: float) -> Record | None:

@@ -3,12 +3,14 @@
 The Job's name is derived from the run ident and the attempt number only, so every replica that
 launches the same attempt names the same Job and the API server lets one of them create it. It runs the
 service's image with ``attempt --spec <the Secret's file>``: nothing of the request is in its env, args,
-labels or annotations; the request data is in the Secret. ``backoffLimit: 0``: a retry is the service's
-decision, and a new attempt is a new Job.
+labels or annotations; the request data is in the Secret, and so is the one SSH private key the attempt
+needs (its target's, copied by the service from its own SSH mount): a Job never sees another host's
+key. ``backoffLimit: 0``: a retry is the service's decision, and a new attempt is a new Job.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 from dataclasses import dataclass
@@ -32,6 +34,16 @@ CAPI_OWNER_LABELS: Final = {
     "cluster.x-k8s.io/set-name": SET_LABEL,
 }
 SPEC_DIR: Final = "/etc/inplace-extension/attempt"
+SSH_KEY: Final = "ssh-key"  # the Secret's key (and file in SPEC_DIR) of the target's private key
+ATTEMPT_KEY_FILE: Final = f"{SPEC_DIR}/{SSH_KEY}"
+# the workload cluster's kubeconfig, when the Job drains with it (the Kubernetes-aware mode, a workload
+# cluster other than the one the Job runs in): the service copies it, so the Job reads no Secret itself
+WORKLOAD_KUBECONFIG: Final = "workload-kubeconfig"
+WORKLOAD_KUBECONFIG_FILE: Final = f"{SPEC_DIR}/{WORKLOAD_KUBECONFIG}"
+# the Secret's files: owned by root, group fsGroup (the kubelet adds group read for it on every file of
+# a Secret volume, so no narrower mode can be read by the Pod's user), writable by no one. OpenSSH accepts
+# a key it does not own.
+SECRET_MODE: Final = 0o440
 STATE_DIR: Final = "/var/lib/inplace-extension"
 RUNS_DIR: Final = f"{STATE_DIR}/runs"
 TERMINATION_LOG: Final = "/dev/termination-log"
@@ -52,8 +64,6 @@ class JobConfig:
     namespace: str
     image: str
     service_account: str
-    ssh_secret: str
-    ssh_dir: str  # where the service mounts the SSH Secret: the inventory's private_key_file paths
     deadline_seconds: int
     ttl_seconds: int
 
@@ -94,16 +104,30 @@ def labels(request: RunRequest, attempt: int, *, episode: str) -> dict[str, str]
 
 
 def secret_manifest(
-    config: JobConfig, name: str, spec_text: str, job_labels: dict[str, str]
+    config: JobConfig,
+    name: str,
+    spec_text: str,
+    job_labels: dict[str, str],
+    private_key: bytes | None = None,
+    workload_kubeconfig: bytes | None = None,
 ) -> dict[str, Any]:
-    """The Secret with the attempt spec; its ownerReference to the Job is added once the Job exists."""
-    return {
+    """The Secret with the attempt spec, the target's private key (``private_key``: None when the
+    inventory names none) and the kubeconfig of the workload cluster the Job drains in (None: it drains
+    with its own account, or not at all); its ownerReference to the Job is added once the Job exists."""
+    secret: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": name, "namespace": config.namespace, "labels": dict(job_labels)},
         "type": "Opaque",
         "stringData": {"attempt.json": spec_text},
     }
+    data = {SSH_KEY: private_key, WORKLOAD_KUBECONFIG: workload_kubeconfig}
+    encoded = {
+        key: base64.b64encode(value).decode("ascii") for key, value in data.items() if value is not None
+    }
+    if encoded:
+        secret["data"] = encoded
+    return secret
 
 
 def _api_access() -> dict[str, Any]:
@@ -172,7 +196,6 @@ def job_manifest(
         },
         "volumeMounts": [
             {"name": "attempt", "mountPath": SPEC_DIR, "readOnly": True},
-            {"name": "ssh", "mountPath": config.ssh_dir, "readOnly": True},
             {"name": "state", "mountPath": STATE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 -- the container's own emptyDir
             {"name": "kube-api-access", "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True},
@@ -197,8 +220,8 @@ def job_manifest(
         },
         "containers": [container],
         "volumes": [
-            {"name": "attempt", "secret": {"secretName": name, "defaultMode": 0o440}},
-            {"name": "ssh", "secret": {"secretName": config.ssh_secret, "defaultMode": 0o440}},
+            # the attempt spec and its target's private key: the only Secret the Pod mounts
+            {"name": "attempt", "secret": {"secretName": name, "defaultMode": SECRET_MODE}},
             # scratch only: the attempt's directory and ansible-runner's artifacts; the outcome leaves
             # through the termination message and the record is the Machine's (or Node's) annotation
             {"name": "state", "emptyDir": {"sizeLimit": "1Gi"}},

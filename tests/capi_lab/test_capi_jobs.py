@@ -50,7 +50,7 @@ from kubelab import node_join, objects
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 from nodes.images import import_pause, import_service_image
-from nodes.operator import SSH_SECRET, jobs_namespace
+from nodes.operator import jobs_namespace
 
 from inplace_extension.kubejobs.manifest import (
     ATTEMPT_LABEL,
@@ -157,9 +157,7 @@ class Replicas:
         argv += ["--kubeconfig", str(self.kube.kubeconfig), "--workload-kubeconfig", "management"]
         argv += ["--executor", "kubernetes", "--job-namespace", self.namespace, "--job-image", self.image]
         # the Jobs run the image's playbooks (this service runs the worktree's)
-        argv += ["--job-playbooks-dir", "/opt/inplace-extension/playbooks", "--job-ssh-secret", SSH_SECRET]
-        # the Secret mounted where the inventory's private_key_file is (the lab's key, by its file name)
-        argv += ["--job-ssh-dir", str(self.hosts.private_key.parent)]
+        argv += ["--job-playbooks-dir", "/opt/inplace-extension/playbooks"]
         argv += ["--job-deadline-seconds", str(DEADLINE_SECONDS), "--job-ttl-seconds", str(TTL_SECONDS)]
         return argv
 
@@ -236,7 +234,7 @@ def module(
         f"    labels: {{cluster.x-k8s.io/cluster-name: {WINDOW_CLUSTER}}}\n"
     )
     balancer = Balancer()
-    with jobs_namespace(kubelab_capi, lab.private_key) as namespace:
+    with jobs_namespace(kubelab_capi) as namespace:
         replicas = Replicas(
             kubelab_capi, lab, balancer, namespace, job_node.image, work, capabilities, inventory
         )

@@ -16,6 +16,8 @@ from inplace_extension.cli.flags import settings_from_args
 from inplace_extension.hooks.context import HookOptions
 from inplace_extension.inplace.infra_tags import PROVIDER_TAGS
 from inplace_extension.kube.objects import plural_of
+from inplace_extension.kubejobs.manifest import JobConfig, job_manifest
+from inplace_extension.runs.model import RunRequest
 from inplace_extension.settings import Settings
 
 from .support import (
@@ -43,6 +45,16 @@ EXPECTED_KINDS = {
     "Issuer",
     "Certificate",
     "ExtensionConfig",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ExtensionConfig",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 
 
@@ -89,7 +101,7 @@ def test_kustomize_renders_exactly_the_expected_resources() -> None:
     kinds = {doc["kind"] for doc in rendered()}
     assert kinds == EXPECTED_KINDS
     for doc in rendered():
-        if doc["kind"] not in {"Namespace", "ExtensionConfig", "ClusterRole", "ClusterRoleBinding"}:
+        if doc["kind"] not in CLUSTER_SCOPED:
             assert doc["metadata"].get("namespace") == NAMESPACE, doc["kind"]
         else:
             assert "namespace" not in doc["metadata"], doc["kind"]
@@ -156,6 +168,52 @@ def test_pod_runs_restricted_non_root_read_only() -> None:
     assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
 
 
+# volume types the "restricted" Pod Security Standard allows
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def test_the_attempt_jobs_pod_passes_the_restricted_profile_as_the_service_runs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = _settings_from_pod_env(monkeypatch)
+    config = JobConfig(
+        namespace=settings.job_namespace,
+        image=_container()["image"],
+        service_account=settings.job_service_account,
+        deadline_seconds=settings.job_deadline_seconds,
+        ttl_seconds=settings.job_ttl_seconds,
+    )
+    request = RunRequest(
+        namespace="default", name="m1", fingerprint="ab" * 32, capabilities=("ntp",), inputs={}
+    )
+    job = job_manifest(config, request, 1, "node-1")
+    assert job["metadata"]["namespace"] == one("Namespace")["metadata"]["name"]  # the restricted one
+    pod = job["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert not any(pod.get(key) for key in ("hostNetwork", "hostPID", "hostIPC"))
+    for volume in pod["volumes"]:
+        assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, volume
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc.get("privileged", False) is False
+    assert "ports" not in container
+    # and its account is one deploy/ ships, held by the policy on its own Pod
+    assert pod["serviceAccountName"] == one("ServiceAccount", "inplace-extension-attempt")["metadata"]["name"]
+
+
 def test_two_replicas_that_keep_one_answering(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = one("Deployment")["spec"]
     # the record is on the Machines and the plays are Jobs: any replica answers any poll
@@ -174,9 +232,6 @@ def test_two_replicas_that_keep_one_answering(monkeypatch: pytest.MonkeyPatch) -
     pod_name = next(e for e in _container()["env"] if e["name"] == "INPLACE_POD_NAME")
     assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert settings.job_image is None
-    # the Jobs mount the SSH Secret where the service does (the inventory's key paths hold in both)
-    assert settings.job_ssh_secret == _volumes()["ssh"]["secret"]["secretName"]
-    assert settings.job_ssh_dir == _mounts()["ssh"]
     accounts = {d["metadata"]["name"] for d in rendered() if d["kind"] == "ServiceAccount"}
     assert settings.job_service_account in accounts
 
@@ -298,6 +353,25 @@ def test_rbac_grants_the_service_and_its_jobs_only_what_they_use() -> None:
     assert pod["automountServiceAccountToken"] is True
     # the Jobs' account mounts no token unless its Pod asks (the Job's Pod does: it publishes its phase)
     assert one("ServiceAccount", "inplace-extension-attempt")["automountServiceAccountToken"] is False
+    # ... on its own Pod alone: the policy that says so applies to that very account
+    _assert_policy_holds(
+        rendered(), "inplace-extension-attempt-own-pod", "inplace-extension-attempt", NAMESPACE
+    )
+
+
+def _assert_policy_holds(docs: Any, policy: str, account: str, namespace: str) -> None:
+    """The ValidatingAdmissionPolicy ``policy`` denies (failing closed) and matches the requests of the
+    ServiceAccount ``account`` in ``namespace``, which the same rendering ships: a renamed account or
+    namespace would leave the policy matching no one."""
+    named = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert ("ServiceAccount", account) in named
+    assert named[("ServiceAccount", account)]["metadata"]["namespace"] == namespace
+    spec = named[("ValidatingAdmissionPolicy", policy)]["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (condition,) = spec["matchConditions"]
+    assert condition["expression"].split("==")[1].strip() == f"'system:serviceaccount:{namespace}:{account}'"
+    binding = named[("ValidatingAdmissionPolicyBinding", policy)]["spec"]
+    assert binding == {"policyName": policy, "validationActions": ["Deny"]}
 
 
 def test_service_certificate_and_extensionconfig_agree() -> None:
@@ -391,7 +465,9 @@ def test_kube_aware_component_validates_and_grants_only_what_the_mode_uses(
     for version in KUBERNETES_VERSIONS:
         assert {d["kind"]: validation_errors(d, version) for d in docs if validation_errors(d, version)} == {}
     by_kind = {
-        d["kind"]: d for d in docs if d["metadata"]["name"].endswith(("inplace-extension", "kube-aware"))
+        d["kind"]: d
+        for d in docs
+        if d["metadata"]["name"] in ("inplace-extension", "inplace-extension-kube-aware")
     }
     assert by_kind["ServiceAccount"]["automountServiceAccountToken"] is True
     pod = by_kind["Deployment"]["spec"]["template"]["spec"]
@@ -419,11 +495,47 @@ def test_kube_aware_component_validates_and_grants_only_what_the_mode_uses(
         *(("infrastructure.cluster.x-k8s.io", plural_of(row.kind), "get") for row in PROVIDER_TAGS),
     }
     subjects = {(s["name"], s["namespace"]) for s in by_kind["ClusterRoleBinding"]["subjects"]}
-    # the service, and the attempt Jobs, which drain at the drain point with the kubernetes executor
-    assert subjects == {
-        ("inplace-extension", "inplace-extension-system"),
-        ("inplace-extension-attempt", "inplace-extension-system"),
+    # the service alone: the Jobs have rights of their own, and no Secret among them
+    assert subjects == {("inplace-extension", "inplace-extension-system")}
+    named = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    attempt_bindings = {
+        (d["kind"], d["roleRef"]["name"])
+        for d in docs
+        if d["kind"] in {"RoleBinding", "ClusterRoleBinding"}
+        for s in d["subjects"]
+        if s["name"] == "inplace-extension-attempt"
     }
+    assert attempt_bindings == {
+        ("RoleBinding", "inplace-extension-attempt"),
+        ("ClusterRoleBinding", "inplace-extension-attempt-kube-aware"),
+    }
+    attempt_rules = {
+        (g, r, v)
+        for rule in named[("ClusterRole", "inplace-extension-attempt-kube-aware")]["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    # what a play does around its steps (kube/machines.py, events.py, drain.py, budgets.py,
+    # update_condition.py); every write held by a policy to the fields it sets
+    assert attempt_rules == {
+        ("cluster.x-k8s.io", "machines", "get"),
+        ("cluster.x-k8s.io", "machines", "patch"),
+        ("", "events", "create"),
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "nodes/status", "patch"),
+        ("", "pods", "list"),
+        ("", "pods/eviction", "create"),
+        ("policy", "poddisruptionbudgets", "list"),
+    }
+    assert not {r for _, r, _ in attempt_rules} & {"secrets", "jobs", "roles", "rolebindings"}
+    for policy in (
+        "inplace-extension-attempt-own-pod",
+        "inplace-extension-attempt-machine-marks",
+        "inplace-extension-attempt-node-cordon",
+    ):
+        _assert_policy_holds(docs, policy, "inplace-extension-attempt", "inplace-extension-system")
 
 
 def test_the_mcm_agent_runs_two_replicas_with_the_kubernetes_executor() -> None:
@@ -460,3 +572,49 @@ def test_the_mcm_agent_runs_two_replicas_with_the_kubernetes_executor() -> None:
     assert named[("Role", attempt)]["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}
     ]
+    # ... its own Pod alone; the namespace enforces the restricted profile, as the base's does
+    _assert_policy_holds(docs, "inplace-extension-mcm-attempt-own-pod", attempt, namespace)
+    labels = named[("Namespace", namespace)]["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_the_network_policy_component_validates_and_admits_only_hooks_dns_api_and_ssh(tmp_path: Path) -> None:
+    base = os.path.relpath(DEPLOY, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources:\n  - {base}\ncomponents:\n  - {base}/components/network-policy\n", encoding="utf-8"
+    )
+    docs = kustomize(tmp_path)
+    for version in KUBERNETES_VERSIONS:
+        assert {d["kind"]: validation_errors(d, version) for d in docs if validation_errors(d, version)} == {}
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    assert set(policies) == {"inplace-extension", "inplace-extension-attempt"}
+    service, attempt = policies["inplace-extension"], policies["inplace-extension-attempt"]
+    # each selects the Pods it is for: the Deployment's, and the Jobs' (kubejobs/manifest.py's labels)
+    pod_labels = one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    job_labels = job_manifest(
+        JobConfig(namespace=NAMESPACE, image="x", service_account="a", deadline_seconds=1, ttl_seconds=1),
+        RunRequest(namespace="default", name="m1", fingerprint="ab" * 32, capabilities=("ntp",), inputs={}),
+        1,
+        None,
+    )["spec"]["template"]["metadata"]["labels"]
+    assert attempt["podSelector"]["matchLabels"].items() <= job_labels.items()
+    assert not service["podSelector"]["matchLabels"].items() <= job_labels.items()
+    for spec in (service, attempt):
+        assert spec["policyTypes"] == ["Ingress", "Egress"]
+
+    def ports(rules: list[dict[str, Any]]) -> set[tuple[str, int, tuple[str, ...]]]:
+        return {
+            (p["protocol"], p["port"], tuple(t["ipBlock"]["cidr"] for t in rule.get("to", [])))
+            for rule in rules
+            for p in rule["ports"]
+        }
+
+    # in: the hook port alone (the container's https port), and nothing to a Job
+    (https,) = [p for p in _container()["ports"] if p["name"] == "https"]
+    assert ports(service["ingress"]) == {("TCP", https["containerPort"], ())}
+    assert attempt["ingress"] == []
+    api_and_dns = {("UDP", 53, ()), ("TCP", 53, ()), ("TCP", 443, ()), ("TCP", 6443, ())}
+    assert ports(service["egress"]) == api_and_dns
+    # SSH to the documentation range until an overlay names the allowed CIDRs: no host by default
+    assert ports(attempt["egress"]) == api_and_dns | {("TCP", 22, ("192.0.2.0/24",))}

@@ -72,8 +72,6 @@ def test_a_job_owns_its_secret_is_created_once_and_reports_its_pod(kubelab: Lab,
         namespace=ns,
         image="registry.invalid/inplace-extension:1",
         service_account="default",
-        ssh_secret="inplace-extension-ssh",
-        ssh_dir="/etc/inplace-extension/ssh",
         deadline_seconds=600,
         ttl_seconds=600,
     )

@@ -18,8 +18,6 @@ CONFIG = JobConfig(
     namespace="inplace-extension-system",
     image="inplace-extension:0.1.0",
     service_account="inplace-extension-attempt",
-    ssh_secret="inplace-extension-ssh",
-    ssh_dir="/etc/inplace-extension/ssh",
     deadline_seconds=1800,
     ttl_seconds=3600,
 )

@@ -6,6 +6,7 @@ takeover. The real API server's part (Jobs, Pods, termination messages) is for t
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -22,7 +23,7 @@ from runs.test_service import CEPH_DOWN, INVENTORY, Clock, Health, utc
 from inplace_extension.kube.errors import Unreachable
 from inplace_extension.kube.port import RecordRef
 from inplace_extension.kubejobs.backend import JOB_APPEARS_SECONDS, JOB_LOOK_SECONDS, JobBackend
-from inplace_extension.kubejobs.manifest import job_name
+from inplace_extension.kubejobs.manifest import ATTEMPT_KEY_FILE, SSH_KEY, job_name
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
 from inplace_extension.kubejobs.spec import AttemptSpec
 from inplace_extension.runs import progress
@@ -38,6 +39,7 @@ from inplace_extension.runs.model import (
 )
 from inplace_extension.runs.play_time import known_cost
 from inplace_extension.runs.policy import RETRY_ANNOTATION
+from inplace_extension.runs.resolve import ResolveError
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 from kubejobs.support import CONFIG, START_SECONDS, job_backend, outcome
@@ -48,10 +50,18 @@ MACHINE = RecordRef("Machine", "m1", "default")
 STARTING = Progress(ProgressState.IN_PROGRESS, "running: starting", 1, in_flight=True)
 
 
+PRIVATE_KEY = (
+    b"-----BEGIN OPENSSH PRIVATE KEY-----\nthe target's own key\n-----END OPENSSH PRIVATE KEY-----\n"
+)
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
+    key = tmp_path / "ssh" / "id"
+    key.parent.mkdir()
+    key.write_bytes(PRIVATE_KEY)
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(INVENTORY)
+    inv.write_text(INVENTORY.replace("/keys/id", str(key)))
     return Settings(
         inventory=inv,
         allowed_cidrs=["10.79.9.0/24"],
@@ -142,6 +152,36 @@ async def test_two_replicas_start_one_job_and_answer_its_phase_and_outcome_alike
     assert cluster.calls.count["write"] == writes + 1, "the outcome is recorded once"
     assert record(cluster).attempts[0].outcome == Outcome(OutcomeKind.SUCCESSFUL, finished=clock.now)
     assert len(cluster.jobs) == 1
+
+
+async def test_each_job_gets_its_targets_private_key_alone_in_its_own_secret(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    assert await replica(settings, cluster, clock).poll(req()) == STARTING
+    secret = cluster.secrets[(CONFIG.namespace, job_name(req().ident, 1))]
+    # the one key the inventory names for this host, copied by the service; the play reads the copy
+    assert base64.b64decode(secret["data"][SSH_KEY]) == PRIVATE_KEY
+    assert set(secret["data"]) == {SSH_KEY} and set(secret["stringData"]) == {"attempt.json"}
+    target = spec_of(cluster, 1).target
+    assert target.private_key_file == Path(ATTEMPT_KEY_FILE)
+    assert target.host_keys, "the known_hosts entry of this host travels with it"
+    # the Job mounts its own Secret and no other (never the SSH Secret with every host's key)
+    pod = cluster.only_job().manifest["spec"]["template"]["spec"]
+    mounted = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
+    assert mounted == [job_name(req().ident, 1)]
+
+
+async def test_a_key_the_service_cannot_read_fails_before_anything_is_recorded(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    assert settings.inventory is not None
+    settings.inventory.write_text(INVENTORY.replace("/keys/id", "/nonexistent/id"))
+    with pytest.raises(ResolveError) as caught:
+        await replica(settings, cluster, clock).poll(req())
+    assert caught.value.reason == "PrivateKeyUnreadable"
+    assert "/nonexistent/id" in caught.value.message
+    assert cluster.jobs == {} and cluster.secrets == {}
+    assert cluster.annotation(MACHINE, RECORD_ANNOTATION) is None, "no attempt without its Job's key"
 
 
 async def test_a_job_that_exists_already_is_the_attempt_in_flight(

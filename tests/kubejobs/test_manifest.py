@@ -109,9 +109,13 @@ def test_the_job_is_selectable_kept_off_its_node_bounded_in_time_and_non_root() 
     # above the measured peak of one Job (140-150 MB, page cache included): 160Mi is 168 MB
     assert container["resources"]["requests"]["memory"] == "160Mi"
     mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert mounts["attempt"]["readOnly"] and mounts["ssh"]["mountPath"] == "/etc/inplace-extension/ssh"
+    assert mounts["attempt"]["readOnly"]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["attempt"]["secret"]["secretName"] == job["metadata"]["name"]
+    # its own Secret alone (the spec and its target's key), readable by the Pod's group, writable by none
+    assert [v["secret"] for v in pod["volumes"] if "secret" in v] == [
+        {"secretName": job["metadata"]["name"], "defaultMode": 0o440}
+    ]
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
     assert "emptyDir" in volumes["state"]
 
 

@@ -1,9 +1,10 @@
 """What an operator prepares before the ``kubernetes`` executor's Jobs can run in a namespace, as the
-lab tests prepare it: the Jobs' ServiceAccount, Role and RoleBinding from deploy/rbac.yaml, its drain
-rights from deploy/components/kube-aware/rbac.yaml (bound in that namespace), the rights
-docs/kube-aware.md lists for ``--workload-kubeconfig management``, and the Secret with the SSH key that
-each Job mounts where the inventory's ``private_key_file`` says. Used by tests/nodes/test_node_jobs.py
-and tests/capi_lab/test_capi_jobs.py.
+lab tests prepare it: the namespace enforcing the "restricted" Pod Security Standard (as deploy/'s
+does), the Jobs' ServiceAccount, Role and RoleBinding from deploy/rbac.yaml, their Kubernetes-aware
+rights from deploy/components/kube-aware/rbac.yaml (bound in that namespace) and the admission policies
+of deploy/ that hold them to their own Pod, the cordon and the marks (moved to that namespace's account).
+The Jobs mount no SSH Secret: the service copies each one its host's key. Used by
+tests/nodes/test_node_jobs.py, tests/capi_lab/test_capi_jobs.py and bench/executors.py.
 """
 
 from __future__ import annotations
@@ -20,16 +21,39 @@ from kubelab.lab import Lab
 
 REPO = Path(__file__).resolve().parents[2]
 ATTEMPT_ACCOUNT = "inplace-extension-attempt"
-SSH_SECRET = "inplace-extension-ssh"
+ATTEMPT_ROLE = "inplace-extension-attempt-kube-aware"
+SHIPPED_USER = "system:serviceaccount:inplace-extension-system:inplace-extension-attempt"
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
 
 
-def _rbac(kind: str, name: str) -> dict[str, Any]:
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": {"name": name}}
+def _policies(namespace: str) -> list[dict[str, Any]]:
+    """deploy/'s ValidatingAdmissionPolicies for the Jobs' account (and their bindings), matching the
+    account of ``namespace`` instead of the shipped one, named after it."""
+    chosen = []
+    for path in ("deploy/attempt-policy.yaml", "deploy/components/kube-aware/attempt-policy.yaml"):
+        for doc in yaml.safe_load_all((REPO / path).read_text()):
+            if not doc:
+                continue
+            doc["metadata"]["name"] = f"{doc['metadata']['name']}-{namespace}"
+            spec = doc["spec"]
+            if doc["kind"] == "ValidatingAdmissionPolicyBinding":
+                spec["policyName"] = f"{spec['policyName']}-{namespace}"
+            else:
+                (condition,) = spec["matchConditions"]
+                assert SHIPPED_USER in condition["expression"]
+                user = f"system:serviceaccount:{namespace}:{ATTEMPT_ACCOUNT}"
+                condition["expression"] = condition["expression"].replace(SHIPPED_USER, user)
+            chosen.append(doc)
+    return chosen
 
 
 def operator_objects(namespace: str) -> list[dict[str, Any]]:
-    """The Jobs' ServiceAccount, Role and RoleBinding from deploy/rbac.yaml, and its drain rights from
-    deploy/components/kube-aware/rbac.yaml (a binding of this namespace), moved into ``namespace``."""
+    """The Jobs' ServiceAccount, Role and RoleBinding from deploy/rbac.yaml, their Kubernetes-aware
+    ClusterRole from deploy/components/kube-aware/rbac.yaml (a binding of this namespace) and deploy/'s
+    admission policies for them, moved into ``namespace``."""
     chosen: list[dict[str, Any]] = []
     for doc in yaml.safe_load_all((REPO / "deploy/rbac.yaml").read_text()):
         if doc and doc["metadata"]["name"] == ATTEMPT_ACCOUNT:
@@ -38,60 +62,39 @@ def operator_objects(namespace: str) -> list[dict[str, Any]]:
                 subject["namespace"] = namespace
             chosen.append(doc)
     for doc in yaml.safe_load_all((REPO / "deploy/components/kube-aware/rbac.yaml").read_text()):
-        if doc and doc["kind"] == "ClusterRole":
+        if doc and doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == ATTEMPT_ROLE:
             chosen.append(doc)
-        elif doc and doc["kind"] == "ClusterRoleBinding":
+        elif doc and doc["kind"] == "ClusterRoleBinding" and doc["roleRef"]["name"] == ATTEMPT_ROLE:
             doc["metadata"]["name"] = f"{doc['metadata']['name']}-{namespace}"
             doc["subjects"] = [{"kind": "ServiceAccount", "name": ATTEMPT_ACCOUNT, "namespace": namespace}]
             chosen.append(doc)
-    # --workload-kubeconfig management: the Jobs' own account drains, with the rights docs/kube-aware.md
-    # lists for it (not in the component)
-    workload = f"inplace-extension-workload-{namespace}"
-    rules = [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list"]},
-    ]
-    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": workload}
-    subject = {"kind": "ServiceAccount", "name": ATTEMPT_ACCOUNT, "namespace": namespace}
-    chosen.append({**_rbac("ClusterRole", workload), "rules": rules})
-    chosen.append({**_rbac("ClusterRoleBinding", workload), "roleRef": role_ref, "subjects": [subject]})
+    chosen += _policies(namespace)
     assert {d["kind"] for d in chosen} == {
         "ServiceAccount",
         "Role",
         "RoleBinding",
         "ClusterRole",
         "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     return chosen
 
 
-def ssh_secret(namespace: str, private_key: Path) -> dict[str, Any]:
-    """The Secret ``--job-ssh-secret`` names, in ``namespace``: ``private_key`` under its file name."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": SSH_SECRET, "namespace": namespace},
-        "type": "Opaque",
-        "stringData": {private_key.name: private_key.read_text()},
-    }
-
-
 @contextmanager
-def jobs_namespace(kube: Lab, private_key: Path) -> Iterator[str]:
-    """A new namespace for the Jobs, prepared as an operator would (the SSH Secret holds ``private_key``
-    under its file name); deleted afterwards with its Jobs, and the cluster-wide objects of it too."""
+def jobs_namespace(kube: Lab) -> Iterator[str]:
+    """A new namespace for the Jobs, prepared as an operator would (restricted Pod Security, the Jobs'
+    account, rights and policies); deleted afterwards with its Jobs, and the cluster-wide objects of it
+    too."""
     name = f"jobs-{uuid.uuid4().hex[:8]}"
-    objects.ensure_namespace(kube, name)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": RESTRICTED}}
     operator = operator_objects(name)
-    objects.apply(kube, *operator, ssh_secret(name, private_key))
+    objects.apply(kube, namespace, *operator)
     try:
         yield name
     finally:
         for doc in operator:  # the cluster-wide ones of this namespace (the namespace takes the rest)
             kind, named = doc["kind"], doc["metadata"]["name"]
-            if kind in ("ClusterRoleBinding", "ClusterRole") and named.endswith(name):
+            if kind.startswith(("Cluster", "ValidatingAdmissionPolicy")) and named.endswith(name):
                 kube.kubectl("delete", kind.lower(), named, "--ignore-not-found", check=False)
         kube.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -4,11 +4,12 @@ its Pod playing over SSH to that node (the Pod network, its node masquerading it
 
 The service is the real ``inplace-extension serve --executor kubernetes`` as a process (one, or two
 sharing nothing but the API server: two replicas), its Jobs in a namespace of the test. The test does
-what an operator does before (deploy/rbac.yaml and deploy/components/kube-aware/rbac.yaml: the Jobs'
-ServiceAccount and its rights; the Secret with the SSH key, mounted by each Job where the inventory's
-``private_key_file`` says) and what CAPI does (the Machine, written as in ``provisioned_machine``: the
-record of the attempts is an annotation on it). The image is the one tests/nodes/images.py imports into
-the nodes; the nodes' stand-ins are conftest.py's and images.py's.
+what an operator does before (operator.py: a namespace enforcing the "restricted" Pod Security
+Standard, the Jobs' ServiceAccount and its rights from deploy/rbac.yaml and
+deploy/components/kube-aware/rbac.yaml, deploy/'s admission policies for that account; no SSH Secret:
+the service copies each Job its host's key) and what CAPI does (the Machine, written as in
+``provisioned_machine``: the record of the attempts is an annotation on it). The image is the one
+tests/nodes/images.py imports into the nodes; the nodes' stand-ins are conftest.py's and images.py's.
 
 A play is held where the test decides with a ``command`` health check on the updated node
 (``test -e <release file>``): the health gate waits for it until the test writes the file, so the test
@@ -48,7 +49,6 @@ from .conftest import (
     serve_service,
 )
 from .images import node_image
-from .operator import SSH_SECRET
 from .operator import jobs_namespace as prepared_namespace
 from .test_node_capabilities import node, on_node, stamp_writes
 
@@ -68,7 +68,7 @@ WITHIN = 300.0  # an update's polls: the Job's Pod starts on busy cores, the pla
 @pytest.fixture
 def jobs_namespace(node_cluster: Cluster) -> Iterator[str]:
     """A namespace for the Jobs, prepared as an operator would; deleted afterwards (its Jobs with it)."""
-    with prepared_namespace(node_cluster.kube, node_cluster.lab.private_key) as name:
+    with prepared_namespace(node_cluster.kube) as name:
         yield name
 
 
@@ -86,11 +86,9 @@ def replicas(node_cluster: Cluster, jobs_namespace: str, tmp_path: Path) -> Iter
         home = tmp_path / name
         home.mkdir()
         argv = [*kube_aware_args(node_cluster), "--executor", "kubernetes", "--job-namespace", jobs_namespace]
-        argv += ["--job-image", image, "--job-ssh-secret", SSH_SECRET]
+        argv += ["--job-image", image, "--job-deadline-seconds", "600"]
         # this service runs from the worktree, its Jobs from the image: the image's playbooks
         argv += ["--job-playbooks-dir", "/opt/inplace-extension/playbooks"]
-        # the Secret mounted where the inventory's private_key_file is (the lab's key, by its file name)
-        argv += ["--job-ssh-dir", str(node_cluster.lab.private_key.parent), "--job-deadline-seconds", "600"]
         service = serve_service(node_cluster, home, extra_caps, argv)
         started.append(service)
         return service

@@ -48,7 +48,6 @@ from inplace_extension.runs.ssh import close_control_masters
 
 from .conftest import REPO, Cluster, capabilities
 from .images import node_image
-from .operator import SSH_SECRET, ssh_secret
 from .test_node_capabilities import on_node, stamp_writes
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
@@ -113,8 +112,8 @@ def _deploy_rbac(namespace: str) -> list[dict[str, Any]]:
 @pytest.fixture
 def jobs_namespace(node_cluster: Cluster) -> Iterator[str]:
     """The agent's namespace as an operator prepares it: deploy/mcm/rbac.yaml (the agent's ServiceAccount
-    and rights, its Jobs' ServiceAccount and Role) and the SSH key's Secret; deleted afterwards, its Jobs
-    with it."""
+    and rights, its Jobs' ServiceAccount and Role); deleted afterwards, its Jobs with it. No SSH Secret:
+    the agent (a process here) copies each Job its host's key."""
     kube = node_cluster.kube
     name = f"mcm-jobs-{uuid.uuid4().hex[:8]}"
     objects.ensure_namespace(kube, name)
@@ -122,7 +121,7 @@ def jobs_namespace(node_cluster: Cluster) -> Iterator[str]:
     chosen = _deploy_rbac(name)
     accounts = sorted(d["metadata"]["name"] for d in chosen if d["kind"] == "ServiceAccount")
     assert accounts == [AGENT_ACCOUNT, ATTEMPT_ACCOUNT]
-    objects.apply(kube, *chosen, ssh_secret(name, node_cluster.lab.private_key))
+    objects.apply(kube, *chosen)
     try:
         yield name
     finally:
@@ -181,11 +180,9 @@ def replicas(
     caps.write_text(capabilities(node_cluster) + HELD % release)
     inventory = write_inventory(lab, tmp_path / "inventory.yaml")  # matched by the driver's host label
     executor = ["--executor", "kubernetes", "--job-namespace", jobs_namespace, "--job-image", image]
-    executor += ["--job-ssh-secret", SSH_SECRET, "--job-service-account", ATTEMPT_ACCOUNT]
-    # this agent runs from the worktree, its Jobs from the image: the image's playbooks; the Secret
-    # mounted where the inventory's private_key_file is
+    executor += ["--job-service-account", ATTEMPT_ACCOUNT, "--job-deadline-seconds", "600"]
+    # this agent runs from the worktree, its Jobs from the image: the image's playbooks
     executor += ["--job-playbooks-dir", "/opt/inplace-extension/playbooks"]
-    executor += ["--job-ssh-dir", str(lab.private_key.parent), "--job-deadline-seconds", "600"]
     account = agent_kubeconfig(kube, jobs_namespace, tmp_path / "agent.kubeconfig")
     started: dict[str, AgentProcess] = {}
     try:
