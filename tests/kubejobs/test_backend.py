@@ -23,11 +23,18 @@ from runs.test_service import CEPH_DOWN, INVENTORY, Clock, Health, utc
 from inplace_extension.kube.errors import Unreachable
 from inplace_extension.kube.port import RecordRef
 from inplace_extension.kubejobs.backend import JOB_APPEARS_SECONDS, JOB_LOOK_SECONDS, JobBackend
-from inplace_extension.kubejobs.manifest import ATTEMPT_KEY_FILE, SSH_KEY, job_name
+from inplace_extension.kubejobs.manifest import (
+    ATTEMPT_KEY_FILE,
+    SSH_KEY,
+    WORKLOAD_KUBECONFIG,
+    WORKLOAD_KUBECONFIG_FILE,
+    job_name,
+)
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
 from inplace_extension.kubejobs.spec import AttemptSpec
 from inplace_extension.runs import progress
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
+from inplace_extension.runs.local import NO_PLAY_CONFIG
 from inplace_extension.runs.model import (
     NO_OBJECT_HEALTH,
     Hold,
@@ -169,6 +176,38 @@ async def test_each_job_gets_its_targets_private_key_alone_in_its_own_secret(
     pod = cluster.only_job().manifest["spec"]["template"]["spec"]
     mounted = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
     assert mounted == [job_name(req().ident, 1)]
+
+
+@pytest.mark.parametrize("source", ["secret", "file", "management"])
+async def test_a_kube_aware_job_gets_its_clusters_kubeconfig_copied_and_reads_no_secret_itself(
+    settings: Settings, cluster: FakeJobs, clock: Clock, tmp_path: Path, source: str
+) -> None:
+    kubeconfig = b"apiVersion: v1\nkind: Config\n# the workload cluster's admin credentials\n"
+    cluster.other_secrets[("default", "c1-kubeconfig")] = {"value": kubeconfig}
+    (tmp_path / "workload.kubeconfig").write_bytes(kubeconfig)
+    where = {"secret": "secret", "file": str(tmp_path / "workload.kubeconfig"), "management": "management"}
+    backend = JobBackend(
+        jobs=cluster,
+        records=cluster,
+        where=machine_of,
+        config=CONFIG,
+        play=NO_PLAY_CONFIG,
+        job_settings={"kube": True, "workload_kubeconfig": where[source]},
+        capabilities_file=None,
+        clock=clock,
+    )
+    service = run_service(settings, clock=clock, backend=backend)
+    labelled = replace(req(), labels={"cluster.x-k8s.io/cluster-name": "c1"})
+    assert await service.poll(labelled) == STARTING
+    secret = cluster.secrets[(CONFIG.namespace, job_name(labelled.ident, 1))]
+    spec = AttemptSpec.decode(secret["stringData"]["attempt.json"])
+    if source == "management":  # the Nodes are in the Job's own cluster: its account drains
+        assert WORKLOAD_KUBECONFIG not in secret["data"]
+        assert spec.settings["workload_kubeconfig"] == "management"
+    else:
+        assert base64.b64decode(secret["data"][WORKLOAD_KUBECONFIG]) == kubeconfig
+        assert spec.settings["workload_kubeconfig"] == WORKLOAD_KUBECONFIG_FILE  # read from its own mount
+    assert cluster.calls.count["secret_value"] == (source == "secret")
 
 
 async def test_a_key_the_service_cannot_read_fails_before_anything_is_recorded(
