@@ -4,7 +4,8 @@ Jobs, a record store on Machines or on Nodes) and a Job's termination message as
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from inplace_extension.kube.port import JobCluster, RecordRef, RecordStore
 from inplace_extension.kubejobs.backend import JobBackend
@@ -32,16 +33,18 @@ def job_backend(
     clock: Callable[[], float],
     cluster: ClusterSide = NO_CLUSTER_SIDE,
     start_seconds: float = START_SECONDS,
+    job_settings: Mapping[str, Any] | None = None,
 ) -> JobBackend:
-    """A replica's backend: :data:`CONFIG`, no play settings, no capabilities file; the record of each
-    request on the object ``where`` names; a Job that did not start posted to ``cluster``."""
+    """A replica's backend: :data:`CONFIG`, the Jobs' settings ``job_settings`` (none by default), no
+    capabilities file; the record of each request on the object ``where`` names; a Job that did not
+    start posted to ``cluster``."""
     return JobBackend(
         jobs=jobs,
         records=records,
         where=where,
         config=CONFIG,
         play=NO_PLAY_CONFIG,
-        job_settings={},
+        job_settings=job_settings or {},
         capabilities_file=None,
         clock=clock,
         cluster=cluster,

@@ -34,7 +34,6 @@ from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
 from inplace_extension.kubejobs.spec import AttemptSpec
 from inplace_extension.runs import progress
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
-from inplace_extension.runs.local import NO_PLAY_CONFIG
 from inplace_extension.runs.model import (
     NO_OBJECT_HEALTH,
     Hold,
@@ -186,16 +185,8 @@ async def test_a_kube_aware_job_gets_its_clusters_kubeconfig_copied_and_reads_no
     cluster.other_secrets[("default", "c1-kubeconfig")] = {"value": kubeconfig}
     (tmp_path / "workload.kubeconfig").write_bytes(kubeconfig)
     where = {"secret": "secret", "file": str(tmp_path / "workload.kubeconfig"), "management": "management"}
-    backend = JobBackend(
-        jobs=cluster,
-        records=cluster,
-        where=machine_of,
-        config=CONFIG,
-        play=NO_PLAY_CONFIG,
-        job_settings={"kube": True, "workload_kubeconfig": where[source]},
-        capabilities_file=None,
-        clock=clock,
-    )
+    settings_of_jobs = {"kube": True, "workload_kubeconfig": where[source]}
+    backend = job_backend(cluster, cluster, machine_of, clock, job_settings=settings_of_jobs)
     service = run_service(settings, clock=clock, backend=backend)
     labelled = replace(req(), labels={"cluster.x-k8s.io/cluster-name": "c1"})
     assert await service.poll(labelled) == STARTING

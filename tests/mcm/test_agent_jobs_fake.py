@@ -81,9 +81,11 @@ class Later:
 
 def service(tmp_path: Path, target: FakeTarget, jobs: FakeJobs, clock: Later) -> RunService:
     inventory = tmp_path / "inventory.yaml"
+    key = tmp_path / "id"  # the agent copies it into each Job's Secret
+    key.write_text("the host's private key\n")
     inventory.write_text(
         f'hosts:\n  - match: {{name: "n*"}}\n    address: 10.79.9.21\n    known_hosts: "{KEY}"\n'
-        "defaults: {user: ansible, private_key_file: /keys/id}\n"
+        f"defaults: {{user: ansible, private_key_file: {key}}}\n"
     )
     settings = Settings(
         inventory=inventory,
