@@ -195,7 +195,7 @@ def test_the_attempt_jobs_pod_passes_the_restricted_profile_as_the_service_runs_
     request = RunRequest(
         namespace="default", name="m1", fingerprint="ab" * 32, capabilities=("ntp",), inputs={}
     )
-    job = job_manifest(config, request, 1, "node-1")
+    job = job_manifest(config, request, 1, "node-1", episode="0123456789abcdef")
     assert job["metadata"]["namespace"] == one("Namespace")["metadata"]["name"]  # the restricted one
     pod = job["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -597,6 +597,7 @@ def test_the_network_policy_component_validates_and_admits_only_hooks_dns_api_an
         RunRequest(namespace="default", name="m1", fingerprint="ab" * 32, capabilities=("ntp",), inputs={}),
         1,
         None,
+        episode="0123456789abcdef",
     )["spec"]["template"]["metadata"]["labels"]
     assert attempt["podSelector"]["matchLabels"].items() <= job_labels.items()
     assert not service["podSelector"]["matchLabels"].items() <= job_labels.items()

@@ -164,7 +164,7 @@ async def test_each_job_gets_its_targets_private_key_alone_in_its_own_secret(
     settings: Settings, cluster: FakeJobs, clock: Clock
 ) -> None:
     assert await replica(settings, cluster, clock).poll(req()) == STARTING
-    secret = cluster.secrets[(CONFIG.namespace, job_name(req().ident, 1))]
+    secret = cluster.secrets[(CONFIG.namespace, job_of(cluster, 1))]
     # the one key the inventory names for this host, copied by the service; the play reads the copy
     assert base64.b64decode(secret["data"][SSH_KEY]) == PRIVATE_KEY
     assert set(secret["data"]) == {SSH_KEY} and set(secret["stringData"]) == {"attempt.json"}
@@ -174,7 +174,7 @@ async def test_each_job_gets_its_targets_private_key_alone_in_its_own_secret(
     # the Job mounts its own Secret and no other (never the SSH Secret with every host's key)
     pod = cluster.only_job().manifest["spec"]["template"]["spec"]
     mounted = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
-    assert mounted == [job_name(req().ident, 1)]
+    assert mounted == [job_of(cluster, 1)]
 
 
 @pytest.mark.parametrize("source", ["secret", "file", "management"])
@@ -190,7 +190,8 @@ async def test_a_kube_aware_job_gets_its_clusters_kubeconfig_copied_and_reads_no
     service = run_service(settings, clock=clock, backend=backend)
     labelled = replace(req(), labels={"cluster.x-k8s.io/cluster-name": "c1"})
     assert await service.poll(labelled) == STARTING
-    secret = cluster.secrets[(CONFIG.namespace, job_name(labelled.ident, 1))]
+    (job,) = [name for (_, name) in cluster.secrets]
+    secret = cluster.secrets[(CONFIG.namespace, job)]
     spec = AttemptSpec.decode(secret["stringData"]["attempt.json"])
     if source == "management":  # the Nodes are in the Job's own cluster: its account drains
         assert WORKLOAD_KUBECONFIG not in secret["data"]

@@ -31,8 +31,10 @@ STARTING = Progress(ProgressState.IN_PROGRESS, "running: starting", 1, in_flight
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
+    key = tmp_path / "id"  # the service copies it into each Job's Secret
+    key.write_text("the host's private key\n")
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(INVENTORY)
+    inv.write_text(INVENTORY.replace("/keys/id", str(key)))
     return Settings(
         inventory=inv,
         allowed_cidrs=["10.79.9.0/24"],
