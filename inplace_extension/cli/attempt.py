@@ -46,6 +46,13 @@ OPTIONS = (
         default=Path(TERMINATION_LOG),
         metavar="FILE",
     ),
+    Option(
+        "--runs-dir",
+        "INPLACE_RUNS_DIR",
+        "the attempt's scratch directory (the Job's emptyDir; default: the service's default runs dir)",
+        kind=Path,
+        metavar="DIR",
+    ),
 )
 
 
@@ -56,8 +63,9 @@ def configure(parser: Parser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = AttemptSpec.decode(args.spec.read_text(encoding="utf-8"))
-    # the service's settings for the play and the cluster side; the runs dir (scratch) from INPLACE_RUNS_DIR
-    settings = Settings(**spec.settings)
+    # the service's settings for the play and the cluster side; the runs dir (scratch) the Job's own
+    given = {} if args.runs_dir is None else {"runs_dir": args.runs_dir}
+    settings = Settings(**{**spec.settings, **given})
     # first: a Pod deleted while this starts up ends the attempt as one deleted mid-play does
     stop = PlayStop(settings.runs_dir.expanduser().resolve() / ".batches")
     stop_on_sigterm(stop)
