@@ -19,6 +19,9 @@ kills a replica, or deletes the Job's Pod, while the play is known to be in its 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.capi import NodeSpec, poll_update_machine
+from e2e.capi import NodeSpec, poll_update_machine, update_machine_request
 from e2e.service import Service
 from hostlab.lab import Host
 from kubelab import objects
@@ -62,6 +65,7 @@ health_checks:
   - name: release
     command: [test, -e, %s]
 """
+UPDATE_MACHINE = "/hooks.runtime.cluster.x-k8s.io/v1alpha1/updatemachine/update-machine"
 WITHIN = 300.0  # an update's polls: the Job's Pod starts on busy cores, the play runs over SSH
 
 
@@ -82,11 +86,11 @@ def replicas(node_cluster: Cluster, jobs_namespace: str, tmp_path: Path) -> Iter
     image = node_image(node_cluster)
     started: list[Service] = []
 
-    def start(name: str, extra_caps: str = "") -> Service:
+    def start(name: str, extra_caps: str = "", job_image: str | None = None, *extra: str) -> Service:
         home = tmp_path / name
         home.mkdir()
         argv = [*kube_aware_args(node_cluster), "--executor", "kubernetes", "--job-namespace", jobs_namespace]
-        argv += ["--job-image", image, "--job-deadline-seconds", "600"]
+        argv += ["--job-image", job_image or image, "--job-deadline-seconds", "600", *extra]
         # this service runs from the worktree, its Jobs from the image: the image's playbooks
         argv += ["--job-playbooks-dir", "/opt/inplace-extension/playbooks"]
         service = serve_service(node_cluster, home, extra_caps, argv)
@@ -298,3 +302,137 @@ def test_a_replica_killed_mid_play_changes_nothing_the_other_answers_and_the_nod
     assert len(_jobs(node_cluster, jobs_namespace, host.name)) == 1
     assert on_node(node_cluster, host, "cat", path) == "two replicas\n"
     assert stamp_writes(node_cluster, host) == stamps + 1
+
+
+# a Job that cannot start is named within this long of its launch (issue 38: a minute at most)
+NAMED_WITHIN = 60.0
+STUCK_JOB = re.compile(r"Job inplace-[-0-9a-z]+: ")
+
+
+def test_a_job_whose_image_cannot_be_pulled_is_named_within_a_minute_then_deleted_and_retried(
+    node_cluster: Cluster, replicas: Start, jobs_namespace: str, target: Host
+) -> None:
+    """The real kubelet cannot pull the image (no registry answers in the lab): the poll names the
+    Pod's waiting reason within a minute, and past --job-start-timeout-seconds the Job is deleted and
+    the attempt is retried (charged once), not left until the Job's deadline."""
+    host = target
+    missing = "registry.invalid/inplace-extension:does-not-exist"
+    service = replicas("a", "", missing, "--job-start-timeout-seconds", "60")
+    spec = _file_spec(node_cluster, host, f"{RELEASE_DIR}/never-{uuid.uuid4().hex[:8]}", "never\n")
+    began = time.monotonic()
+    polled = poll_update_machine(
+        service.client, host.name, spec, within=NAMED_WITHIN + 30, until=lambda m: bool(STUCK_JOB.match(m))
+    )
+    named = time.monotonic() - began
+    assert re.fullmatch(
+        r"Job inplace-[-0-9a-z]+: Pod cannot start: (ErrImagePull|ImagePullBackOff): .+", polled.message
+    ), (polled.messages, _diagnosis(node_cluster, jobs_namespace))
+    assert named < NAMED_WITHIN, (named, polled.messages)
+    [first] = _jobs(node_cluster, jobs_namespace, host.name)
+
+    polled = poll_update_machine(
+        service.client, host.name, spec, within=180, until=lambda m: m.startswith("run interrupted")
+    )
+    assert polled.message == "run interrupted, retrying (attempt 2)", polled.messages
+    attempts = _record(node_cluster, host.name)["attempts"]
+    assert attempts[0]["o"]["kind"] == "interrupted", attempts
+    assert len(attempts) == 1 or attempts[1].get("o") is None, "charged once"
+    left = {job["metadata"]["name"] for job in _jobs(node_cluster, jobs_namespace, host.name)}
+    assert first["metadata"]["name"] not in left or _deleting(node_cluster, jobs_namespace, first), left
+
+
+def _deleting(cluster: Cluster, namespace: str, job: dict[str, Any]) -> bool:
+    found = objects.get(cluster.kube, "job.batch", job["metadata"]["name"], namespace)
+    return found is None or bool(found["metadata"].get("deletionTimestamp"))
+
+
+def test_a_job_no_node_may_run_is_named_unschedulable_and_runs_once_a_node_is_free(
+    node_cluster: Cluster, replicas: Start, jobs_namespace: str, target: Host
+) -> None:
+    """Every other node cordoned: the anti-affinity keeps the Job off the node it updates, so the real
+    scheduler finds none; the poll says so within a minute, and once a node is uncordoned it runs."""
+    host = target
+    kube = node_cluster.kube
+    listed = json.loads(kube.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    cordoned = [  # every other node that is schedulable now (and uncordoned afterwards: only those)
+        n["metadata"]["name"]
+        for n in listed
+        if n["metadata"]["name"] != host.name and not n.get("spec", {}).get("unschedulable")
+    ]
+    path = f"{RELEASE_DIR}/unschedulable-{uuid.uuid4().hex[:8]}"
+    try:
+        for name in cordoned:
+            kube.kubectl("cordon", name)
+        service = replicas("a")
+        spec = _file_spec(node_cluster, host, path, "scheduled at last\n")
+        began = time.monotonic()
+        polled = poll_update_machine(
+            service.client,
+            host.name,
+            spec,
+            within=NAMED_WITHIN + 30,
+            until=lambda m: bool(STUCK_JOB.match(m)),
+        )
+        named = time.monotonic() - began
+        assert re.fullmatch(
+            r"Job inplace-[-0-9a-z]+: Pod cannot be scheduled: 0/\d+ nodes are available: .+", polled.message
+        ), (polled.messages, _diagnosis(node_cluster, jobs_namespace))
+        assert named < NAMED_WITHIN, (named, polled.messages)
+        assert "unschedulable" in polled.message, polled.message
+    finally:
+        for name in cordoned:
+            kube.kubectl("uncordon", name, check=False)
+    polled = poll_update_machine(service.client, host.name, spec, within=WITHIN)
+    assert (polled.status, polled.message) == ("Success", "update applied"), (
+        polled.messages,
+        _diagnosis(node_cluster, jobs_namespace),
+    )
+    assert on_node(node_cluster, host, "cat", path) == "scheduled at last\n"
+    [attempt] = _record(node_cluster, host.name)["attempts"]
+    assert attempt["o"]["kind"] == "successful", attempt
+
+
+OUTAGE_SECONDS = 20.0
+
+
+def test_the_api_server_stopped_mid_update_is_in_progress_and_charges_nothing(
+    node_cluster: Cluster, replicas: Start, jobs_namespace: str, target: Host
+) -> None:
+    """The real kube-apiserver SIGSTOPped for 20 s while an update is in flight: every answer meanwhile
+    is ``Success`` in progress (``cluster API unavailable: ...``), and once it answers again the update
+    completes with one attempt."""
+    host = target
+    path = f"{RELEASE_DIR}/outage-{uuid.uuid4().hex[:8]}"
+    service = replicas("a")
+    spec = _file_spec(node_cluster, host, path, "through an outage\n")
+    polled = poll_update_machine(
+        service.client, host.name, spec, within=WITHIN, until=lambda m: m.startswith("running: ")
+    )
+    assert polled.message.startswith("running: "), polled.messages
+    component = node_cluster.kube.state().component("kube-apiserver")
+    assert component is not None and component.pid is not None
+    request = update_machine_request(host.name, spec)
+    answers: list[tuple[str, str]] = []
+    os.kill(component.pid, signal.SIGSTOP)
+    try:
+        until = time.monotonic() + OUTAGE_SECONDS
+        while time.monotonic() < until:
+            response = service.client.post(UPDATE_MACHINE, json=request, timeout=60)
+            assert response.status_code == 200, response.text
+            body = response.json()
+            answers.append((body["status"], body.get("message", "")))
+            assert body["status"] == "Success" and body.get("retryAfterSeconds", 0) > 0, answers
+            time.sleep(1)
+    finally:
+        os.kill(component.pid, signal.SIGCONT)
+    unavailable = [m for _, m in answers if m.startswith("cluster API unavailable: ")]
+    assert unavailable, answers
+    polled = poll_update_machine(service.client, host.name, spec, within=WITHIN)
+    assert (polled.status, polled.message) == ("Success", "update applied"), (
+        answers,
+        polled.messages,
+        _diagnosis(node_cluster, jobs_namespace),
+    )
+    assert on_node(node_cluster, host, "cat", path) == "through an outage\n"
+    [attempt] = _record(node_cluster, host.name)["attempts"]
+    assert attempt["o"]["kind"] == "successful", ("nothing charged", attempt)
