@@ -33,6 +33,11 @@ nothing on the nodes. The rotation runs with the next in-place update, whose des
 the user pairs it with a change the service claims (here a file in a new KubeadmConfigTemplate). A later
 update with the same timestamp does not rotate again.
 
+A revert (issue 38): the user points the MachineDeployment at a KubeadmConfigTemplate A (a file and
+the kubelet's ``--max-pods``), then B (both changed), then back at A. The second A is the desired state
+the workers had before, which the service must apply again (a new episode of it); the test reads the
+hosts: the file's content and the flag on the running kubelet's command line (``/proc/<pid>/cmdline``).
+
 The rollout by replacement: a LabMachineTemplate naming the machine image of the workers' version (the
 lab provider's ``spec.image``), a field the service does not claim: CanUpdateMachineSet answers
 ``rollout``, CAPI creates new Machines (a surge of one), the first on the spare node, deletes the old ones,
@@ -682,6 +687,89 @@ def test_capi_rotates_the_workers_kubelet_credentials_in_place(
         serial, requested = rotated[name]
         assert _client_certificate(lab, host).serial_number == serial, host.name
         assert set(_client_csrs(api, host.name)) == requested, host.name
+
+
+REVERT_FILE = "/etc/lab-workload/revert.conf"  # what a revert must put back on the host
+REVERT_FLAG = "max-pods"
+
+
+def _worker_template_with(
+    kube: KubeLab, namespace: str, template: str, file: Mapping[str, str], max_pods: str
+) -> None:
+    """A copy of the workers' current KubeadmConfigTemplate with ``file`` and the kubelet's ``--max-pods``
+    set, as a user writes one (not yet pointed at)."""
+    deployment = objects.get(kube, MD, f"{CLUSTER}-md", namespace)
+    assert deployment is not None
+    current = deployment["spec"]["template"]["spec"]["bootstrap"]["configRef"]["name"]
+    stored = objects.get(kube, KCT, current, namespace)
+    assert stored is not None, current
+    spec = copy.deepcopy(stored["spec"]["template"]["spec"])
+    spec["files"] = [*(f for f in spec.get("files", []) if f["path"] != file["path"]), dict(file)]
+    registration = spec["joinConfiguration"]["nodeRegistration"]
+    registration["kubeletExtraArgs"] = [
+        *(a for a in registration.get("kubeletExtraArgs", []) if a["name"] != REVERT_FLAG),
+        {"name": REVERT_FLAG, "value": max_pods},
+    ]
+    objects.apply(kube, co.kubeadm_config_template(template, namespace, spec))
+
+
+def _point_workers_at(
+    kube: KubeLab, namespace: str, extension: KubeExtension, template: str, what: str
+) -> float:
+    """The MachineDeployment pointed at the KubeadmConfigTemplate ``template``; the seconds until CAPI
+    rolled it out to every worker (in place: the same Machines)."""
+    deployment = objects.get(kube, MD, f"{CLUSTER}-md", namespace)
+    assert deployment is not None
+    version = deployment["spec"]["template"]["spec"]["version"]
+    change = {"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": template}}}}}}
+    done = partial(_rolled_out, kube, namespace, template, version)
+    return _change_deployment(kube, namespace, extension, change, done, what)
+
+
+def _host_has(
+    lab: HostLab, api: AdminApi, host: Host, content: str, max_pods: str, kubelet_before: int | None
+) -> int:
+    """The host's truth (never the service's words): the file's content, the running kubelet's own command
+    line (restarted since ``kubelet_before``) and the Node's pod capacity that kubelet reports; its PID."""
+    assert _on_node(lab, host, "cat", REVERT_FILE) == content, host.name
+    pid = _kubelet_pid(lab, host)
+    if kubelet_before is not None:
+        assert pid != kubelet_before, f"{host.name}: the kubelet was not restarted"
+    flags = _on_node(lab, host, "cat", f"/proc/{pid}/cmdline").split("\0")
+    assert f"--{REVERT_FLAG}={max_pods}" in flags, (host.name, flags)
+    assert [f for f in flags if f.startswith(f"--{REVERT_FLAG}=")] == [f"--{REVERT_FLAG}={max_pods}"]
+    assert wait_until(partial(_pod_capacity_is, api, host.name, max_pods), 60, 1.0), host.name
+    return pid
+
+
+def test_capi_applies_a_reverted_worker_template_again_on_the_real_nodes(
+    workload: Workload, workload_extension: KubeExtension, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's revert: the MachineDeployment's template A -> B -> A (a file and a kubelet flag). The
+    second A is a new episode of A's desired state (docs/operations.md): each worker plays it again and
+    ends with A's file and A's kubelet flag, judged on the host."""
+    kube, namespace, api, lab = workload.kube, workload.namespace, workload.api, workload.pool.lab
+    before = _uids(kube, namespace)
+    hosts = _worker_hosts(workload, workload_extension)
+    a, b = f"{CLUSTER}-md-revert-a", f"{CLUSTER}-md-revert-b"
+    _worker_template_with(kube, namespace, a, {"path": REVERT_FILE, "content": "A\n"}, "88")
+    took = [_point_workers_at(kube, namespace, workload_extension, a, "A rolled out")]
+    pids = {name: _host_has(lab, api, host, "A\n", "88", None) for name, host in hosts.items()}
+    _worker_template_with(kube, namespace, b, {"path": REVERT_FILE, "content": "B\n"}, "99")
+    took.append(_point_workers_at(kube, namespace, workload_extension, b, "B rolled out"))
+    pids = {name: _host_has(lab, api, host, "B\n", "99", pids[name]) for name, host in hosts.items()}
+    log = len(workload_extension.log())
+    took.append(_point_workers_at(kube, namespace, workload_extension, a, "A rolled out again"))
+    with capsys.disabled():
+        print(f"\n{WORKERS} workers A -> B -> A in place in {' + '.join(f'{t:.0f}s' for t in took)}")
+    assert _uids(kube, namespace) == before, "in place: the same Machines"
+    for name, host in hosts.items():
+        _host_has(lab, api, host, "A\n", "88", pids[name])
+        node = _nodes(api)[host.name]
+        assert _node_ready(node) and not node["spec"].get("unschedulable"), host.name
+        # the revert's own play ran on the host (a new attempt of A's desired state), then it was done
+        machine = f"{re.escape(namespace)}/{re.escape(name)}"
+        assert re.search(rf"machine={machine} run=\S+ state=started", workload_extension.log()[log:]), name
 
 
 RESET_PATHS = ("/etc/kubernetes/kubelet.conf", "/run/cluster-api", "/var/lib/hostlab-lab-provider")
