@@ -73,7 +73,16 @@ def test_serve_and_mcm_agent_stop_on_a_bad_file_with_exit_2_and_the_loaders_mess
     caps.write_text(CEPH_CHECK.replace("==", "=", 1))  # not a CEL expression: compiled before the start
     expected = f"inplace-extension: {loader_refusal(caps)}"
     serve = ["serve", "--plain-http", "--listen", "127.0.0.1:0", "--capabilities-file", str(caps)]
-    agent = ["mcm-agent", "--namespace", "machines", "--capabilities-file", str(caps)]
+    # port 0: the agent binds its address first (issue 39), and 9443 may be in use on this machine
+    agent = [
+        "mcm-agent",
+        "--namespace",
+        "machines",
+        "--listen",
+        "127.0.0.1:0",
+        "--capabilities-file",
+        str(caps),
+    ]
     for argv in (serve, agent):
         result = run_cli(*argv, env=clean_env(tmp_path))
         assert (result.returncode, result.stderr.strip()) == (2, expected), argv
@@ -124,7 +133,16 @@ def test_plain_serve_refuses_url_checks_naming_the_check_and_the_mode(tmp_path: 
 def test_mcm_agent_refuses_url_checks_naming_the_check_and_the_mode(tmp_path: Path) -> None:
     caps = tmp_path / "capabilities.yaml"
     caps.write_text(NODE_EXPORTER)
-    agent = ["mcm-agent", "--namespace", "machines", "--capabilities-file", str(caps)]
+    # port 0: the agent binds its address first (issue 39), and 9443 may be in use on this machine
+    agent = [
+        "mcm-agent",
+        "--namespace",
+        "machines",
+        "--listen",
+        "127.0.0.1:0",
+        "--capabilities-file",
+        str(caps),
+    ]
     result = run_cli(*agent, env=clean_env(tmp_path))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == url_check_refusal(caps, "mcm-agent")
