@@ -371,6 +371,13 @@ class As:
             )
         return answer.status_code
 
+    def json_patch(self, path: str, ops: list[dict[str, Any]]) -> int:
+        with self._client() as client:
+            answer = client.patch(
+                path, content=json.dumps(ops), headers={"Content-Type": "application/json-patch+json"}
+            )
+        return answer.status_code
+
     def get(self, path: str) -> int:
         with self._client() as client:
             return client.get(path).status_code
@@ -527,6 +534,29 @@ def test_only_in_the_kube_aware_mode_a_jobs_pod_cordons_and_marks_and_then_nothi
         }
         # the drain's calls: the Kubernetes-aware Jobs' only (the others' RBAC refuses every one)
         assert drain == {k: 200 if variant.kube_aware else 403 for k in drain}
+        # and their undoing, as kube/drain.py and kube/machines.py send it (a JSON patch testing our mark)
+        cordoned = "/metadata/annotations/inplace-extension.io~1cordoned-by"
+        marked = "/metadata/annotations/inplace-extension.io~1skip-remediation-by"
+        undo = {
+            "uncordon": me.json_patch(
+                node,
+                [
+                    {"op": "test", "path": cordoned, "value": "lp-team-a/lp-m1"},
+                    {"op": "remove", "path": cordoned},
+                    {"op": "replace", "path": "/spec/unschedulable", "value": False},
+                ],
+            ),
+            "skip-remediation removed": me.json_patch(
+                machine,
+                [
+                    {"op": "test", "path": marked, "value": "r"},
+                    {"op": "remove", "path": marked},
+                    {"op": "remove", "path": "/metadata/annotations/cluster.x-k8s.io~1skip-remediation"},
+                ],
+            ),
+        }
+        # (a Job without the rights has nothing to undo: the test of our mark fails first, 422 or 403)
+        assert undo == {k: 200 for k in undo} if variant.kube_aware else 200 not in undo.values()
         refused = {
             "a Machine label": me.merge(machine, {"metadata": {"labels": {"x": "y"}}}),
             "another Machine annotation": me.merge(machine, {"metadata": {"annotations": {"x": "y"}}}),
@@ -542,7 +572,8 @@ def test_only_in_the_kube_aware_mode_a_jobs_pod_cordons_and_marks_and_then_nothi
         }
         assert {what: code for what, code in refused.items() if code != 403} == {}
         after = objects.get(kubelab, "node", NODE) or {}
-        assert after["spec"].get("unschedulable") is (True if variant.kube_aware else None)
+        assert not after["spec"].get("unschedulable")
+        assert "inplace-extension.io/cordoned-by" not in after["metadata"].get("annotations", {})
         assert after["metadata"]["labels"]["lp"] == "node"
         conditions = {c["type"] for c in after.get("status", {}).get("conditions") or []}
         assert conditions == ({"DisruptiveInPlaceUpdate"} if variant.kube_aware else set())
