@@ -442,6 +442,7 @@ class FakeJob:
     manifest: dict[str, Any]
     uid: str
     finished: bool = False
+    finished_at: float | None = None  # when it finished (the TTL controller counts from then)
     termination_message: str | None = None
     phase: str | None = None  # the Pod's own phase annotation
     # the Pod's status as the API server sends it (kube/jobs.py names a Pod that cannot start from it)
@@ -570,6 +571,13 @@ class FakeJobs:
                 return
         raise KubeError(f"annotate Pod {namespace}/{name}: the API server answered 404", 404)
 
+    def set_job_ttl(self, namespace: str, name: str, seconds: int) -> None:
+        self.calls("set_job_ttl")
+        job = self.jobs.get((namespace, name))
+        if job is None:
+            raise KubeError(f"patch Job {namespace}/{name}: the API server answered 404", 404)
+        job.manifest["spec"]["ttlSecondsAfterFinished"] = seconds
+
     def pod_image(self, namespace: str, name: str) -> str | None:
         self.calls("pod_image")
         return self.pod_images.get((namespace, name))
@@ -580,10 +588,19 @@ class FakeJobs:
         assert len(self.jobs) == 1, sorted(self.jobs)
         return next(iter(self.jobs.values()))
 
-    def finish(self, name: str, termination_message: str | None) -> None:
-        """The Job's Pod ended (with this termination message; None: killed before writing one)."""
+    def finish(self, name: str, termination_message: str | None, at: float | None = None) -> None:
+        """The Job's Pod ended (with this termination message; None: killed before writing one) at
+        ``at`` (wall-clock seconds, for :meth:`ttl_controller`)."""
         job = next(j for (_, n), j in self.jobs.items() if n == name)
-        job.finished, job.termination_message = True, termination_message
+        job.finished, job.termination_message, job.finished_at = True, termination_message, at
+
+    def ttl_controller(self, now: float) -> None:
+        """The TTL-after-finished controller: every Job finished its ``ttlSecondsAfterFinished`` (as it
+        is now) or more before ``now`` is deleted, with what it owns."""
+        for (_, name), job in list(self.jobs.items()):
+            ttl = job.manifest["spec"].get("ttlSecondsAfterFinished")
+            if job.finished_at is not None and ttl is not None and job.finished_at + ttl <= now:
+                self.delete_job(name)
 
     def expire_job(self, name: str) -> None:
         """The Job is deleted (its TTL, or an operator), and with it the Secrets it owns."""

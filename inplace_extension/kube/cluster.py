@@ -193,6 +193,9 @@ class KubeJobs:
     def job_finished(self, namespace: str, name: str) -> bool | None:
         return jobs.job_finished(self._client, namespace, name)
 
+    def set_job_ttl(self, namespace: str, name: str, seconds: int) -> None:
+        jobs.set_job_ttl(self._client, namespace, name, seconds)
+
     def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
         jobs.annotate_pod(self._client, namespace, name, key, value)
 

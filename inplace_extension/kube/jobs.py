@@ -1,7 +1,8 @@
 """Jobs and the Secrets they own, and one Pod's phase annotation: the ``kubernetes`` executor's calls.
 
 The Secret is created first and the Job second, then the Secret gets an ownerReference to the Job's uid,
-so the garbage collector deletes it with the Job (after its ``ttlSecondsAfterFinished``): there is
+so the garbage collector deletes it with the Job (after its ``ttlSecondsAfterFinished``, which the
+service shortens once the Job's outcome is in its record): there is
 never a Job without its Secret (a Pod that would wait in ContainerCreating for it until the Job's
 deadline). A Secret that exists already was created for the same attempt by a replica killed before
 its Job (:func:`create_job` with no Secret makes that Job from it); a Job that exists already
@@ -231,6 +232,14 @@ def _creating(pod: Mapping[str, Any]) -> bool:
         ((c.get("state") or {}).get("waiting") or {}).get("reason") in (None, "ContainerCreating")
         for c in containers
     )
+
+
+def set_job_ttl(client: Client, namespace: str, name: str, seconds: int) -> None:
+    """The Job's ``ttlSecondsAfterFinished`` (mutable, also once it has finished: the TTL controller
+    counts from its finish time)."""
+    patch = {"spec": {"ttlSecondsAfterFinished": seconds}}
+    with translated(f"patch Job {namespace}/{name}"):
+        client.patch(Job, name, patch, namespace=namespace, patch_type=PatchType.MERGE)
 
 
 def pod_image(client: Client, namespace: str, name: str) -> str | None:

@@ -327,6 +327,11 @@ class JobCluster(Protocol):
         its Pods not listed); None when there is no such Job."""
         ...
 
+    def set_job_ttl(self, namespace: str, name: str, seconds: int) -> None:
+        """Set the Job's ``ttlSecondsAfterFinished`` (the TTL controller deletes it that long after it
+        finished); NotFound when there is no such Job."""
+        ...
+
     def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
         """Set one annotation on a Pod (the Job's Pod publishes its phase on itself)."""
         ...

@@ -12,7 +12,9 @@ attempt's Job:
   ``start_seconds`` have passed since the attempt began, the Job is deleted and the attempt is
   interrupted (retried within the budget, charged once), with one ``JobNotStarted`` Event;
 - finished with an outcome in its termination message: that outcome, copied into the record by the
-  first replica to see it (once: :meth:`Record.ended` is idempotent);
+  first replica to see it (once: :meth:`Record.ended` is idempotent); only then is the Job's TTL
+  shortened to ``--job-ttl-seconds`` (it is created with a week's: manifest.py), so the outcome outlives
+  any pause in the polls;
 - finished without one (its Pod deleted, evicted or past its deadline), or gone altogether some time
   after it began: interrupted, recorded once like any outcome, and retried by the policy.
 
@@ -301,6 +303,7 @@ class JobBackend:
                     now,
                 )
                 record = self._end(request, attempt, outcome)
+                self._keep_for_logs(request, attempt.job)
             elif self._resume(request, attempt, node, record.episode):
                 running = JobState(finished=False, termination_message=None, phase=None)
             elif now - attempt.started >= JOB_APPEARS_SECONDS:
@@ -410,6 +413,21 @@ class JobBackend:
             raise KubeError(f"Secret {request.namespace}/{secret_name(cluster)} has no key 'value'")
         return value
 
+    def _keep_for_logs(self, request: RunRequest, job: str) -> None:
+        """The Job's outcome is in the record: the Job stays only for its logs, --job-ttl-seconds after
+        it finished (it was created with the long backstop, manifest.py). Best effort: a Job this misses
+        goes at the backstop."""
+        try:
+            self._jobs.set_job_ttl(self._config.namespace, job, self._config.ttl_seconds)
+        except KubeError as exc:
+            log.warning(
+                "machine=%s run=%s: Job %s kept until its TTL backstop: %s",
+                request.machine,
+                request.ident,
+                job,
+                exc,
+            )
+
     def _launch(self, launch: Launch) -> str:
         request = launch.request
         private_key = _private_key(launch.target)
@@ -428,6 +446,7 @@ class JobBackend:
                 started=self._clock(),
                 address=launch.target.address,
                 job=job_name(request.ident, number, episode=record.episode),
+                expected=launch.expected,
             )
             begun.append((attempt, record.takeover_tokens(), record.episode))
             # a started attempt waits no more; the episode is its own (never a Job of an earlier one)

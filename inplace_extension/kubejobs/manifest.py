@@ -5,7 +5,9 @@ launches the same attempt names the same Job and the API server lets one of them
 service's image with ``attempt --spec <the Secret's file>``: nothing of the request is in its env, args,
 labels or annotations; the request data is in the Secret, and so is the one SSH private key the attempt
 needs (its target's, copied by the service from its own SSH mount): a Job never sees another host's
-key. ``backoffLimit: 0``: a retry is the service's decision, and a new attempt is a new Job.
+key. ``backoffLimit: 0``: a retry is the service's decision, and a new attempt is a new Job. A finished
+Job is kept until its outcome is in the record (:data:`JOB_TTL_BACKSTOP_SECONDS` at most), then
+``--job-ttl-seconds`` (the backend shortens its TTL).
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ UID: Final = 10001
 # SIGTERM to SIGKILL when the Pod is deleted or evicted: the attempt stops its play on SIGTERM and writes
 # its outcome within seconds (kubejobs/attempt.py's KILL_AFTER_SECONDS), Kubernetes' default leaves room
 STOP_GRACE_SECONDS: Final = 30
+# a finished Job's ttlSecondsAfterFinished until its outcome is in the record (then --job-ttl-seconds):
+# the outcome lives in its Pod's termination message until a replica copies it, so the Job must outlive
+# any pause in the polls (a service scaled down, CAPI's backoff); the TTL controller deletes it after a
+# week at the latest
+JOB_TTL_BACKSTOP_SECONDS: Final = 7 * 86400
 _LABEL_VALUE_CUT = re.compile(r"[^A-Za-z0-9]+$")
 
 
@@ -65,7 +72,7 @@ class JobConfig:
     image: str
     service_account: str
     deadline_seconds: int
-    ttl_seconds: int
+    ttl_seconds: int  # how long a finished Job is kept once its outcome is in the record
 
 
 def job_name(ident: str, attempt: int, *, episode: str) -> str:
@@ -238,7 +245,8 @@ def job_manifest(
         "spec": {
             "backoffLimit": 0,
             "activeDeadlineSeconds": config.deadline_seconds,
-            "ttlSecondsAfterFinished": config.ttl_seconds,
+            # until a replica has its outcome in the record; then --job-ttl-seconds (backend.py)
+            "ttlSecondsAfterFinished": JOB_TTL_BACKSTOP_SECONDS,
             "template": {"metadata": {"labels": job_labels}, "spec": pod_spec},
         },
     }

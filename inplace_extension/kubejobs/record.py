@@ -7,9 +7,9 @@ state (a random id, :meth:`Record.opened`): a desired state that comes back afte
 a revert) is a new episode, whose Jobs are named and labelled with it, so a Job of A's earlier episode
 (still there for ``--job-ttl-seconds``) never answers it; two replicas writing at once agree on one
 episode through the write's resourceVersion precondition. It holds the episode, each attempt's number,
-retry token (a hash), host lock token, start, host address, Job name and outcome (None while its Job
-runs), and the health-wait clock. Bounded: the oldest attempts go past :data:`MAX_ATTEMPTS` (far
-above any retry budget). It stays on the object until the next desired state replaces it or the object
+retry token (a hash), host lock token, start, its play's expected duration, host address, Job name and
+outcome (None while its Job runs), and the health-wait clock. Bounded: the oldest attempts go past
+:data:`MAX_ATTEMPTS` (far above any retry budget). It stays on the object until the next desired state replaces it or the object
 is deleted. Pure (but for the episode id :meth:`Record.opened` draws): the backend reads and writes it
 with a resourceVersion precondition.
 """
@@ -42,6 +42,7 @@ class Recorded:
     address: str
     job: str  # the Job's name
     outcome: Outcome | None = None  # None: its Job has not been seen ending yet
+    expected: float = 0.0  # its play's expected duration, decided at the launch (0: not recorded)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +53,7 @@ class Recorded:
             "a": self.address,
             "j": self.job,
             "o": None if self.outcome is None else self.outcome.to_json(),
+            "e": self.expected,
         }
 
     @classmethod
@@ -65,6 +67,7 @@ class Recorded:
             address=str(data.get("a", "")),
             job=str(data["j"]),
             outcome=Outcome.from_json(outcome) if isinstance(outcome, dict) else None,
+            expected=float(data.get("e", 0.0)),
         )
 
 
@@ -173,6 +176,15 @@ class Record:
 
     def to_attempts(self) -> list[Attempt]:
         return [
-            Attempt(a.number, None, a.token, a.outcome, a.address or None, a.started, self.episode)
+            Attempt(
+                a.number,
+                None,
+                a.token,
+                a.outcome,
+                a.address or None,
+                a.started,
+                episode=self.episode,
+                expected=a.expected,
+            )
             for a in self.attempts
         ]

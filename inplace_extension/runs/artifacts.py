@@ -106,6 +106,9 @@ class Attempt:
     # events: it reached its drain point (the Node may be cordoned), or, without one, began a step (the
     # host may be half changed). True where that cannot be told; False: nothing was disrupted
     past_drain_point: bool = True
+    # the play's expected duration in seconds, decided when it was launched (play_time.py; the
+    # ``kubernetes`` record's, so that every replica expects the same end); 0 when not recorded
+    expected: float = 0.0
 
 
 def write_json(path: Path, data: object, mode: int = 0o600) -> None:

@@ -22,16 +22,18 @@ from inplace_extension.runs.resolve import HostTarget
 @dataclass(frozen=True)
 class Launch:
     """A new attempt the service decided to start: the request, the host it goes to (resolved and
-    allow-listed), and the retry token (:func:`~inplace_extension.runs.policy.retry_token`) it starts with.
-    ``may_begin`` is asked again right before its play begins, after any wait for a slot (in a worker
-    thread: it may block): False when the operator's hold, a closed window or a health check says it may
-    no longer start; then it does not play, nothing is recorded, and the next poll answers why. None: an
-    attempt that finishes a play already begun, which nothing holds back."""
+    allow-listed), the retry token (:func:`~inplace_extension.runs.policy.retry_token`) it starts with,
+    and its play's expected duration (runs/play_time.py), which a backend that outlives the process
+    records with it. ``may_begin`` is asked again right before its play begins, after any wait for a
+    slot (in a worker thread: it may block): False when the operator's hold, a closed window or a health
+    check says it may no longer start; then it does not play, nothing is recorded, and the next poll
+    answers why. None: an attempt that finishes a play already begun, which nothing holds back."""
 
     request: RunRequest
     target: HostTarget
     token: str
     may_begin: Callable[[], bool] | None = None
+    expected: float = 0.0
 
 
 class AttemptRecord(Protocol):

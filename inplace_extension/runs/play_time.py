@@ -10,8 +10,11 @@ A play's expected duration is, first found:
 3. else the steps' known costs: :data:`PLAY_START_SECONDS` plus :data:`STEP_SECONDS` per shipped step
    (:data:`CUSTOM_STEP_SECONDS` for a user-defined one).
 
-The expected remaining time is that duration less the time since the attempt began (the record's
-``started``; else when this process launched it or first saw it in flight). The play may end early by
+The duration is decided when the attempt is launched and recorded with it (the ``kubernetes`` record:
+every replica, a fresh one too, expects the same end and answers alike); an attempt whose record has
+none is expected to take the duration found now. The expected remaining time is that duration less the
+time since the attempt began (the record's ``started``; else when this process launched it or first
+saw it in flight). The play may end early by
 up to the **end window**: :data:`EARLY_SHARE` of its expected duration, at least
 :data:`WINDOW_MIN_SECONDS` (a play's duration varies with the machine's load). A poll then:
 
@@ -22,8 +25,8 @@ up to the **end window**: :data:`EARLY_SHARE` of its expected duration, at least
   window)``, at least 1 and at most ``--retry-after-seconds``: the next poll lands at the window's start,
   so the answer follows the play's end instead of a whole ``retryAfterSeconds`` later.
 
-Everything here is process memory, bounded, and never the record: forgetting only falls back to the
-known costs.
+What was learned is process memory, bounded: forgetting only falls back to the known costs for the
+next launch; an attempt launched already keeps the expectation recorded with it.
 """
 
 from __future__ import annotations
@@ -139,14 +142,22 @@ class PlayTimes:
                 return min(seconds for _, seconds in plays)
         return known_cost(request.capabilities)
 
-    def window(self, request: RunRequest) -> float:
-        """The end window of ``request``'s play (the module's docstring)."""
-        return end_window(self.expected(request))
+    def window(self, request: RunRequest, attempts: Sequence[Attempt]) -> float:
+        """The end window of ``request``'s play in flight (the module's docstring)."""
+        return end_window(self._in_flight_expected(request, attempts))
 
     def remaining(self, request: RunRequest, attempts: Sequence[Attempt], now: float) -> float:
         """Seconds until ``request``'s play in flight is expected to end (negative: it overran).
-        ``attempts``: the record as last read; its last attempt, if without an outcome, says when it began."""
-        return self.expected(request) - (now - self._began_at(request.ident, attempts, now))
+        ``attempts``: the record as last read; its last attempt, if without an outcome, says when it began
+        and (when recorded) how long it is expected to take."""
+        expected = self._in_flight_expected(request, attempts)
+        return expected - (now - self._began_at(request.ident, attempts, now))
+
+    def _in_flight_expected(self, request: RunRequest, attempts: Sequence[Attempt]) -> float:
+        last = max(attempts, key=lambda a: a.number, default=None)
+        if last is not None and last.outcome is None and last.expected > 0:
+            return last.expected  # decided at its launch, by whichever replica launched it
+        return self.expected(request)
 
     def _began_at(self, ident: str, attempts: Sequence[Attempt], now: float) -> float:
         last = max(attempts, key=lambda a: a.number, default=None)

@@ -155,7 +155,7 @@ class RunService:
                 return held
             phase = await self._backend.in_flight(request)  # it began (or ended) meanwhile
         if phase is not None:
-            if self._remaining(request) > self._play_times.window(request):
+            if self._remaining(request) > self._window(request):
                 return self._in_progress(request, phase)
             # in its end window (or past its expected end): wait for the end, then answer from the record
             if not await self._backend.wait_end(request, NEAR_END_SECONDS):
@@ -341,9 +341,13 @@ class RunService:
         attempts = self._backend.cached(request.ident)
         return self._play_times.remaining(request, attempts, self._clock())
 
+    def _window(self, request: RunRequest) -> float:
+        """The end window of the play in flight of ``request``."""
+        return self._play_times.window(request, self._backend.cached(request.ident))
+
     def _in_progress(self, request: RunRequest, message: str) -> Progress:
         """An attempt in flight: ask again as its end window opens (play_time.py)."""
-        window = self._play_times.window(request)
+        window = self._window(request)
         retry = retry_after(self._remaining(request), window, self._retry_after)
         return Progress(ProgressState.IN_PROGRESS, message, retry, in_flight=True)
 
@@ -374,7 +378,8 @@ class RunService:
             log.warning("machine=%s run=%s: %s", request.machine, request.ident, exc)
             return Progress(ProgressState.FAILED, str(exc))
         may_begin = partial(self._may_begin, request) if checked else None
-        message = await self._backend.launch(Launch(request, target, token, may_begin))
+        expected = self._play_times.expected(request)  # recorded with the attempt: any replica expects it
+        message = await self._backend.launch(Launch(request, target, token, may_begin, expected))
         self._play_times.began(request.ident, self._clock())
         self._cluster.state(request, "Queued", "queued")
         return self._in_progress(request, message)

@@ -34,7 +34,7 @@ def test_the_end_window_is_a_share_of_the_expected_duration_at_least_its_minimum
     assert end_window(40.0) == 10.0  # a play a quarter faster than expected still ends inside it
     times = PlayTimes()
     times.learn(req("m1"), [attempt(1, 100.0, 140.0)])
-    assert times.window(req("m1")) == 10.0
+    assert times.window(req("m1"), ()) == 10.0
 
 
 def test_a_poll_as_the_window_opens_waits_past_the_expected_end() -> None:

@@ -1,0 +1,121 @@
+"""Two replicas are one service (issue 38, item 4), for the ``kubernetes`` executor over the in-memory
+fake (tests/kubefake.py): what a poll answers never depends on which replica answers it or on what a
+replica remembers, and an attempt's outcome outlives its Job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kubefake import FakeJobs
+from runs.test_service import INVENTORY, Clock, utc
+
+from inplace_extension.kube.port import RecordRef
+from inplace_extension.kubejobs.manifest import JOB_TTL_BACKSTOP_SECONDS, job_name
+from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
+from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest
+from inplace_extension.runs.play_time import known_cost
+from inplace_extension.runs.service import RunService
+from inplace_extension.settings import Settings
+from kubejobs.support import CONFIG, outcome
+from kubejobs.test_backend import STARTING, machine_backend
+
+pytestmark = pytest.mark.anyio
+FP = "cd" * 32
+MACHINE = RecordRef("Machine", "m1", "default")
+APPLIED = Progress(ProgressState.DONE, "update applied")
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(INVENTORY)
+    return Settings(
+        inventory=inv,
+        allowed_cidrs=["10.79.9.0/24"],
+        runs_dir=tmp_path / "runs",
+        retry_after_seconds=30,
+        executor="kubernetes",
+        job_ttl_seconds=3600,
+    )
+
+
+@pytest.fixture
+def cluster() -> FakeJobs:
+    fake = FakeJobs()
+    fake.add(MACHINE, node="node-1")
+    return fake
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock(utc("2026-12-01T12:00:00"))
+
+
+def replica(settings: Settings, cluster: FakeJobs, clock: Clock) -> RunService:
+    from run_deps import run_service
+
+    return run_service(settings, clock=clock, backend=machine_backend(cluster, clock))
+
+
+def req(capabilities: tuple[str, ...] = ("ntp",)) -> RunRequest:
+    return RunRequest(
+        namespace="default",
+        name="m1",
+        fingerprint=FP,
+        capabilities=capabilities,
+        inputs={c: {"x": [c]} for c in capabilities},
+    )
+
+
+def record(cluster: FakeJobs) -> Record:
+    return Record.decode(cluster.annotation(MACHINE, RECORD_ANNOTATION), req().ident)
+
+
+async def test_a_jobs_outcome_outlives_its_ttl_while_no_replica_polls(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    """The Job ends, and no replica polls for longer than --job-ttl-seconds: the Job (and its
+    termination message) is still there, so the next poll records its outcome: no second play. Once
+    the outcome is in the record the Job is kept for --job-ttl-seconds more (its logs), then goes."""
+    assert (await replica(settings, cluster, clock).poll(req())).message == STARTING.message
+    name = job_name(req().ident, 1)
+    (job,) = cluster.jobs.values()
+    assert job.manifest["spec"]["ttlSecondsAfterFinished"] == JOB_TTL_BACKSTOP_SECONDS
+    cluster.finish(name, outcome(OutcomeKind.SUCCESSFUL, clock.now + 5), at=clock.now + 5)
+    clock.now += 5 + settings.job_ttl_seconds + 60  # no replica polled meanwhile
+    cluster.ttl_controller(clock.now)
+    assert (CONFIG.namespace, name) in cluster.jobs, "the outcome is not recorded yet: the Job stays"
+    assert await replica(settings, cluster, clock).poll(req()) == APPLIED
+    assert len(cluster.jobs) == 1 and cluster.calls.count["create_job"] == 1, "no second play"
+    (attempt,) = record(cluster).attempts
+    assert attempt.outcome is not None and attempt.outcome.kind is OutcomeKind.SUCCESSFUL
+    assert job.manifest["spec"]["ttlSecondsAfterFinished"] == settings.job_ttl_seconds
+    cluster.ttl_controller(clock.now)
+    assert cluster.jobs == {}, "recorded: the Job goes --job-ttl-seconds after it finished"
+    assert await replica(settings, cluster, clock).poll(req()) == APPLIED
+
+
+async def test_the_expected_end_of_a_play_is_the_records(
+    settings: Settings, cluster: FakeJobs, clock: Clock
+) -> None:
+    """A replica that saw plays of these steps end expects the next one to end sooner than the steps'
+    known costs say; a fresh replica polling that play answers with the same retryAfterSeconds (the
+    expected end is recorded with the attempt, not kept by the replica that launched it)."""
+    steps = ("kubernetes_version",)  # known cost 22 s
+    experienced = replica(settings, cluster, clock)
+    assert (await experienced.poll(req(steps))).in_flight
+    cluster.finish(job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now + 8), at=clock.now + 8)
+    clock.now += 8
+    assert await experienced.poll(req(steps)) == APPLIED  # it learns: this play takes 8 s
+    # the next desired state of the same Machine, launched by the replica that learned
+    second = RunRequest(
+        namespace="default", name="m1", fingerprint="ef" * 32, capabilities=steps, inputs={"x": {"y": 1}}
+    )
+    launched = await experienced.poll(second)
+    assert launched.in_flight
+    assert launched.retry_after_seconds < known_cost(steps) - 8, "the learned 8 s, not the known 22 s"
+    clock.now += 1
+    answers = [await experienced.poll(second), await replica(settings, cluster, clock).poll(second)]
+    assert answers[0] == answers[1], "a fresh replica expects the recorded end"
