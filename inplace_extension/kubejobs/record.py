@@ -9,8 +9,8 @@ a revert) is a new episode, whose Jobs are named and labelled with it, so a Job 
 episode through the write's resourceVersion precondition. It holds the episode, each attempt's number,
 retry token (a hash), host lock token, start, its play's expected duration, host address, Job name and
 outcome (None while its Job runs), and the health-wait clock. Bounded: the oldest attempts go past
-:data:`MAX_ATTEMPTS` (far above any retry budget). It stays on the object until the next desired state replaces it or the object
-is deleted. Pure (but for the episode id :meth:`Record.opened` draws): the backend reads and writes it
+:data:`MAX_ATTEMPTS` (far above any retry budget). It stays on the object until the next desired state
+replaces it or the object is deleted. Pure (but for the episode id :meth:`Record.opened` draws): the backend reads and writes it
 with a resourceVersion precondition.
 """
 
