@@ -7,11 +7,12 @@ state (a random id, :meth:`Record.opened`): a desired state that comes back afte
 a revert) is a new episode, whose Jobs are named and labelled with it, so a Job of A's earlier episode
 (still there for ``--job-ttl-seconds``) never answers it; two replicas writing at once agree on one
 episode through the write's resourceVersion precondition. It holds the episode, each attempt's number,
-retry token (a hash), host lock token, start, its play's expected duration, host address, Job name and
-outcome (None while its Job runs), and the health-wait clock. Bounded: the oldest attempts go past
-:data:`MAX_ATTEMPTS` (far above any retry budget). It stays on the object until the next desired state
-replaces it or the object is deleted. Pure (but for the episode id :meth:`Record.opened` draws): the backend reads and writes it
-with a resourceVersion precondition.
+retry token (a hash), host lock token, start, its play's expected duration, host address, Job name,
+outcome (None while its Job runs) and whether the health gate passed after it, and the health-wait
+clock. Bounded: the oldest attempts go past :data:`MAX_ATTEMPTS` (far above any retry budget). It stays
+on the object until the next desired state replaces it or the object is deleted. Pure (but for the
+episode id :meth:`Record.opened` draws): the backend reads and writes it with a resourceVersion
+precondition.
 """
 
 from __future__ import annotations
