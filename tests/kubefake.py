@@ -258,6 +258,23 @@ class FakeManagement:
     def workload(self, namespace: str, cluster: str) -> FakeWorkload:
         return self.cluster
 
+    def read(self, ref: RecordRef, key: str) -> Annotation | None:
+        self.calls("read")
+        found = self.machines.get((ref.namespace or "", ref.name)) if ref.kind == "Machine" else None
+        if found is None:
+            return None
+        return Annotation(found.annotations.get(key), found.resource_version or "", found.node_name)
+
+    def write(self, ref: RecordRef, key: str, value: str | None, resource_version: str) -> None:
+        """As the real one: a merge patch conditional on the resourceVersion read (else Conflict)."""
+        self.calls("write")
+        found = self.machines.get((ref.namespace or "", ref.name)) if ref.kind == "Machine" else None
+        if found is None:
+            raise KubeError(f"annotate {ref}: the API server answered 404", 404)
+        if found.resource_version != resource_version:
+            raise Conflict(f"annotate {ref}: the API server answered 409", 409)
+        self.annotate(found.namespace, found.name, {key: value})
+
     def close(self) -> None:
         self.closed = True
 

@@ -23,7 +23,9 @@ class InfraTagsPoller(Protocol):
     """UpdateMachine's wait for the infrastructure provider to apply the desired tags
     (``kubeaware.infra_tags.InfraTagsWait`` in the Kubernetes-aware mode)."""
 
-    async def poll(self, desired: DesiredTags) -> Progress: ...
+    async def poll(self, desired: DesiredTags, machine: str) -> Progress:
+        """``machine``: the name of the Machine (in ``desired.namespace``) the tags are for."""
+        ...
 
     async def host_idle(self, run: RunRequest) -> bool:
         """True when the host has nothing to do for ``run`` (its steps hold already): no play runs."""

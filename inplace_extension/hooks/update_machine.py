@@ -100,7 +100,11 @@ async def update_machine(request: UpdateMachineRequest, context: HookContext) ->
     idle = tags is not None and context.infra_tags is not None
     idle = idle and (not run.capabilities or await context.infra_tags.host_idle(run))  # type: ignore[union-attr]
     host = None if idle else await context.executor.poll(run)
-    infrastructure = await context.infra_tags.poll(tags) if context.infra_tags and tags else None
+    infrastructure = (
+        await context.infra_tags.poll(tags, request.desired.machine.metadata.name)
+        if context.infra_tags and tags
+        else None
+    )
     progress = combined(host, infrastructure)
     logger.info(
         "hook=UpdateMachine machine=%s run=%s capabilities=%s decision=%s",

@@ -112,6 +112,12 @@ class KubeManagement:
     def workload(self, namespace: str, cluster: str) -> KubeWorkload:
         return KubeWorkload(self._workloads.get(namespace, cluster))
 
+    def read(self, ref: RecordRef, key: str) -> Annotation | None:
+        return records.read(self._client, ref, key)
+
+    def write(self, ref: RecordRef, key: str, value: str | None, resource_version: str) -> None:
+        records.write(self._client, ref, key, value, resource_version)
+
     def close(self) -> None:
         self._events.close()
         self._workloads.close()

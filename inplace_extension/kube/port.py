@@ -166,9 +166,21 @@ class WorkloadCluster(ClusterObjects, Protocol):
         ...
 
 
-class ManagementCluster(ClusterObjects, Protocol):
+class RecordStore(Protocol):
+    def read(self, ref: RecordRef, key: str) -> Annotation | None:
+        """The annotation ``key`` of ``ref`` and its resourceVersion; None when the object does not exist."""
+        ...
+
+    def write(self, ref: RecordRef, key: str, value: str | None, resource_version: str) -> None:
+        """Set (None: remove) the annotation if the object is still at ``resource_version`` (else
+        Conflict; NotFound when it is gone)."""
+        ...
+
+
+class ManagementCluster(ClusterObjects, RecordStore, Protocol):
     """The management cluster: Machines, their owners, Events, the workload clusters; ``objects`` reads
-    any other object there (the provider's infrastructure machine, for its last-applied tags)."""
+    any other object there (the provider's infrastructure machine, for its last-applied tags); ``read``
+    and ``write`` keep an annotation on a Machine (the infrastructure tags wait's clock)."""
 
     def machine(self, namespace: str, name: str) -> MachineFacts | None:
         """The Machine's facts, or None when it does not exist."""
@@ -276,17 +288,6 @@ class Annotation:
     value: str | None
     resource_version: str
     node: str | None = None
-
-
-class RecordStore(Protocol):
-    def read(self, ref: RecordRef, key: str) -> Annotation | None:
-        """The annotation ``key`` of ``ref`` and its resourceVersion; None when the object does not exist."""
-        ...
-
-    def write(self, ref: RecordRef, key: str, value: str | None, resource_version: str) -> None:
-        """Set (None: remove) the annotation if the object is still at ``resource_version`` (else
-        Conflict; NotFound when it is gone)."""
-        ...
 
 
 @dataclass(frozen=True)

@@ -214,9 +214,9 @@ class KubeClusterSide:
         return Progress(ProgressState.FAILED, message)
 
     @property
-    def management(self) -> ClusterObjects:
-        """The management cluster's objects (the infrastructure machines whose tags UpdateMachine waits
-        for)."""
+    def management(self) -> ManagementCluster:
+        """The management cluster (the infrastructure machines whose tags UpdateMachine waits for, and the
+        Machines that keep that wait's clock)."""
         return self._management
 
     def reported_version(self, request: RunRequest) -> str | None:

@@ -32,7 +32,7 @@ class FakeTagsWait:
         self.asked: list[DesiredTags] = []
         self.idle_asked: list[RunRequest] = []
 
-    async def poll(self, desired: DesiredTags) -> Progress:
+    async def poll(self, desired: DesiredTags, machine: str) -> Progress:
         self.asked.append(desired)
         return self.progress
 
