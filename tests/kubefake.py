@@ -59,6 +59,9 @@ class FakeNode:
     annotations: dict[str, str] = field(default_factory=dict)
     pods: int = 0  # Pods a drain must evict
     stuck: bool = False  # a PodDisruptionBudget refuses every eviction
+    # the service's own attempt Pods of other Machines on it, still running: a drain waits for them (past
+    # its timeout a retriable DrainError), never evicts them
+    attempts: int = 0
     # the DisruptiveInPlaceUpdate condition as (status, message); None: the Node has no such condition
     updating: tuple[str, str] | None = None
     condition_writes: int = 0  # how often the condition was written
@@ -111,6 +114,7 @@ class FakeWorkload:
     def __init__(self, calls: Calls) -> None:
         self.nodes: dict[str, FakeNode] = {}
         self.calls = calls
+        self.policies: list[DrainPolicy] = []  # what each drain was asked to honour
         self.cluster_objects = FakeObjects(calls)
 
     def objects(self, query: ObjectQuery) -> list[dict[str, Any]]:
@@ -135,13 +139,20 @@ class FakeWorkload:
 
     def drain(self, node: str, policy: DrainPolicy, report: Callable[[int], None]) -> None:
         self.calls("drain")
+        self.policies.append(policy)
         found = self.nodes[node]
-        report(found.pods)
+        report(found.pods + found.attempts)
         if found.stuck and found.pods:
             raise DrainError(
                 f"drain: timed out after {policy.timeout_seconds:g}s with {found.pods} pods left"
             )
         found.pods = 0
+        if found.attempts:
+            raise DrainError(
+                f"drain: timed out after {policy.timeout_seconds:g}s with {found.attempts} pods left on Node "
+                f"{node}; still running: the attempts of other updates",
+                retriable=True,
+            )
         report(0)
 
     def uncordon(self, node: str, owner: str) -> bool:

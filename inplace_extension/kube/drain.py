@@ -10,6 +10,14 @@
   carries the configured grace period (else the Pod's own). Progress ``draining: N pods left`` is
   reported whenever N changes; past the timeout a :class:`DrainError` says how many Pods are left and
   which evictions a PodDisruptionBudget refused.
+- **The service's own attempts** (Pods with the policy's ``attempt_labels``: Jobs of the
+  ``kubernetes`` executor updating other Machines, kept off their own Node but free to land on this
+  one) are not a user's workload: never evicted (that would interrupt another update) and never
+  refused for their emptyDir scratch. The drain waits for them to end (their Job's deadline bounds
+  them), except for one that waits at its own drain point (its phase annotation says ``draining``):
+  that one may be waiting for a Pod on its Node, maybe this drain's own, so it is left where it is
+  and the drain goes on (two Machines updated at once never wait for each other). Past the timeout
+  with only such Pods left the :class:`DrainError` is retriable.
 - **Uncordon** is one JSON patch that first *tests* that our annotation is still there, so only a Node
   we cordoned is uncordoned, and of two callers (the run that drained, a restarted service cleaning up)
   exactly one succeeds.
@@ -18,7 +26,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from lightkube import ALL_NS, AsyncClient, Client
@@ -29,13 +37,24 @@ from lightkube.types import PatchType
 from inplace_extension.kube.budgets import blocking_budget
 from inplace_extension.kube.client import translated
 from inplace_extension.kube.errors import Conflict, KubeError, NotFound
+from inplace_extension.kube.jobs import PHASE_ANNOTATION
 from inplace_extension.kube.port import DrainError, DrainPolicy
 
-__all__ = ["CORDONED_BY", "DrainError", "DrainPolicy", "cordon", "cordoned_by", "drain", "uncordon"]
+__all__ = [
+    "CORDONED_BY",
+    "DrainError",
+    "DrainPolicy",
+    "cordon",
+    "cordoned_by",
+    "drain",
+    "plan_drain",
+    "uncordon",
+]
 
 CORDONED_BY: Final = "inplace-extension.io/cordoned-by"
 _CORDONED_BY_PATH: Final = "/metadata/annotations/" + CORDONED_BY.replace("~", "~0").replace("/", "~1")
 MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
+DRAINING_PHASE: Final = "draining"  # an attempt's phase while its play waits at its drain point
 
 
 def cordon(client: Client, node: str, owner: str) -> bool:
@@ -90,21 +109,29 @@ def cordoned_by(client: Client, node: str) -> str | None:
 
 
 def drain(client: Client, node: str, policy: DrainPolicy, report: Callable[[int], None]) -> None:
-    """Evict the Node's Pods until none is left, or raise :class:`DrainError` past the timeout."""
+    """Evict the Node's Pods until none is left (the service's own attempts: until they ended or wait
+    at their drain point), or raise :class:`DrainError` past the timeout."""
     deadline = time.monotonic() + policy.timeout_seconds
     refused: set[str] = set()
     while True:
-        pods = pods_to_evict(client, node, policy)
-        report(len(pods))
-        if not pods:
+        with translated(f"list Pods on Node {node}"):
+            on_node = list(client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": node}))
+        pods, attempts = plan_drain(on_node, node, policy)
+        report(len(pods) + len(attempts))
+        if not pods and not attempts:
             return
         if time.monotonic() >= deadline:
-            left = f"{len(pods)} pod{'s' if len(pods) != 1 else ''} left"
+            count = len(pods) + len(attempts)
+            left = f"{count} pod{'s' if count != 1 else ''} left"
             message = f"drain: timed out after {policy.timeout_seconds:g}s with {left} on Node {node}"
             blocked = sorted(refused & {_key(pod) for pod in pods})
             if blocked:
                 message += "; evictions refused by a PodDisruptionBudget: " + ", ".join(blocked)
-            raise DrainError(message)
+            if attempts:
+                message += "; still running: the attempts of other updates " + ", ".join(
+                    sorted(_key(pod) for pod in attempts)
+                )
+            raise DrainError(message, retriable=not pods)
         for pod in pods:
             if pod.metadata is not None and pod.metadata.deletionTimestamp is None:
                 if _evict(client, pod, policy.grace_seconds):
@@ -120,11 +147,13 @@ def drain(client: Client, node: str, policy: DrainPolicy, report: Callable[[int]
         time.sleep(max(0.0, min(policy.poll_seconds, deadline - time.monotonic())))
 
 
-def pods_to_evict(client: Client, node: str, policy: DrainPolicy) -> list[Pod]:
-    """The Node's Pods a drain must evict, sorted by namespace/name (deterministic progress)."""
-    with translated(f"list Pods on Node {node}"):
-        pods = list(client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": node}))
-    chosen = [pod for pod in pods if _must_evict(pod)]
+def plan_drain(pods: Sequence[Pod], node: str, policy: DrainPolicy) -> tuple[list[Pod], list[Pod]]:
+    """Of the Pods on ``node``: those the drain must evict, and the service's own attempts it waits
+    for (each sorted by namespace/name: deterministic progress). Pure."""
+    running = [pod for pod in pods if _must_evict(pod)]
+    attempts = [pod for pod in running if _is_attempt(pod, policy)]
+    chosen = [pod for pod in running if not _is_attempt(pod, policy)]
+    waited = [pod for pod in attempts if not _at_own_drain_point(pod)]
     if not policy.delete_empty_dir_data:
         with_data = sorted(_key(pod) for pod in chosen if _uses_empty_dir(pod))
         if with_data:
@@ -132,7 +161,20 @@ def pods_to_evict(client: Client, node: str, policy: DrainPolicy) -> list[Pod]:
                 f"drain: Pods with emptyDir data on Node {node}: {', '.join(with_data)} "
                 "(--drain-delete-emptydir-data allows evicting them)"
             )
-    return sorted(chosen, key=_key)
+    return sorted(chosen, key=_key), sorted(waited, key=_key)
+
+
+def _is_attempt(pod: Pod, policy: DrainPolicy) -> bool:
+    """One of the service's own attempt Pods (all of the policy's attempt labels)."""
+    labels = (pod.metadata.labels or {}) if pod.metadata else {}
+    return bool(policy.attempt_labels) and all(labels.get(k) == v for k, v in policy.attempt_labels)
+
+
+def _at_own_drain_point(pod: Pod) -> bool:
+    """An attempt Pod whose play waits for its own Node's drain (its published phase)."""
+    annotations = (pod.metadata.annotations or {}) if pod.metadata else {}
+    phase = annotations.get(PHASE_ANNOTATION)
+    return isinstance(phase, str) and phase.startswith(DRAINING_PHASE)
 
 
 def _must_evict(pod: Pod) -> bool:

@@ -64,10 +64,20 @@ class DrainPolicy:
     # a PodDisruptionBudget that can never allow the eviction (kube/budgets.py) fails the drain at once;
     # True: wait for it until the timeout, as for any refused eviction
     wait_for_blocking_budgets: bool = False
+    # the labels of the service's own attempt Pods (the kubernetes executor's Jobs, updating other
+    # Machines): never evicted, never a user's emptyDir data; waited for, unless they wait at their own
+    # drain point (kube/drain.py)
+    attempt_labels: tuple[tuple[str, str], ...] = ()
 
 
 class DrainError(Exception):
-    """The drain did not finish; the message (``drain: ...``) is stable and goes to CAPI as is."""
+    """The drain did not finish; the message (``drain: ...``) is stable and goes to CAPI as is.
+    ``retriable``: what held it up goes away by itself (the service's own attempts of other Machines):
+    the attempt is retried, not remembered as failed."""
+
+    def __init__(self, message: str, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
 
 
 @dataclass(frozen=True)

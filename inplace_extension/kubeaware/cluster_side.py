@@ -25,6 +25,7 @@ from inplace_extension.kube.port import (
 )
 from inplace_extension.kube.update_condition import CONDITION as UPDATE_CONDITION
 from inplace_extension.kubeaware import health
+from inplace_extension.kubejobs.manifest import ATTEMPT_POD_LABELS
 from inplace_extension.runs import holds, progress
 from inplace_extension.runs.model import Blocked, Hold, Progress, ProgressState, RunRequest
 from inplace_extension.settings import Settings
@@ -55,6 +56,9 @@ class KubeClusterSide:
             grace_seconds=settings.drain_grace_seconds,
             delete_empty_dir_data=settings.drain_delete_emptydir_data,
             wait_for_blocking_budgets=settings.drain_wait_for_blocking_pdbs,
+            # the kubernetes executor's Jobs updating other Machines may run on this Node: never a user's
+            # workload (kube/drain.py)
+            attempt_labels=ATTEMPT_POD_LABELS,
         )
         self._gate_seconds = settings.health_gate_timeout_seconds
         # run ident -> steps found not to disrupt the node this time (before the play; read by its steps)
@@ -128,9 +132,9 @@ class KubeClusterSide:
                 "machine=%s run=%s node=%s cordoned (ours=%s)", request.machine, request.ident, node, ours
             )
             workload.drain(node, self._policy, lambda n: report(progress.draining(n)))
-        except DrainError as exc:
+        except DrainError as exc:  # remembered, unless what held it up goes away by itself
             self.state(request, "DrainFailed", str(exc), warning=True)
-            return Blocked(str(exc))
+            return Blocked(str(exc), retriable=exc.retriable)
         except KubeError as exc:  # the API, not the workloads: try again with backoff
             message = f"drain: {exc.message}"
             self.state(request, "DrainFailed", message, warning=True)

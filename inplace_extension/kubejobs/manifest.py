@@ -25,6 +25,8 @@ COMPONENT: Final = "attempt"
 MACHINE_LABEL: Final = "inplace-extension.io/machine"
 NAMESPACE_LABEL: Final = "inplace-extension.io/namespace"
 ATTEMPT_LABEL: Final = "inplace-extension.io/attempt"
+# what tells an attempt's Pod from a user's workload (a drain waits for it, never evicts it)
+ATTEMPT_POD_LABELS: Final = (("app.kubernetes.io/name", APP), ("app.kubernetes.io/component", COMPONENT))
 RUN_LABEL: Final = "inplace-extension.io/run"  # a hash of the run ident (names are too long for a label)
 # the episode of the run's desired state the attempt belongs to (kubejobs/record.py): A -> B -> A makes two
 EPISODE_LABEL: Final = "inplace-extension.io/episode"
@@ -96,8 +98,7 @@ def labels(request: RunRequest, attempt: int, *, episode: str) -> dict[str, str]
     MachineDeployment and MachineSet when CAPI labelled it with them, the run, its episode and the
     attempt."""
     result = {
-        "app.kubernetes.io/name": APP,
-        "app.kubernetes.io/component": COMPONENT,
+        **dict(ATTEMPT_POD_LABELS),
         MACHINE_LABEL: label_value(request.name),
         NAMESPACE_LABEL: label_value(request.namespace),
         RUN_LABEL: run_label(request.ident),

@@ -17,6 +17,7 @@ from inplace_extension.kube.errors import Forbidden, KubeError, Unreachable
 from inplace_extension.kube.machines import SKIP_REMEDIATION, SKIP_REMEDIATION_BY
 from inplace_extension.kube.update_condition import IDLE_MESSAGE
 from inplace_extension.kubeaware.cluster_side import KubeClusterSide, updating_message
+from inplace_extension.kubejobs.manifest import ATTEMPT_POD_LABELS
 from inplace_extension.runs.model import Blocked, Hold, ProgressState, RunRequest
 from inplace_extension.settings import Settings
 
@@ -95,6 +96,25 @@ def test_a_refused_drain_is_a_remembered_failure_and_an_unreachable_api_a_retria
         "drain: the API server is unreachable (ConnectError)", retriable=True
     )
     assert cluster.reasons() == ["DrainFailed", "DrainFailed"]
+
+
+def test_a_drain_held_up_by_other_updates_attempts_is_retried_and_drains_once_they_ended(
+    cluster: FakeManagement,
+) -> None:
+    """Two Machines updated at once, the other's attempt Pod on this Node: the drain does not take it
+    for a user's workload (the policy names the attempts' labels), and what holds it up goes away by
+    itself, so the play's block is retriable, not remembered; once that Pod has ended the drain ends."""
+    side, run = side_for(cluster), request("kubelet_args")
+    node = cluster.cluster.nodes[NODE]
+    node.attempts = 1
+    assert side.before_play(run) is None
+    blocked = side.drain(run, lambda message: None)
+    assert blocked is not None and blocked.retriable
+    assert blocked.message.endswith("still running: the attempts of other updates")
+    assert cluster.cluster.policies[-1].attempt_labels == ATTEMPT_POD_LABELS
+    node.attempts = 0  # that Job ended
+    assert side.drain(run, lambda message: None) is None
+    assert cluster.reasons() == ["DrainFailed", "Drained"]
 
 
 def test_no_node_ref_blocks_the_drain(cluster: FakeManagement) -> None:
