@@ -7,19 +7,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kubefake import FakeJobs
+from kubefake import FakeJobs, FakeManagement
+from run_deps import run_service
 from runs.test_service import INVENTORY, Clock, utc
 
+from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.port import RecordRef
+from inplace_extension.kubeaware.cluster_side import KubeClusterSide
 from inplace_extension.kubejobs.manifest import JOB_TTL_BACKSTOP_SECONDS, job_name
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
 from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.holds import PAUSE_ANNOTATION
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.play_time import known_cost
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
-from kubejobs.support import CONFIG, outcome
-from kubejobs.test_backend import STARTING, machine_backend
+from kubejobs.support import CONFIG, job_backend, outcome
+from kubejobs.test_backend import STARTING, machine_backend, machine_of
 
 pytestmark = pytest.mark.anyio
 FP = "cd" * 32
@@ -54,8 +58,6 @@ def clock() -> Clock:
 
 
 def replica(settings: Settings, cluster: FakeJobs, clock: Clock) -> RunService:
-    from run_deps import run_service
-
     return run_service(settings, clock=clock, backend=machine_backend(cluster, clock))
 
 
@@ -119,3 +121,69 @@ async def test_the_expected_end_of_a_play_is_the_records(
     clock.now += 1
     answers = [await experienced.poll(second), await replica(settings, cluster, clock).poll(second)]
     assert answers[0] == answers[1], "a fresh replica expects the recorded end"
+
+
+async def test_a_rollout_answers_alike_from_either_replica_one_replaced_half_way_each_event_once(
+    settings: Settings, clock: Clock
+) -> None:
+    """A MachineDeployment of two Machines updated one after the other, paused at first; CAPI's polls
+    go to two replicas in turn, and after the first Machine one replica is replaced by a fresh one. Each
+    poll is asked of both replicas at the same moment: the answers are equal (also the in-flight
+    retryAfterSeconds of the second Machine's play, which one replica expects from the first Machine's
+    and the fresh one could not), and every Event on the Machines is there once."""
+    management = FakeManagement()
+    for name, node in (("m1", "node-1"), ("m2", "node-2")):
+        management.add_machine("default", name, node)
+    management.owners[("MachineDeployment", "default", "md-0")] = {PAUSE_ANNOTATION: ""}
+    jobs = FakeJobs()
+
+    def fresh() -> RunService:
+        side = KubeClusterSide(management, settings, NO_CUSTOM)
+        backend = job_backend(jobs, management, machine_of, clock)
+        return run_service(settings, cluster=side, clock=clock, backend=backend)
+
+    replicas = [fresh(), fresh()]
+    turn = 0
+
+    async def poll(request: RunRequest) -> Progress:
+        nonlocal turn
+        first, second = replicas[turn % 2], replicas[(turn + 1) % 2]
+        turn += 1
+        answer = await first.poll(request)
+        assert await second.poll(request) == answer, f"poll {turn} of {request.name}"
+        return answer
+
+    steps = ("ntp", "kubelet_args")  # known costs: 6 s
+    m1, m2 = (
+        RunRequest(
+            namespace="default",
+            name=name,
+            fingerprint=FP,
+            capabilities=steps,
+            inputs={c: {"x": [c]} for c in steps},
+            labels={"cluster.x-k8s.io/deployment-name": "md-0"},
+        )
+        for name in ("m1", "m2")
+    )
+    paused = await poll(m1)
+    assert paused.waiting == "pause" and await poll(m1) == paused
+    del management.owners[("MachineDeployment", "default", "md-0")]
+    assert (await poll(m1)).in_flight
+    clock.now += 1
+    jobs.only_job().phase = "running: ntp"
+    assert (await poll(m1)).message == "running: ntp"
+    began = clock.now - 1
+    jobs.finish(job_name(m1.ident, 1), outcome(OutcomeKind.SUCCESSFUL, began + 20), at=began + 20)
+    clock.now = began + 20  # the play took 20 s: the replicas that saw it end expect as much next time
+    assert await poll(m1) == APPLIED
+    replicas[turn % 2] = fresh()  # half-way: the next poll's first replica is a fresh one
+    launched = await poll(m2)
+    assert launched.in_flight
+    for _ in range(3):
+        clock.now += 1
+        assert (await poll(m2)).in_flight
+    jobs.finish(job_name(m2.ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now), at=clock.now)
+    assert await poll(m2) == APPLIED
+    assert await poll(m2) == APPLIED
+    posted = [(event.about.name, event.reason) for event in management.events]
+    assert posted == [("m1", "Waiting"), ("m1", "Queued"), ("m1", "Done"), ("m2", "Queued"), ("m2", "Done")]
