@@ -131,7 +131,8 @@ class Settings(BaseSettings):
         3600,
         ge=60,
         le=7 * 86400,
-        description="kubernetes executor: a finished Job is deleted after this long",
+        description="kubernetes executor: a finished Job (and its logs) is kept this long once its outcome "
+        "is in the record (until then up to 7 days)",
     )
     job_start_timeout_seconds: int = Field(
         600,

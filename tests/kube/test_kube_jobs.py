@@ -20,7 +20,14 @@ from inplace_extension.kube.cluster import KubeJobs, connect_jobs
 from inplace_extension.kube.errors import Conflict
 from inplace_extension.kube.jobs import JOB_NAME_LABEL, PHASE_ANNOTATION
 from inplace_extension.kube.port import RecordRef
-from inplace_extension.kubejobs.manifest import JobConfig, job_manifest, job_name, labels, secret_manifest
+from inplace_extension.kubejobs.manifest import (
+    JOB_TTL_BACKSTOP_SECONDS,
+    JobConfig,
+    job_manifest,
+    job_name,
+    labels,
+    secret_manifest,
+)
 from inplace_extension.runs.model import RunRequest
 
 from .conftest import create_machine
@@ -87,7 +94,13 @@ def test_a_job_owns_its_secret_is_created_once_and_reports_its_pod(kubelab: Lab,
     assert owned["metadata"]["ownerReferences"] == [
         {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": made["metadata"]["uid"]}
     ]
-    assert made["spec"]["backoffLimit"] == 0 and made["spec"]["ttlSecondsAfterFinished"] == 600
+    assert made["spec"]["backoffLimit"] == 0
+    assert (
+        made["spec"]["ttlSecondsAfterFinished"] == JOB_TTL_BACKSTOP_SECONDS
+    )  # until the outcome is recorded
+    jobs.set_job_ttl(ns, name, 600)
+    patched = objects.get(kubelab, "job", name, ns)
+    assert patched is not None and patched["spec"]["ttlSecondsAfterFinished"] == 600
 
     assert jobs.job_finished(ns, name) is False  # the near-end wait's one read: the Job alone
     state = jobs.job_state(ns, name)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from inplace_extension.kubejobs.attempt import KILL_AFTER_SECONDS
 from inplace_extension.kubejobs.manifest import (
+    JOB_TTL_BACKSTOP_SECONDS,
     STOP_GRACE_SECONDS,
     job_manifest,
     job_name,
@@ -88,7 +89,8 @@ def test_the_job_is_selectable_kept_off_its_node_bounded_in_time_and_non_root() 
     spec = job["spec"]
     assert spec["backoffLimit"] == 0
     assert spec["activeDeadlineSeconds"] == 1800
-    assert spec["ttlSecondsAfterFinished"] == 3600
+    # --job-ttl-seconds only once its outcome is in the record (the backend shortens it)
+    assert spec["ttlSecondsAfterFinished"] == JOB_TTL_BACKSTOP_SECONDS
     # a deleted Pod's attempt stops its play (SIGTERM, then SIGKILL) and writes its outcome before SIGKILL
     grace = spec["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace == STOP_GRACE_SECONDS >= 4 * KILL_AFTER_SECONDS
