@@ -20,7 +20,9 @@ from kubelab import objects
 from kubelab.lab import Lab
 
 from inplace_extension.kube import drain
+from inplace_extension.kube.jobs import PHASE_ANNOTATION
 from inplace_extension.kube.nodes import node_health
+from inplace_extension.kubejobs.manifest import ATTEMPT_POD_LABELS
 
 from .conftest import annotations_of, unschedulable
 
@@ -193,11 +195,45 @@ def test_pods_with_emptydir_data_are_refused_unless_allowed(kubelab: Lab, client
     assert _pods(kubelab, ns) == []
 
 
+def test_another_updates_attempt_pod_is_waited_for_and_never_evicted(kubelab: Lab, client: Any) -> None:
+    """The service's own attempt Pods (the kubernetes executor's Jobs of other Machines) on the Node:
+    one still playing is waited for (its emptyDir scratch is no user's data), never evicted, and the
+    drain ends once it is gone; one waiting at its own drain point is left where it is."""
+    node, ns = _name("node"), _name("attempts")
+    objects.create_kwok_node(kubelab, node)
+    scratch = [{"name": "tmp", "emptyDir": {}}]
+    objects.create_pod(kubelab, ns, "web-1", node, labels={"app": "web"})
+    objects.create_pod(kubelab, ns, "playing", node, labels=dict(ATTEMPT_POD_LABELS), volumes=scratch)
+    objects.create_pod(kubelab, ns, "waiting", node, labels=dict(ATTEMPT_POD_LABELS), volumes=scratch)
+    kubelab.kubectl("annotate", "pod", "-n", ns, "waiting", f"{PHASE_ANNOTATION}=draining: 1 pod left")
+    policy = drain.DrainPolicy(
+        timeout_seconds=60, poll_seconds=0.2, grace_seconds=0, attempt_labels=ATTEMPT_POD_LABELS
+    )
+    reports: list[int] = []
+    ended = threading.Event()
+
+    def its_job_ends() -> None:  # the playing attempt's Job ends (its Pod goes with its Job)
+        # the drain looked three times with the playing attempt left, and waited on
+        assert wait_until(lambda: reports[-3:] == [1, 1, 1], 30)
+        assert {p["metadata"]["name"] for p in _pods(kubelab, ns)} == {"playing", "waiting"}
+        kubelab.kubectl("delete", "pod", "-n", ns, "playing", "--wait=true")
+        ended.set()
+
+    ender = threading.Thread(target=its_job_ends, daemon=True)
+    ender.start()
+    drain.drain(client, node, policy, reports.append)
+    ender.join(30)
+    assert ended.is_set() and reports[0] == 2 and reports[-1] == 0
+    assert {p["metadata"]["name"] for p in _pods(kubelab, ns)} == {"waiting"}, "never evicted, left in place"
+
+
 KILLED_CORDON = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
     from inplace_extension.kube import drain
+from inplace_extension.kube.jobs import PHASE_ANNOTATION
+from inplace_extension.kubejobs.manifest import ATTEMPT_POD_LABELS
     from inplace_extension.kube.client import connect
     client = connect(Path(sys.argv[1]))
     assert drain.cordon(client, sys.argv[2], sys.argv[3])
