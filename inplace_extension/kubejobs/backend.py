@@ -168,6 +168,19 @@ class JobBackend:
 
         await anyio.to_thread.run_sync(end)
 
+    async def gate_passed(self, request: RunRequest, number: int) -> None:
+        """Best effort: a replica that cannot write it runs the gate again on its next poll."""
+
+        def passed() -> None:
+            self._update(request, lambda r: r.passed_gate(number))
+
+        try:
+            await anyio.to_thread.run_sync(passed)
+        except KubeError as exc:
+            log.warning(
+                "machine=%s run=%s: the gate's pass not recorded: %s", request.machine, request.ident, exc
+            )
+
     # the launcher
 
     async def in_flight(self, request: RunRequest) -> str | None:

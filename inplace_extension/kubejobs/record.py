@@ -44,6 +44,7 @@ class Recorded:
     job: str  # the Job's name
     outcome: Outcome | None = None  # None: its Job has not been seen ending yet
     expected: float = 0.0  # its play's expected duration, decided at the launch (0: not recorded)
+    gate_passed: bool = False  # successful, and the health gate passed after it: done for every replica
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +56,7 @@ class Recorded:
             "j": self.job,
             "o": None if self.outcome is None else self.outcome.to_json(),
             "e": self.expected,
+            "g": self.gate_passed,
         }
 
     @classmethod
@@ -69,6 +71,7 @@ class Recorded:
             job=str(data["j"]),
             outcome=Outcome.from_json(outcome) if isinstance(outcome, dict) else None,
             expected=float(data.get("e", 0.0)),
+            gate_passed=bool(data.get("g", False)),
         )
 
 
@@ -175,6 +178,15 @@ class Record:
                 return replace(self, attempts=tuple(attempts))
         return None
 
+    def passed_gate(self, number: int) -> Record | None:
+        """The record with the health gate passed after attempt ``number``; None when it says so already."""
+        attempts = list(self.attempts)
+        for i, attempt in enumerate(attempts):
+            if attempt.number == number and not attempt.gate_passed:
+                attempts[i] = replace(attempt, gate_passed=True)
+                return replace(self, attempts=tuple(attempts))
+        return None
+
     def to_attempts(self) -> list[Attempt]:
         return [
             Attempt(
@@ -186,6 +198,7 @@ class Record:
                 a.started,
                 episode=self.episode,
                 expected=a.expected,
+                gate_passed=a.gate_passed,
             )
             for a in self.attempts
         ]

@@ -109,6 +109,9 @@ class Attempt:
     # the play's expected duration in seconds, decided when it was launched (play_time.py; the
     # ``kubernetes`` record's, so that every replica expects the same end); 0 when not recorded
     expected: float = 0.0
+    # the health gate passed after this (successful) attempt, as the record says (``kubernetes``: every
+    # replica answers done from then on); False: not recorded
+    gate_passed: bool = False
 
 
 def write_json(path: Path, data: object, mode: int = 0o600) -> None:

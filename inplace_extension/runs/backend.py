@@ -57,6 +57,12 @@ class AttemptRecord(Protocol):
         """The update waits for no health check (any more): forget the wait's clock."""
         ...
 
+    async def gate_passed(self, request: RunRequest, number: int) -> None:
+        """The health gate passed after attempt ``number``: recorded where any replica reads it (its
+        :attr:`~inplace_extension.runs.artifacts.Attempt.gate_passed`), or nothing where the process that
+        saw it is the only one to answer (``local``: its memory)."""
+        ...
+
 
 class Launcher(Protocol):
     """How an attempt is started and how far one in flight is."""

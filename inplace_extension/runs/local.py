@@ -142,6 +142,9 @@ class LocalBackend:
     async def end_wait(self, request: RunRequest) -> None:
         await anyio.to_thread.run_sync(health_wait.end, self._runs_dir / request.ident)
 
+    async def gate_passed(self, request: RunRequest, number: int) -> None:
+        """Nothing: this process answers every poll of its runs dir, and remembers the gate it saw pass."""
+
     def _load_now(self, request: RunRequest) -> list[Attempt]:
         # only the machine's current episode answers: after A -> B -> A, the first A's attempts do not
         answers = episode.answering(self._runs_dir, request)

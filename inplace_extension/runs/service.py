@@ -296,7 +296,8 @@ class RunService:
         its Node checks, then the checks of cluster objects."""
         gated = self._cluster is not NO_CLUSTER_SIDE or self._object_health is not NO_OBJECT_HEALTH
         settled = (request.ident, attempts[-1].episode)
-        if not gated or settled in self._settled:
+        passed = any(a.gate_passed for a in attempts)  # the record's: any replica saw it pass
+        if not gated or passed or settled in self._settled:
             return Progress(ProgressState.DONE, progress.APPLIED)
         applied = max(
             (a for a in attempts if a.outcome and a.outcome.kind is OutcomeKind.SUCCESSFUL),
@@ -312,6 +313,7 @@ class RunService:
         unhealthy = await anyio.to_thread.run_sync(self._object_health.unhealthy, request)
         if unhealthy is None:
             self._settled.add(settled)
+            await self._backend.gate_passed(request, applied.number)
             self._cluster.state(request, "Done", progress.APPLIED)
             return Progress(ProgressState.DONE, progress.APPLIED)
         if self._clock() - applied_at < self._gate_seconds:

@@ -187,3 +187,27 @@ async def test_a_rollout_answers_alike_from_either_replica_one_replaced_half_way
     assert await poll(m2) == APPLIED
     posted = [(event.about.name, event.reason) for event in management.events]
     assert posted == [("m1", "Waiting"), ("m1", "Queued"), ("m1", "Done"), ("m2", "Queued"), ("m2", "Done")]
+
+
+async def test_a_passed_health_gate_is_the_records(settings: Settings, clock: Clock) -> None:
+    """The health gate passed for one replica (done, its Event posted); the Node goes NotReady later
+    (a kubelet restart by someone else): a fresh replica answers done too, as the one that saw it pass."""
+    management = FakeManagement()
+    management.add_machine("default", "m1", "node-1")
+    jobs = FakeJobs()
+
+    def fresh() -> RunService:
+        side = KubeClusterSide(management, settings, NO_CUSTOM)
+        return run_service(
+            settings, cluster=side, clock=clock, backend=job_backend(jobs, management, machine_of, clock)
+        )
+
+    seen = fresh()
+    assert (await seen.poll(req())).in_flight
+    jobs.finish(job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now + 1), at=clock.now + 1)
+    clock.now += 1
+    assert await seen.poll(req()) == APPLIED
+    management.cluster.nodes["node-1"].ready = False
+    assert await seen.poll(req()) == APPLIED
+    assert await fresh().poll(req()) == APPLIED
+    assert management.reasons() == ["Queued", "Done"]
