@@ -628,7 +628,7 @@ class FakeJobs:
         for (_, name), job in list(self.jobs.items()):
             ttl = job.manifest["spec"].get("ttlSecondsAfterFinished")
             if job.finished_at is not None and ttl is not None and job.finished_at + ttl <= now:
-                self.delete_job(name)
+                self.expire_job(name)
 
     def expire_job(self, name: str) -> None:
         """The Job is deleted (its TTL, or an operator), and with it the Secrets it owns."""
