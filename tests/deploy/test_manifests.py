@@ -328,7 +328,8 @@ def test_rbac_grants_the_service_and_its_jobs_only_what_they_use() -> None:
         ("", "configmaps", "inplace-extension-config", verb) for verb in ("get", "list", "watch")
     }
     # one Job per attempt and the Secret it owns (made first, then owned; a Job that did not start
-    # deleted with it; its TTL shortened once its outcome is recorded); the Jobs' Pods, this Pod's own image, and why a Job has no Pod (its Events)
+    # deleted with it; its TTL shortened once its outcome is recorded); the Jobs' Pods, this Pod's own
+    # image, and why a Job has no Pod (its Events)
     assert _grants("Role", "inplace-extension-jobs") == {
         ("batch", "jobs", "", "get"),
         ("batch", "jobs", "", "create"),
