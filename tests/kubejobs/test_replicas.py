@@ -14,7 +14,7 @@ from runs.test_service import INVENTORY, Clock, utc
 from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.port import RecordRef
 from inplace_extension.kubeaware.cluster_side import KubeClusterSide
-from inplace_extension.kubejobs.manifest import JOB_TTL_BACKSTOP_SECONDS, job_name
+from inplace_extension.kubejobs.manifest import JOB_TTL_BACKSTOP_SECONDS, MACHINE_LABEL
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
 from inplace_extension.runs.artifacts import OutcomeKind
 from inplace_extension.runs.holds import PAUSE_ANNOTATION
@@ -71,6 +71,16 @@ def req(capabilities: tuple[str, ...] = ("ntp",)) -> RunRequest:
     )
 
 
+def job_of(jobs: FakeJobs, machine: str) -> str:
+    """The name of the one Job of ``machine``'s current attempt (named with its episode: the record's)."""
+    (name,) = [
+        name
+        for (_, name), job in jobs.jobs.items()
+        if job.manifest["metadata"]["labels"][MACHINE_LABEL] == machine and not job.finished
+    ]
+    return name
+
+
 def record(cluster: FakeJobs) -> Record:
     return Record.decode(cluster.annotation(MACHINE, RECORD_ANNOTATION), req().ident)
 
@@ -82,7 +92,7 @@ async def test_a_jobs_outcome_outlives_its_ttl_while_no_replica_polls(
     termination message) is still there, so the next poll records its outcome: no second play. Once
     the outcome is in the record the Job is kept for --job-ttl-seconds more (its logs), then goes."""
     assert (await replica(settings, cluster, clock).poll(req())).message == STARTING.message
-    name = job_name(req().ident, 1)
+    name = job_of(cluster, "m1")
     (job,) = cluster.jobs.values()
     assert job.manifest["spec"]["ttlSecondsAfterFinished"] == JOB_TTL_BACKSTOP_SECONDS
     cluster.finish(name, outcome(OutcomeKind.SUCCESSFUL, clock.now + 5), at=clock.now + 5)
@@ -108,7 +118,7 @@ async def test_the_expected_end_of_a_play_is_the_records(
     steps = ("kubernetes_version",)  # known cost 22 s
     experienced = replica(settings, cluster, clock)
     assert (await experienced.poll(req(steps))).in_flight
-    cluster.finish(job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now + 8), at=clock.now + 8)
+    cluster.finish(job_of(cluster, "m1"), outcome(OutcomeKind.SUCCESSFUL, clock.now + 8), at=clock.now + 8)
     clock.now += 8
     assert await experienced.poll(req(steps)) == APPLIED  # it learns: this play takes 8 s
     # the next desired state of the same Machine, launched by the replica that learned
@@ -173,7 +183,7 @@ async def test_a_rollout_answers_alike_from_either_replica_one_replaced_half_way
     jobs.only_job().phase = "running: ntp"
     assert (await poll(m1)).message == "running: ntp"
     began = clock.now - 1
-    jobs.finish(job_name(m1.ident, 1), outcome(OutcomeKind.SUCCESSFUL, began + 20), at=began + 20)
+    jobs.finish(job_of(jobs, "m1"), outcome(OutcomeKind.SUCCESSFUL, began + 20), at=began + 20)
     clock.now = began + 20  # the play took 20 s: the replicas that saw it end expect as much next time
     assert await poll(m1) == APPLIED
     replicas[turn % 2] = fresh()  # half-way: the next poll's first replica is a fresh one
@@ -182,7 +192,7 @@ async def test_a_rollout_answers_alike_from_either_replica_one_replaced_half_way
     for _ in range(3):
         clock.now += 1
         assert (await poll(m2)).in_flight
-    jobs.finish(job_name(m2.ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now), at=clock.now)
+    jobs.finish(job_of(jobs, "m2"), outcome(OutcomeKind.SUCCESSFUL, clock.now), at=clock.now)
     assert await poll(m2) == APPLIED
     assert await poll(m2) == APPLIED
     posted = [(event.about.name, event.reason) for event in management.events]
@@ -204,7 +214,7 @@ async def test_a_passed_health_gate_is_the_records(settings: Settings, clock: Cl
 
     seen = fresh()
     assert (await seen.poll(req())).in_flight
-    jobs.finish(job_name(req().ident, 1), outcome(OutcomeKind.SUCCESSFUL, clock.now + 1), at=clock.now + 1)
+    jobs.finish(job_of(jobs, "m1"), outcome(OutcomeKind.SUCCESSFUL, clock.now + 1), at=clock.now + 1)
     clock.now += 1
     assert await seen.poll(req()) == APPLIED
     management.cluster.nodes["node-1"].ready = False
