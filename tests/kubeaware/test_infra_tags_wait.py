@@ -10,10 +10,9 @@ import pytest
 from kubefake import FakeManagement
 
 from inplace_extension.inplace.infra_tags import PROVIDER_TAGS, DesiredTags
-from inplace_extension.inplace.plan import plan_update
 from inplace_extension.kube.errors import Unreachable
 from inplace_extension.kubeaware.infra_tags import InfraTagsWait
-from inplace_extension.runs.model import ProgressState, RunRequest, run_request
+from inplace_extension.runs.model import ProgressState, RunRequest
 
 pytestmark = pytest.mark.anyio
 
