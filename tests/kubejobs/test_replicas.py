@@ -23,7 +23,7 @@ from inplace_extension.runs.play_time import known_cost
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 from kubejobs.support import CONFIG, job_backend, outcome
-from kubejobs.test_backend import STARTING, machine_backend, machine_of
+from kubejobs.test_backend import PRIVATE_KEY, STARTING, machine_backend, machine_of
 
 pytestmark = pytest.mark.anyio
 FP = "cd" * 32
@@ -33,8 +33,11 @@ APPLIED = Progress(ProgressState.DONE, "update applied")
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
+    key = tmp_path / "ssh" / "id"  # the service copies the host's key into each Job's Secret
+    key.parent.mkdir()
+    key.write_bytes(PRIVATE_KEY)
     inv = tmp_path / "inventory.yaml"
-    inv.write_text(INVENTORY)
+    inv.write_text(INVENTORY.replace("/keys/id", str(key)))
     return Settings(
         inventory=inv,
         allowed_cidrs=["10.79.9.0/24"],
