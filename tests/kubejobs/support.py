@@ -5,7 +5,11 @@ Jobs, a record store on Machines or on Nodes) and a Job's termination message as
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
+
+from kubefake import FakeJobs
+from runs.test_service import INVENTORY
 
 from inplace_extension.kube.port import JobCluster, RecordRef, RecordStore
 from inplace_extension.kubejobs.backend import JobBackend
@@ -14,6 +18,7 @@ from inplace_extension.kubejobs.spec import termination_message
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
 from inplace_extension.runs.local import NO_PLAY_CONFIG
 from inplace_extension.runs.model import NO_CLUSTER_SIDE, ClusterSide, RunRequest
+from inplace_extension.settings import Settings
 
 CONFIG = JobConfig(
     namespace="inplace-extension-system",
@@ -24,6 +29,40 @@ CONFIG = JobConfig(
 )
 
 START_SECONDS = 600.0  # --job-start-timeout-seconds' default
+MACHINE = RecordRef("Machine", "m1", "default")  # the Machine of the tests' requests
+PRIVATE_KEY = (  # the inventory's key file: the service copies it into each attempt's own Secret
+    b"-----BEGIN OPENSSH PRIVATE KEY-----\nthe target's own key\n-----END OPENSSH PRIVATE KEY-----\n"
+)
+
+
+def kube_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    """The service's settings for the ``kubernetes`` executor: the tests' inventory with a real key
+    file (:data:`PRIVATE_KEY`), its host's range allowed, a runs dir under ``tmp_path``."""
+    key = tmp_path / "ssh" / "id"
+    key.parent.mkdir()
+    key.write_bytes(PRIVATE_KEY)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(INVENTORY.replace("/keys/id", str(key)))
+    fields: dict[str, Any] = {
+        "inventory": inventory,
+        "allowed_cidrs": ["10.79.9.0/24"],
+        "runs_dir": tmp_path / "runs",
+        "retry_after_seconds": 1,
+        "executor": "kubernetes",
+    }
+    return Settings(**{**fields, **overrides})
+
+
+def machine_cluster() -> FakeJobs:
+    """An in-memory cluster holding :data:`MACHINE`, its Node ``node-1``."""
+    fake = FakeJobs()
+    fake.add(MACHINE, node="node-1")
+    return fake
+
+
+def machine_of(request: RunRequest) -> RecordRef:
+    """Where the record of ``request`` lives: its Machine."""
+    return RecordRef("Machine", request.name, request.namespace)
 
 
 def job_backend(

@@ -21,7 +21,6 @@ from run_deps import run_service
 from runs.test_service import CEPH_DOWN, INVENTORY, Clock, Health, utc
 
 from inplace_extension.kube.errors import Unreachable
-from inplace_extension.kube.port import RecordRef
 from inplace_extension.kubejobs.backend import JOB_APPEARS_SECONDS, JOB_LOOK_SECONDS, JobBackend
 from inplace_extension.kubejobs.manifest import (
     ATTEMPT_KEY_FILE,
@@ -48,49 +47,36 @@ from inplace_extension.runs.policy import RETRY_ANNOTATION
 from inplace_extension.runs.resolve import ResolveError
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
-from kubejobs.support import CONFIG, START_SECONDS, job_backend, outcome
+from kubejobs.support import (
+    CONFIG,
+    MACHINE,
+    PRIVATE_KEY,
+    START_SECONDS,
+    job_backend,
+    kube_settings,
+    machine_cluster,
+    machine_of,
+    outcome,
+)
 
 pytestmark = pytest.mark.anyio
 FP = "ab" * 32
-MACHINE = RecordRef("Machine", "m1", "default")
 STARTING = Progress(ProgressState.IN_PROGRESS, "running: starting", 1, in_flight=True)
-
-
-PRIVATE_KEY = (
-    b"-----BEGIN OPENSSH PRIVATE KEY-----\nthe target's own key\n-----END OPENSSH PRIVATE KEY-----\n"
-)
 
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    key = tmp_path / "ssh" / "id"
-    key.parent.mkdir()
-    key.write_bytes(PRIVATE_KEY)
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(INVENTORY.replace("/keys/id", str(key)))
-    return Settings(
-        inventory=inv,
-        allowed_cidrs=["10.79.9.0/24"],
-        runs_dir=tmp_path / "runs",
-        retry_after_seconds=1,
-        executor="kubernetes",
-    )
+    return kube_settings(tmp_path)
 
 
 @pytest.fixture
 def cluster() -> FakeJobs:
-    fake = FakeJobs()
-    fake.add(MACHINE, node="node-1")
-    return fake
+    return machine_cluster()
 
 
 @pytest.fixture
 def clock() -> Clock:
     return Clock(utc("2026-12-01T12:00:00"))
-
-
-def machine_of(request: RunRequest) -> RecordRef:
-    return RecordRef("Machine", request.name, request.namespace)
 
 
 def machine_backend(cluster: FakeJobs, clock: Clock) -> JobBackend:

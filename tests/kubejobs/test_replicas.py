@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 from kubefake import FakeJobs, FakeManagement
 from run_deps import run_service
-from runs.test_service import INVENTORY, Clock, utc
+from runs.test_service import Clock, utc
 
 from inplace_extension.inplace.custom import NO_CUSTOM
-from inplace_extension.kube.port import RecordRef
 from inplace_extension.kubeaware.cluster_side import KubeClusterSide
 from inplace_extension.kubejobs.manifest import JOB_TTL_BACKSTOP_SECONDS, MACHINE_LABEL
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
@@ -22,37 +21,22 @@ from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.play_time import known_cost
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
-from kubejobs.support import CONFIG, job_backend, outcome
-from kubejobs.test_backend import PRIVATE_KEY, STARTING, machine_backend, machine_of
+from kubejobs.support import CONFIG, MACHINE, job_backend, kube_settings, machine_cluster, machine_of, outcome
+from kubejobs.test_backend import STARTING, machine_backend
 
 pytestmark = pytest.mark.anyio
 FP = "cd" * 32
-MACHINE = RecordRef("Machine", "m1", "default")
 APPLIED = Progress(ProgressState.DONE, "update applied")
 
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    key = tmp_path / "ssh" / "id"  # the service copies the host's key into each Job's Secret
-    key.parent.mkdir()
-    key.write_bytes(PRIVATE_KEY)
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(INVENTORY.replace("/keys/id", str(key)))
-    return Settings(
-        inventory=inv,
-        allowed_cidrs=["10.79.9.0/24"],
-        runs_dir=tmp_path / "runs",
-        retry_after_seconds=30,
-        executor="kubernetes",
-        job_ttl_seconds=3600,
-    )
+    return kube_settings(tmp_path, retry_after_seconds=30, job_ttl_seconds=3600)
 
 
 @pytest.fixture
 def cluster() -> FakeJobs:
-    fake = FakeJobs()
-    fake.add(MACHINE, node="node-1")
-    return fake
+    return machine_cluster()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import anyio
 import pytest
 from kubefake import FakeJobs
 from run_deps import run_service
-from runs.test_service import INVENTORY, Clock, utc
+from runs.test_service import Clock, utc
 
 from inplace_extension.kube.port import Annotation, RecordRef
 from inplace_extension.kubejobs.manifest import EPISODE_LABEL
@@ -21,43 +21,26 @@ from inplace_extension.runs.artifacts import OutcomeKind
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
-from kubejobs.support import job_backend, outcome
+from kubejobs.support import MACHINE, job_backend, kube_settings, machine_cluster, machine_of, outcome
 
 pytestmark = pytest.mark.anyio
 A, B = "ab" * 32, "cd" * 32
-MACHINE = RecordRef("Machine", "m1", "default")
 STARTING = Progress(ProgressState.IN_PROGRESS, "running: starting", 1, in_flight=True)
 
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    key = tmp_path / "id"  # the service copies it into each Job's Secret
-    key.write_text("the host's private key\n")
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(INVENTORY.replace("/keys/id", str(key)))
-    return Settings(
-        inventory=inv,
-        allowed_cidrs=["10.79.9.0/24"],
-        runs_dir=tmp_path / "runs",
-        retry_after_seconds=1,
-        executor="kubernetes",
-    )
+    return kube_settings(tmp_path)
 
 
 @pytest.fixture
 def cluster() -> FakeJobs:
-    fake = FakeJobs()
-    fake.add(MACHINE, node="node-1")
-    return fake
+    return machine_cluster()
 
 
 @pytest.fixture
 def clock() -> Clock:
     return Clock(utc("2026-12-01T12:00:00"))
-
-
-def machine_of(request: RunRequest) -> RecordRef:
-    return RecordRef("Machine", request.name, request.namespace)
 
 
 def replica(settings: Settings, cluster: FakeJobs, clock: Clock, records: object = None) -> RunService:

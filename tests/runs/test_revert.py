@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import anyio
 import pytest
@@ -17,25 +16,12 @@ from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 
 from .fakes import FakeRunner, failed_events
-from .test_service import CEPH_DOWN, INVENTORY, PLAYBOOKS, Health, settle
+from .test_service import CEPH_DOWN, Health, settle
 from .test_service import req as _req
+from .test_service import settings as settings  # the same service settings: a fixture
 
 pytestmark = pytest.mark.anyio
 A, B = "ab" * 32, "cd" * 32
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    inv = tmp_path / "inventory.yaml"
-    inv.write_text(INVENTORY)
-    return Settings(
-        inventory=inv,
-        allowed_cidrs=["10.79.9.0/24"],
-        runs_dir=tmp_path / "runs",
-        playbooks_dir=PLAYBOOKS,
-        retry_after_seconds=1,
-        max_parallel_runs=2,
-    )
 
 
 def req(name: str = "m1", fp: str = A) -> RunRequest:
