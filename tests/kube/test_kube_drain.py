@@ -232,8 +232,6 @@ KILLED_CORDON = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from inplace_extension.kube import drain
-from inplace_extension.kube.jobs import PHASE_ANNOTATION
-from inplace_extension.kubejobs.manifest import ATTEMPT_POD_LABELS
     from inplace_extension.kube.client import connect
     client = connect(Path(sys.argv[1]))
     assert drain.cordon(client, sys.argv[2], sys.argv[3])

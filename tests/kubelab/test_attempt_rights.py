@@ -235,6 +235,7 @@ ATTEMPT_KUBE_AWARE = ATTEMPT_PLAIN | {
 SERVICE_PLAIN = {
     "create jobs",
     "get jobs",
+    "patch jobs",  # a finished Job's TTL, once its outcome is in the record
     "delete jobs",
     "create secrets",
     "patch secrets",
@@ -255,6 +256,7 @@ SERVICE_KUBE_AWARE = SERVICE_PLAIN | {
 MCM_AGENT = {
     "create jobs",
     "get jobs",
+    "patch jobs",  # a finished Job's TTL, once its outcome is in the record
     "delete jobs",
     "create secrets",
     "patch secrets",
