@@ -363,13 +363,13 @@ class FakeTarget:
     async def patch_node_metadata(
         self,
         name: str,
-        resource_version: str,
+        resource_version: str | None,
         labels: Mapping[str, str | None] | None = None,
         annotations: Mapping[str, str | None] | None = None,
     ) -> dict[str, Any]:
         self.calls("patch_node_metadata")
         node = copy.deepcopy(self.nodes[name])
-        if node["metadata"]["resourceVersion"] != resource_version:
+        if resource_version is not None and node["metadata"]["resourceVersion"] != resource_version:
             raise Conflict(f"patch Node {name}: the API server answered 409", 409)
         for key, changes in (("labels", labels), ("annotations", annotations)):
             current = node["metadata"].setdefault(key, {})

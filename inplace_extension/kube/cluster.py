@@ -140,7 +140,7 @@ class KubeTarget:
     async def patch_node_metadata(
         self,
         name: str,
-        resource_version: str,
+        resource_version: str | None,
         labels: Mapping[str, str | None] | None = None,
         annotations: Mapping[str, str | None] | None = None,
     ) -> dict[str, Any]:

@@ -59,13 +59,14 @@ async def watch_nodes(client: AsyncClient, connected: asyncio.Event | None = Non
 async def patch_metadata(
     client: AsyncClient,
     name: str,
-    resource_version: str,
+    resource_version: str | None,
     labels: Mapping[str, str | None] | None = None,
     annotations: Mapping[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """JSON merge patch of Node labels/annotations (None removes a key), only if the Node is still at
-    ``resource_version`` (else Conflict). Nothing outside ``metadata.labels/annotations`` is sent."""
-    metadata: dict[str, Any] = {"resourceVersion": resource_version}
+    ``resource_version`` (else Conflict; ``None``: at any version). Nothing outside
+    ``metadata.labels/annotations`` is sent."""
+    metadata: dict[str, Any] = {} if resource_version is None else {"resourceVersion": resource_version}
     if labels:
         metadata["labels"] = dict(labels)
     if annotations:

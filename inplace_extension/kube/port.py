@@ -238,12 +238,13 @@ class TargetCluster(Protocol):
     async def patch_node_metadata(
         self,
         name: str,
-        resource_version: str,
+        resource_version: str | None,
         labels: Mapping[str, str | None] | None = None,
         annotations: Mapping[str, str | None] | None = None,
     ) -> dict[str, Any]:
         """Merge-patch labels/annotations (None removes a key) if the Node is still at
-        ``resource_version`` (else Conflict); the Node as patched."""
+        ``resource_version`` (else Conflict); the Node as patched. ``None``: whatever the Node's version,
+        for a record of what was done outside the cluster, which a concurrent change must not lose."""
         ...
 
     async def remove_taint(self, node: Mapping[str, Any], key: str, effect: str) -> bool:

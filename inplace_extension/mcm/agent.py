@@ -250,6 +250,7 @@ class Agent:
                 return False  # another replica works on it; the resync looks again
             return await self._update(node)
         except Conflict:
+            log.debug("node %s: changed under us; read again", name)
             return True  # the Node changed under us: read it again
 
     async def _claim(self, node: Mapping[str, Any]) -> dict[str, Any]:
@@ -398,20 +399,23 @@ class Agent:
             if not exc.retriable:
                 return f"AwsTagsFailed: {exc}", True
             failures = aws_tags.failures(ns.node_annotations(node), key) + 1
+            # at any version of the Node: the AWS call took long (its retries in an outage) and the Node
+            # has changed meanwhile (MCM, the kubelet); a Conflict here lost the count and the answer on
+            # every try, and the Node waited without a word for the whole outage
             self._patched(
                 await self._target.patch_node_metadata(
                     name,
-                    ns.resource_version(node),
+                    None,
                     annotations={aws_tags.FAILURES_ANNOTATION: aws_tags.failures_value(key, failures)},
                 )
             )
             if failures >= self.options.max_failed_attempts:
                 return BLOCKED_MESSAGE.format(count=failures, reason=f"AwsTagsRetriable: {exc}"), True
             return f"AwsTagsRetriable: {exc}", False
-        self._patched(
+        self._patched(  # at any version too: the tags are on the instance whatever changed on the Node
             await self._target.patch_node_metadata(
                 name,
-                ns.resource_version(node),
+                None,
                 annotations={
                     aws_tags.LAST_APPLIED_ANNOTATION: aws_tags.record_value(target.tags),
                     aws_tags.FAILURES_ANNOTATION: None,

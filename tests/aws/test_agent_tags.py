@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import copy
 import logging
+import os
+from typing import Any
 
 import pytest
 from kubefake import FakeControl, FakeTarget
@@ -25,8 +27,10 @@ from mcm.test_agent_fake import (
     waiting_node,
 )
 
+from inplace_extension.aws.ec2_tags import TagsApplied, apply_tags
+from inplace_extension.mcm import agent as agent_module
 from inplace_extension.mcm import node_state as ns
-from inplace_extension.mcm.aws_tags import LAST_APPLIED_ANNOTATION, last_applied
+from inplace_extension.mcm.aws_tags import FAILURES_ANNOTATION, LAST_APPLIED_ANNOTATION, last_applied
 
 from .test_ec2_tags import CREDENTIALS, REGION, SECRET, instance, tags_of
 
@@ -170,3 +174,37 @@ async def test_retriable_errors_count_against_the_retry_budget(
         "blocked after 2 failed attempts: AwsTagsRetriable: the AWS API could not be reached"
     ), annotations
     assert ns.CLAIM_ANNOTATION not in annotations  # final: released
+
+
+async def test_a_node_changed_during_the_aws_call_keeps_the_count_the_record_and_the_answer(
+    ec2_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In an outage the AWS call takes long (its retries) and MCM or the kubelet change the Node
+    meanwhile: the failure is still counted and answered, and once the API is back the tags are
+    recorded and set once, though the Node changes during every call."""
+    instance_id = instance(ec2_endpoint, {})
+    target, control = FakeTarget(), FakeControl()
+    aws_pool(control, instance_id, {"team": "blue"})
+    target.put_node(waiting_node())
+    calls: list[str] = []
+
+    def changed_meanwhile(*args: Any) -> TagsApplied:  # another writer changes the Node during the call
+        node = copy.deepcopy(target.nodes["n1"])
+        node["metadata"].setdefault("annotations", {})["example.com/other-writer"] = str(len(calls))
+        target.put_node(node)
+        calls.append(os.environ["AWS_ENDPOINT_URL_EC2"])
+        return apply_tags(*args)
+
+    monkeypatch.setattr(agent_module, "apply_tags", changed_meanwhile)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", f"http://127.0.0.1:{free_port()}")  # the API is down
+    async for _agent in running(target, control, Executor(target, done_after(0)), max_failed_attempts=100):
+        await until(lambda: result(target) == ns.FAILED, target.activity, 60)
+        annotations = ns.node_annotations(target.nodes["n1"])
+        assert annotations[ns.FAILED_REASON_ANNOTATION].startswith("AwsTagsRetriable: "), annotations
+        assert FAILURES_ANNOTATION in annotations, "the failure counted against the retry budget"
+        monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", ec2_endpoint)  # back
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, 60)
+    assert tags_of(ec2_endpoint, instance_id) == {"team": "blue"}
+    assert last_applied(ns.node_annotations(target.nodes["n1"])) == {"team": "blue"}
+    assert calls.count(ec2_endpoint) == 1, "the tags set once: their record was not lost to the change"
+    assert target.reasons("n1").count("InPlaceTagsApplied") == 1
