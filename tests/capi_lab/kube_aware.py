@@ -159,6 +159,17 @@ def run_attempts(ext: KubeExtension, machine: str) -> list[dict[str, Any]]:
     return found
 
 
+def drained_at_drain_point(ext: KubeExtension, machine: str) -> bool:
+    """The service told one of the Machine's plays at its drain point that the drain is over
+    (``drain.json`` beside the attempt's ``meta.json``, ``drained`` true): its play goes on over SSH alone."""
+    for meta_path in ext.runs_dir.glob("*/attempt-*/meta.json"):
+        told = meta_path.with_name("drain.json")
+        ours = json.loads(meta_path.read_text()).get("machine") == machine
+        if ours and told.exists() and json.loads(told.read_text()).get("drained") is True:
+            return True
+    return False
+
+
 class TemplateChanges:
     """The MachineDeployment ``<cluster>-md-0`` of a test's in-memory cluster and the bootstrap templates
     the test gives it: each :meth:`change` is a new KubeadmConfigTemplate ``<md>-<generation>`` the
