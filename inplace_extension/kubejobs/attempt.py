@@ -4,7 +4,9 @@ calling thread (no queue, batch window or worker thread), then its outcome as th
 termination message. The phase is published as it changes (the Pod's own annotation), so a poll to any
 replica answers ``running: <phase>`` without reading logs. A deleted or evicted Pod (SIGTERM) or the
 attempt's own deadline stops the play (:class:`PlayStop`): the outcome is then interrupted, written
-within the Pod's grace period.
+within the Pod's grace period, and says whether the play had passed its drain point (by its own events,
+as the ``local`` executor tells of a play whose process died), so that the next attempt resumes it
+unchecked, or is a new start.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from inplace_extension.kube.errors import KubeError
 from inplace_extension.kube.jobs import PHASE_ANNOTATION
 from inplace_extension.kube.port import JobCluster
 from inplace_extension.kubejobs.spec import AttemptSpec, interrupted, termination_message
-from inplace_extension.runs.artifacts import Outcome, OutcomeKind, stop_play
+from inplace_extension.runs.artifacts import Attempt, Outcome, OutcomeKind, read_json, stop_play
 from inplace_extension.runs.backend import Launch
 from inplace_extension.runs.local import HostLock, LocalBackend, PlayConfig
 from inplace_extension.runs.model import ClusterSide
-from inplace_extension.runs.outcomes import load_attempts
+from inplace_extension.runs.outcomes import load_attempts, past_drain_point
 from inplace_extension.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -161,11 +163,23 @@ def run_attempt(
     # the Job's own runs dir (an emptyDir) holds this one attempt: of whichever episode
     attempts = load_attempts(runs_dir / request.ident, request.fingerprint, episode=None)
     last = attempts[-1].outcome if attempts else None
+    # a play that dies here was begun by this Job: whether it may have disrupted the machine, by its own
+    # events (a resumed one leaves the machine disrupted in any case: the play it resumed did)
+    disrupted = spec.resumes or (bool(attempts) and _past_drain_point(attempts[-1]))
     stopped = stop.reason
     if stopped is not None and (last is None or last.kind is not OutcomeKind.SUCCESSFUL):
         # killed mid-way, whatever the remains look like (a killed ssh reads as unreachable)
-        outcome = interrupted(stopped, clock())
+        outcome = interrupted(stopped, clock(), died_past_drain_point=disrupted)
     else:
-        outcome = last or interrupted("the play ended without an outcome", clock())
+        outcome = last or interrupted(
+            "the play ended without an outcome", clock(), died_past_drain_point=disrupted
+        )
     termination_log.write_text(termination_message(outcome), encoding="utf-8")
     return outcome
+
+
+def _past_drain_point(attempt: Attempt) -> bool:
+    """Whether ``attempt``'s play (recorded in the Job's own runs dir) reached its drain point, or, with
+    none, began a step: as the ``local`` executor tells of a play whose process died (outcomes.py)."""
+    meta = read_json(attempt.path / "meta.json") if attempt.path is not None else None
+    return past_drain_point(meta or {})

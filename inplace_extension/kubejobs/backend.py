@@ -194,9 +194,13 @@ class JobBackend:
             return progress.record_unreadable(str(self._where(request)), "it keeps changing")
         if look.job is not None:
             self._running.set(request.ident, look.job)
-        # behind an earlier desired state's Job nothing of this one is launched yet; else its Job's Pod
+        # behind an earlier desired state's Job nothing of this one is launched yet; else its Job's Pod,
+        # unless it resumes a play that died past its drain point: nothing holds that back
+        attempt = look.record.unfinished
+        resumes = attempt is not None and attempt.resumes
         self._pending.set(
-            request.ident, look.earlier is not None or (look.running is not None and look.running.pending)
+            request.ident,
+            look.earlier is not None or (look.running is not None and look.running.pending and not resumes),
         )
         if look.earlier is not None:
             return progress.queued(1, 1)
@@ -311,16 +315,26 @@ class JobBackend:
                     record = self._not_started(request, attempt, state.not_starting, now)
                     running = None
             elif state is not None:
+                # no word from the Job (killed before it wrote one): whether its play had passed its
+                # drain point is not known, so it counts as passed, the safe side: its Node may be
+                # cordoned and its host half changed, and a resume is a whole play anyway (drain,
+                # steps the stamp does not show applied), while a pause or a closed window holding a
+                # disrupted machine back would leave it so for as long as the hold lasts
                 outcome = outcome_of(state.termination_message) or interrupted(
                     f"Job {attempt.job} ended without an outcome (its Pod was deleted, evicted or timed out)",
                     now,
+                    died_past_drain_point=True,
                 )
                 record = self._end(request, attempt, outcome)
                 self._keep_for_logs(request, attempt.job)
             elif self._resume(request, attempt, node, record.episode):
                 running = JobState(finished=False, termination_message=None, phase=None)
             elif now - attempt.started >= JOB_APPEARS_SECONDS:
-                outcome = interrupted(f"Job {attempt.job} is gone without an outcome", now)
+                # not known whether it played at all, nor how far (its Job deleted, or never created):
+                # past its drain point, the safe side, as a Job that ended without an outcome above
+                outcome = interrupted(
+                    f"Job {attempt.job} is gone without an outcome", now, died_past_drain_point=True
+                )
                 record = self._end(request, attempt, outcome)
             else:
                 running = JobState(finished=False, termination_message=None, phase=None)
@@ -334,8 +348,10 @@ class JobBackend:
         if look.earlier is not None:
             return True  # it waits for an earlier desired state's Job: nothing of it is launched yet
         attempt = look.record.unfinished
-        if attempt is None or look.running is None or not look.running.pending:
-            return False  # its play began, or it ended (the record says how), or its Job is not seen yet
+        if attempt is None or attempt.resumes or look.running is None or not look.running.pending:
+            # its play began, or it ended (the record says how), or its Job is not seen yet, or it
+            # resumes a play that died past its drain point (never held back)
+            return False
         try:
             self._jobs.delete_job(self._config.namespace, attempt.job, attempt.job)
         except KubeError as exc:  # the Job may be gone with its Secret left (the owner deletes that)
@@ -375,7 +391,9 @@ class JobBackend:
         self._jobs.delete_job(self._config.namespace, attempt.job, attempt.job)
         detail = f"Job {attempt.job} did not start within {self._start_seconds:.0f}s: {why}"
         ended: list[bool] = []
-        record = self._end(request, attempt, interrupted(detail, now), ended)
+        # its play never began: the machine is as the attempt before left it (disrupted, if it resumed)
+        outcome = interrupted(detail, now, died_past_drain_point=attempt.resumes)
+        record = self._end(request, attempt, outcome, ended)
         if ended:
             self._cluster.state(request, "JobNotStarted", detail, warning=True)
         return record
@@ -460,6 +478,8 @@ class JobBackend:
                 address=launch.target.address,
                 job=job_name(request.ident, number, episode=record.episode),
                 expected=launch.expected,
+                # launched unchecked: it finishes a play whose Job died past its drain point
+                resumes=launch.may_begin is None,
             )
             begun.append((attempt, record.takeover_tokens(), record.episode))
             # a started attempt waits no more; the episode is its own (never a Job of an earlier one)
@@ -487,6 +507,7 @@ class JobBackend:
             if kubeconfig is None
             else {**self._job_settings, "workload_kubeconfig": WORKLOAD_KUBECONFIG_FILE},
             capabilities_file=self._capabilities_file,
+            resumes=attempt.resumes,
         )
         job = job_manifest(self._config, request, attempt.number, node, episode=episode)
         job_labels = labels(request, attempt.number, episode=episode)

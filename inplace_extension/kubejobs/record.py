@@ -8,11 +8,11 @@ a revert) is a new episode, whose Jobs are named and labelled with it, so a Job 
 (still there for ``--job-ttl-seconds``) never answers it; two replicas writing at once agree on one
 episode through the write's resourceVersion precondition. It holds the episode, each attempt's number,
 retry token (a hash), host lock token, start, its play's expected duration, host address, Job name,
-outcome (None while its Job runs) and whether the health gate passed after it, and the health-wait
-clock. Bounded: the oldest attempts go past :data:`MAX_ATTEMPTS` (far above any retry budget). It stays
-on the object until the next desired state replaces it or the object is deleted. Pure (but for the
-episode id :meth:`Record.opened` draws): the backend reads and writes it with a resourceVersion
-precondition.
+outcome (None while its Job runs; an interrupted one says whether its Job died past its drain point),
+whether it resumes such a play, and whether the health gate passed after it, and the health-wait clock.
+Bounded: the oldest attempts go past :data:`MAX_ATTEMPTS` (far above any retry budget). It stays on the
+object until the next desired state replaces it or the object is deleted. Pure (but for the episode id
+:meth:`Record.opened` draws): the backend reads and writes it with a resourceVersion precondition.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ class Recorded:
     outcome: Outcome | None = None  # None: its Job has not been seen ending yet
     expected: float = 0.0  # its play's expected duration, decided at the launch (0: not recorded)
     gate_passed: bool = False  # successful, and the health gate passed after it: done for every replica
+    # it resumes a play whose Job died past its drain point (launched unchecked): no hold takes it back
+    # while its Pod waits to start (backend.JobBackend.withdraw)
+    resumes: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +60,7 @@ class Recorded:
             "o": None if self.outcome is None else self.outcome.to_json(),
             "e": self.expected,
             "g": self.gate_passed,
+            "r": self.resumes,
         }
 
     @classmethod
@@ -72,6 +76,7 @@ class Recorded:
             outcome=Outcome.from_json(outcome) if isinstance(outcome, dict) else None,
             expected=float(data.get("e", 0.0)),
             gate_passed=bool(data.get("g", False)),
+            resumes=data.get("r") is True,
         )
 
 

@@ -58,6 +58,9 @@ class AttemptSpec:
     # the service's --capabilities-file, as text: the cluster side in the Job knows the user-defined
     # capabilities' disruption (its drain point, skip-remediation) and health checks as the service does
     capabilities_file: str | None = None
+    # it resumes a play whose Job died past its drain point (policy.Standing.resumes): if it dies too,
+    # the machine is still as disrupted as that one left it, wherever this play got to
+    resumes: bool = False
 
     def encode(self) -> str:
         r, t = self.request, self.target
@@ -97,6 +100,7 @@ class AttemptSpec:
                 "roles_paths": list(self.roles_paths),
                 "settings": dict(self.settings),
                 "capabilities_file": self.capabilities_file,
+                "resumes": self.resumes,
             },
             sort_keys=True,
         )
@@ -147,6 +151,7 @@ class AttemptSpec:
                 capabilities_file=None
                 if data.get("capabilities_file") is None
                 else str(data["capabilities_file"]),
+                resumes=data.get("resumes") is True,
             )
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             # the exception's type and, for a missing key, its name: never a value of the spec
@@ -183,6 +188,10 @@ def outcome_of(message: str | None) -> Outcome | None:
         return None
 
 
-def interrupted(why: str, now: float) -> Outcome:
-    """A Job that ended without an outcome (its Pod deleted, evicted or out of time): retried."""
-    return Outcome(OutcomeKind.INTERRUPTED, detail=why, finished=now)
+def interrupted(why: str, now: float, *, died_past_drain_point: bool) -> Outcome:
+    """A Job that died mid-play (its Pod deleted, evicted or out of time): retried; the next attempt
+    resumes it unchecked when ``died_past_drain_point`` (its play may have disrupted the machine), else it
+    is a new start (Outcome.died_past_drain_point)."""
+    return Outcome(
+        OutcomeKind.INTERRUPTED, detail=why, finished=now, died_past_drain_point=died_past_drain_point
+    )

@@ -60,6 +60,11 @@ class Outcome:
     message: str | None = None  # a failure before the play (drain): the stable message CAPI is shown
     # the steps the play skipped because the host's stamp showed them applied with the same inputs
     skipped: tuple[str, ...] = ()
+    # INTERRUPTED only, the ``kubernetes`` executor's: the attempt's Job died mid-play (its Pod deleted,
+    # evicted, killed, out of time, or the Job gone) when its play may have disrupted the machine (past
+    # its drain point, or not known): the next attempt finishes what it began (policy.Standing.resumes),
+    # as the ``local`` executor's attempt after a play whose process died (Attempt.past_drain_point)
+    died_past_drain_point: bool = False
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -73,6 +78,8 @@ class Outcome:
             data["message"] = self.message
         if self.skipped:
             data["skipped"] = list(self.skipped)
+        if self.died_past_drain_point:
+            data["died_past_drain_point"] = True
         return data
 
     @classmethod
@@ -85,6 +92,7 @@ class Outcome:
             finished=float(data.get("finished", 0.0)),
             message=data.get("message"),
             skipped=tuple(str(step) for step in data.get("skipped") or ()),
+            died_past_drain_point=data.get("died_past_drain_point") is True,
         )
 
 

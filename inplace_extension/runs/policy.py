@@ -43,8 +43,10 @@ class Standing:
     next_attempt: int = 1
     blocked: bool = False  # FAILED: the retry budget is spent (not a task failure)
     # START: the last attempt has no outcome (the process running it died mid-play) and its play had
-    # passed its drain point (artifacts.Attempt.past_drain_point): this one resumes what it began, so it
-    # finishes like a play in flight; any other START is a new attempt
+    # passed its drain point (artifacts.Attempt.past_drain_point), or (``kubernetes``) its Job died
+    # mid-play past it (Outcome.died_past_drain_point): this one resumes what it began, so it finishes
+    # like a play in flight; any other START is a new attempt. WAIT: the attempt after the backoff resumes
+    # so (nothing holds it back, not even a cancel)
     resumes: bool = False
 
 
@@ -96,8 +98,12 @@ def decide(
             message = outcome.message or failure_message(outcome.capability, outcome.task)
             return Standing(Verdict.FAILED, message)
         return Standing(Verdict.START, next_attempt=next_attempt)
-    if last.retry_token != token:
-        return Standing(Verdict.START, next_attempt=next_attempt)  # the user asked to retry now
+    # (``kubernetes``) a Job that died mid-play past its drain point is resumed as a play whose process
+    # died is (above), but as the interrupted attempt it is: after its backoff and within the budget, so
+    # a Job that dies again and again ends blocked (whose clean-up uncordons the Node) instead of looping
+    resumes = outcome.kind is OutcomeKind.INTERRUPTED and outcome.died_past_drain_point
+    if last.retry_token != token:  # the user asked to retry now
+        return Standing(Verdict.START, next_attempt=next_attempt, resumes=resumes)
     spent = [
         a.outcome for a in attempts if a.retry_token == token and a.outcome and a.outcome.kind in BUDGETED
     ]
@@ -111,10 +117,11 @@ def decide(
         failures += 1
     remaining = outcome.finished + backoff_seconds(failures, base_backoff) - now
     if remaining <= 0:
-        return Standing(Verdict.START, next_attempt=next_attempt)
+        return Standing(Verdict.START, next_attempt=next_attempt, resumes=resumes)
     return Standing(
         Verdict.WAIT,
         progress.retrying(outcome.kind, next_attempt),
         wait_seconds=max(1, math.ceil(remaining)),
         next_attempt=next_attempt,
+        resumes=resumes,
     )

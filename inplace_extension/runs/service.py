@@ -182,12 +182,12 @@ class RunService:
         # Every new attempt (the first, one after a retry backoff, one after the retry annotation) is a
         # new start: it obeys the operator's cancel and pause, the maintenance window and the kubernetes
         # health checks alike, when it is decided and again when its play would begin. Only a play that
-        # has begun finishes: one in flight (answered above) or one whose process died mid-play past its
-        # drain point (``resumes``), which may have cordoned the Node and half changed the host.
+        # has begun finishes: one in flight (answered above) or one whose process (or Job) died mid-play
+        # past its drain point (``resumes``), which may have cordoned the Node and half changed the host.
         if standing.verdict is Verdict.START and standing.resumes:
             return await self._start_now(request, token, checked=False)
         if standing.verdict is Verdict.WAIT:
-            hold = await self._hold(request)
+            hold = None if standing.resumes else await self._hold(request)
             if hold is not None and hold.cancel:  # the next attempt has not started: it never will
                 return await self._cancelled(request, hold)
             return Progress(ProgressState.IN_PROGRESS, standing.message, standing.wait_seconds, retrying=True)

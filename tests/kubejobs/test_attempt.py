@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,12 @@ from inplace_extension.cli import main
 from inplace_extension.engine import ExecutorError, Records, build_engine, job_settings, own_image
 from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kubejobs.attempt import PlayStop, run_attempt
-from inplace_extension.kubejobs.spec import AttemptSpec, outcome_of
+from inplace_extension.kubejobs.spec import AttemptSpec, outcome_of, termination_message
 from inplace_extension.metrics import Metrics
 from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.artifacts import Outcome, OutcomeKind
-from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH
+from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, NoClusterSide, RunRequest
+from inplace_extension.runs.steps import DRAIN_TASK
 from inplace_extension.settings import Settings
 
 from .test_manifest import request, target
@@ -239,3 +241,70 @@ def test_a_play_past_the_attempts_deadline_is_stopped_and_the_attempt_interrupte
     assert outcome.kind is OutcomeKind.INTERRUPTED
     assert outcome.detail == "the play did not end within 0s"
     assert outcome_of(log.read_text()) == outcome
+
+
+class DrainsFirst(NoClusterSide):
+    """A cluster side whose drain point is the request's one step, and whose drain succeeds."""
+
+    def drain_point(self, request: RunRequest) -> str | None:
+        return request.capabilities[0]
+
+
+CHECK = (None, "Check the run parameters")  # update_machine.yml's first task: no step, nothing changed
+
+
+@pytest.mark.parametrize(
+    ("drains", "tasks", "resumes", "past"),
+    [
+        (True, [CHECK], False, False),  # stopped before its drain point: nothing disrupted
+        (True, [CHECK, (None, DRAIN_TASK)], False, True),  # at its drain point: the Node may be cordoned
+        (False, [CHECK], False, False),  # no drain point, and no step began
+        (False, [CHECK, ("kubeadm_files", "Write the files")], False, True),  # a step began
+        (False, [], True, True),  # it resumed a disrupted machine: disrupted, wherever it got to
+    ],
+    ids=["before-its-drain-point", "at-its-drain-point", "no-step", "a-step-began", "a-resume"],
+)
+def test_a_stopped_play_says_whether_it_had_passed_its_drain_point(
+    tmp_path: Path,
+    fake: FakeRunner,
+    drains: bool,
+    tasks: list[tuple[str | None, str]],
+    resumes: bool,
+    past: bool,
+) -> None:
+    """The Job's play killed mid-way (SIGTERM, its deadline) tells by its own events, as the ``local``
+    executor tells of a play whose process died, whether it may have disrupted the machine: the
+    service resumes the next attempt unchecked if so, else it is a new start."""
+    fake.gate = threading.Event()
+    events = [{"event": "runner_on_start", "event_data": {"role": r, "task": t}} for r, t in tasks]
+    fake.scripts[request().name] = [lambda run: ("failed", 2, events)]
+    settings = Settings(runs_dir=tmp_path / "scratch", playbooks_dir=PLAYBOOKS)
+    stop = PlayStop(tmp_path / "scratch" / ".batches")
+    log = tmp_path / "termination-log"
+    ended: list[Outcome] = []
+    attempt = threading.Thread(
+        target=lambda: ended.append(
+            run_attempt(
+                replace(spec(), resumes=resumes),
+                settings=settings,
+                cluster=DrainsFirst() if drains else NO_CLUSTER_SIDE,
+                publish=lambda p: None,
+                termination_log=log,
+                timeout=30,
+                stop=stop,
+            )
+        )
+    )
+    attempt.start()
+    deadline = time.monotonic() + 10
+    while not fake.started:  # its play runs
+        assert time.monotonic() < deadline, "the play never started"
+        time.sleep(0.01)
+    stop("the attempt was stopped (SIGTERM: its Pod was deleted or evicted)")
+    fake.gate.set()  # the fake play ends as a stopped one does, with the events it wrote so far
+    attempt.join(10)
+    (outcome,) = ended
+    assert outcome.kind is OutcomeKind.INTERRUPTED
+    assert outcome.died_past_drain_point is past
+    assert log.read_text() == termination_message(outcome)
+    assert outcome_of(log.read_text()) == outcome, "the service reads it from the termination message"

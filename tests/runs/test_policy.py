@@ -143,3 +143,26 @@ def test_an_attempt_taken_back_before_its_play_is_as_if_it_never_was() -> None:
     assert (spent.verdict, spent.next_attempt) == (Verdict.START, 3), "one failure of a budget of 2"
     failed = decide([att(1, OutcomeKind.TASK_FAILED, capability="ntp", task="t"), withdrawn], "", NOW, 10)
     assert failed.verdict is Verdict.FAILED
+
+
+def test_a_job_that_died_past_its_drain_point_is_resumed_after_its_backoff_within_the_budget() -> None:
+    """(``kubernetes``) its interrupted outcome says its Job died mid-play past its drain point: the
+    next attempt resumes it (nothing holds it back, its backoff neither) but waits out the backoff and
+    counts against the budget as any interrupted attempt; one that died before it is a new start."""
+
+    def dead(n: int, past: bool, token: str = "") -> Attempt:
+        outcome = Outcome(OutcomeKind.INTERRUPTED, finished=NOW, died_past_drain_point=past)
+        return Attempt(n, None, token, outcome)
+
+    waiting = decide([dead(1, True)], "", NOW, 10)
+    assert (waiting.verdict, waiting.resumes) == (Verdict.WAIT, True)
+    assert waiting.message == "run interrupted, retrying (attempt 2)"
+    resumed = decide([dead(1, True)], "", NOW + 10, 10)
+    assert (resumed.verdict, resumed.resumes, resumed.next_attempt) == (Verdict.START, True, 2)
+    assert decide([dead(1, True)], retry_token("1"), NOW, 10).resumes, "a retry by annotation resumes too"
+    new = decide([dead(1, False)], "", NOW + 10, 10)
+    assert (new.verdict, new.resumes) == (Verdict.START, False)
+    assert not decide([dead(1, False)], "", NOW, 10).resumes
+    blocked = decide([dead(1, True), dead(2, True)], "", NOW + 100, 10, budget=2)
+    assert (blocked.verdict, blocked.blocked, blocked.resumes) == (Verdict.FAILED, True, False)
+    assert not decide([att(1, OutcomeKind.INTERRUPTED)], "", NOW + 10, 10).resumes, "a play that ended"
