@@ -155,7 +155,8 @@ def run_attempt(
     deadline.start()
     try:
         backend.play(
-            Launch(request, spec.target, spec.token), HostLock(spec.lock_token, spec.takeover_tokens)
+            Launch(request, spec.target, spec.token, resumes=spec.resumes),
+            HostLock(spec.lock_token, spec.takeover_tokens),
         )
     finally:
         deadline.cancel()

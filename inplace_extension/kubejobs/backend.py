@@ -478,8 +478,7 @@ class JobBackend:
                 address=launch.target.address,
                 job=job_name(request.ident, number, episode=record.episode),
                 expected=launch.expected,
-                # launched unchecked: it finishes a play whose Job died past its drain point
-                resumes=launch.may_begin is None,
+                resumes=launch.resumes,
             )
             begun.append((attempt, record.takeover_tokens(), record.episode))
             # a started attempt waits no more; the episode is its own (never a Job of an earlier one)

@@ -27,13 +27,17 @@ class Launch:
     records with it. ``may_begin`` is asked again right before its play begins, after any wait for a
     slot (in a worker thread: it may block): False when the operator's hold, a closed window or a health
     check says it may no longer start; then it does not play, nothing is recorded, and the next poll
-    answers why. None: an attempt that finishes a play already begun, which nothing holds back."""
+    answers why. None: an attempt that finishes a play already begun, which nothing holds back, or one
+    checked already (the ``kubernetes`` executor's Job). ``resumes``: it finishes a play that died past
+    its drain point (policy.Standing.resumes); recorded with it, so that if it dies too, the machine
+    still counts as disrupted, wherever its own play got to."""
 
     request: RunRequest
     target: HostTarget
     token: str
     may_begin: Callable[[], bool] | None = None
     expected: float = 0.0
+    resumes: bool = False
 
 
 class AttemptRecord(Protocol):

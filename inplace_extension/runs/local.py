@@ -278,6 +278,9 @@ class LocalBackend:
             # recorded before the play starts, so a later attempt can tell a lock left by this one
             "lock_token": lock_token,
             "episode": began_in,  # only attempts of the machine's current episode answer (episode.py)
+            # it finishes a play that died past its drain point: if it dies too, the machine stays as
+            # disrupted as that one left it, wherever this play gets to (outcomes.past_drain_point)
+            "resumes": job.payload.resumes,
         }
         write_json(attempt_dir / "meta.json", {**meta, "pid": os.getpid(), **ref.to_meta()})
         log.info(

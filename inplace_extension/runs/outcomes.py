@@ -205,7 +205,10 @@ def past_drain_point(meta: dict[str, Any]) -> bool:
     """Whether the play of an attempt without an outcome may have disrupted its machine, by the events
     the play itself wrote (they are on disk whether or not the service that started it lived on):
     it reached its drain point (``drain_before`` in meta.json: the service drains the Node there), or,
-    with no drain point, it began a step. An attempt whose play has no events did nothing."""
+    with no drain point, it began a step. An attempt whose play has no events did nothing, unless it
+    resumed one that had passed its own (``resumes``): the machine is as disrupted as that one left it."""
+    if meta.get("resumes") is True:
+        return True
     batch = BatchRef.from_meta(meta)
     if batch is None:
         return False  # its service died before the play was started

@@ -381,7 +381,8 @@ class RunService:
             return Progress(ProgressState.FAILED, str(exc))
         may_begin = partial(self._may_begin, request) if checked else None
         expected = self._play_times.expected(request)  # recorded with the attempt: any replica expects it
-        message = await self._backend.launch(Launch(request, target, token, may_begin, expected))
+        launch = Launch(request, target, token, may_begin, expected, resumes=not checked)
+        message = await self._backend.launch(launch)
         self._play_times.began(request.ident, self._clock())
         self._cluster.state(request, "Queued", "queued")
         return self._in_progress(request, message)

@@ -180,10 +180,11 @@ async def test_a_play_in_flight_finishes_after_its_window_closed(
 
 
 def killed_mid_play(
-    settings: Settings, drain_before: str | None, tasks: list[tuple[str | None, str]]
+    settings: Settings, drain_before: str | None, tasks: list[tuple[str | None, str]], resumes: bool = False
 ) -> None:
-    """A previous process died mid-play: m1's attempt 1 with its meta.json (its drain point) and the
-    events its play wrote so far (``tasks``: role and task of each task started), no status, no outcome."""
+    """A previous process died mid-play: m1's attempt 1 with its meta.json (its drain point; whether it
+    resumed a play that had died past its own) and the events its play wrote so far (``tasks``: role and
+    task of each task started), no status, no outcome."""
     ident = req().ident
     attempt = settings.runs_dir / ident / "attempt-0001"
     attempt.mkdir(parents=True)
@@ -197,18 +198,25 @@ def killed_mid_play(
             path.write_text(json.dumps(event))
     meta = {"attempt": 1, "started": utc("2026-12-01T22:59:30"), "retry_token": "", "lock_token": "dead"}
     meta |= {"batch_dir": str(batch), "batch_ident": batch.name, "host": ident, "drain_before": drain_before}
+    meta |= {"resumes": resumes}
     (attempt / "meta.json").write_text(json.dumps(meta))
 
 
 @pytest.mark.parametrize(
-    ("drain_before", "tasks"),
+    ("drain_before", "tasks", "resumes"),
     [
         # it waited at its drain point: the Node may be cordoned
-        ("kubeadm_files", [(None, "Check the run parameters"), ("ntp", "Write config"), (None, DRAIN_TASK)]),
+        (
+            "kubeadm_files",
+            [(None, "Check the run parameters"), ("ntp", "Write config"), (None, DRAIN_TASK)],
+            False,
+        ),
         # no drain point: a step began, the host may be half changed
-        (None, [(None, "Check the run parameters"), ("ntp", "Write config")]),
+        (None, [(None, "Check the run parameters"), ("ntp", "Write config")], False),
+        # it resumed such a play and died before its own drain point: the machine is still disrupted
+        ("kubeadm_files", [(None, "Check the run parameters")], True),
     ],
-    ids=["past-its-drain-point", "no-drain-point-a-step-began"],
+    ids=["past-its-drain-point", "no-drain-point-a-step-began", "a-resume-before-its-drain-point"],
 )
 async def test_an_attempt_whose_play_died_past_its_drain_point_resumes_outside_the_window(
     settings: Settings,
@@ -216,9 +224,10 @@ async def test_an_attempt_whose_play_died_past_its_drain_point_resumes_outside_t
     clock: Clock,
     drain_before: str | None,
     tasks: list[tuple[str | None, str]],
+    resumes: bool,
 ) -> None:
     """Its play may have disrupted the machine: the next attempt finishes it, unchecked."""
-    killed_mid_play(settings, drain_before, tasks)
+    killed_mid_play(settings, drain_before, tasks, resumes)
     clock.now = utc("2026-12-01T23:30:00")
     service = run_service(settings, windows=NIGHTS, clock=clock)
     try:
@@ -226,6 +235,7 @@ async def test_an_attempt_whose_play_died_past_its_drain_point_resumes_outside_t
         assert [run.attempt_dir.name for run in fake.started] == ["attempt-0002"]
         meta = json.loads((fake.started[0].attempt_dir / "meta.json").read_text())
         assert meta["drain_before"] is None, "each attempt records its drain point (none here)"
+        assert meta["resumes"] is True, "and that it resumes: if it dies too, the next one resumes"
     finally:
         service.close()
 
@@ -263,6 +273,7 @@ async def test_an_attempt_whose_play_died_before_it_disrupted_anything_is_a_new_
         assert fake.count("m1") == 0, "no play while the operator holds it"
         assert (await settle(service, req())).state is ProgressState.DONE
         assert [run.attempt_dir.name for run in fake.started] == ["attempt-0002"]
+        assert json.loads((fake.started[0].attempt_dir / "meta.json").read_text())["resumes"] is False
     finally:
         service.close()
 
