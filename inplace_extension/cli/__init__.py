@@ -14,13 +14,21 @@ from importlib.metadata import PackageNotFoundError, version
 
 from pydantic import ValidationError
 
-from inplace_extension.cli import attempt, call, mcm_agent, plan, schemas, serve
+from inplace_extension.cli import attempt, call, mcm_agent, plan, schemas, serve, status
 from inplace_extension.cli.flags import Parser, SettingsError
 from inplace_extension.errors import ExtensionError
 from inplace_extension.settings import Settings
 from inplace_extension.validation import problems
 
-COMMANDS = (serve.COMMAND, call.COMMAND, plan.COMMAND, mcm_agent.COMMAND, schemas.COMMAND, attempt.COMMAND)
+COMMANDS = (
+    serve.COMMAND,
+    call.COMMAND,
+    plan.COMMAND,
+    status.COMMAND,
+    mcm_agent.COMMAND,
+    schemas.COMMAND,
+    attempt.COMMAND,
+)
 
 
 def installed_version() -> str:

@@ -43,10 +43,26 @@ def note_file(runs_dir: Path, request: RunRequest) -> Path:
 
 def current(runs_dir: Path, request: RunRequest) -> Current | None:
     """The machine's current episode as its note says; None without a (readable) note."""
-    data = read_json(note_file(runs_dir, request))
+    return _read(note_file(runs_dir, request))
+
+
+def _read(path: Path) -> Current | None:
+    data = read_json(path)
     if data is None or not isinstance(data.get("ident"), str) or not isinstance(data.get("episode"), str):
         return None
     return Current(data["ident"], data["episode"])
+
+
+def machines(runs_dir: Path) -> list[tuple[str, str, Current]]:
+    """Every machine with a (readable) note, as ``(namespace, name, current episode)``, by namespace
+    and name: each machine an attempt of was ever recorded for (read-only: ``status``)."""
+    found = []
+    for path in (runs_dir / NOTES_DIR).glob("*.json"):
+        namespace, _, name = path.name.removesuffix(".json").partition(".")
+        now = _read(path)
+        if now is not None and name:
+            found.append((namespace, name, now))
+    return sorted(found, key=lambda machine: (machine[0], machine[1]))
 
 
 def answering(runs_dir: Path, request: RunRequest) -> str | None:

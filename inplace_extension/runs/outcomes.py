@@ -223,6 +223,16 @@ def past_drain_point(meta: dict[str, Any]) -> bool:
     return any(data.get("role") or data.get("task") in (DRAIN_TASK, JOINT_TASK) for data in started)
 
 
+def current_task(batch: BatchRef) -> tuple[str, str] | None:
+    """The task this host's play began last, as ``(role, task)`` (role "" for a task of the play's own),
+    by its events so far (ansible-runner writes them as the play goes); None before its first task."""
+    for event in reversed(_events(batch)):
+        data = event.get("event_data") or {}
+        if event.get("event") == "runner_on_start" and data.get("host") == batch.host:
+            return str(data.get("role") or ""), str(data.get("task") or "")
+    return None
+
+
 def _started(meta: dict[str, Any], path: Path) -> float:
     """When the attempt started: meta.json's ``started``, else when its directory was made."""
     started = meta.get("started")
