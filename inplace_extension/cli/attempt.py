@@ -13,7 +13,6 @@ import argparse
 import os
 from pathlib import Path
 
-from inplace_extension.capabilities_file import parse_file
 from inplace_extension.cli.command import Command
 from inplace_extension.cli.flags import Option, Parser
 from inplace_extension.inplace.custom import NO_CUSTOM
@@ -70,7 +69,13 @@ def run(args: argparse.Namespace) -> int:
     stop = PlayStop(settings.runs_dir.expanduser().resolve() / ".batches")
     stop_on_sigterm(stop)
     configure_logging(settings.log_format, settings.log_level)
-    custom = NO_CUSTOM if spec.capabilities_file is None else parse_file(spec.capabilities_file).custom
+    custom = NO_CUSTOM
+    if spec.capabilities_file is not None:
+        # imported only for a capabilities file: its models and their validators are a tenth of the
+        # Job's start-up CPU (bench/README.md, issue 43 item 3)
+        from inplace_extension.capabilities_file import parse_file
+
+        custom = parse_file(spec.capabilities_file).custom
     # the Job's own Pod (the downward API): where the phase is published; in-cluster credentials
     namespace, pod = os.environ.get("POD_NAMESPACE"), os.environ.get("POD_NAME")
     jobs = connect_jobs(None) if namespace and pod else None

@@ -14,14 +14,15 @@ import json
 import ssl
 import sys
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from inplace_extension.cli.command import Command, load_document
 from inplace_extension.cli.flags import Option, Parser, add_settings_flags, given_as, settings_from_args
 from inplace_extension.hooks.table import HOOKS, find_hook
 from inplace_extension.settings import Settings
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_URL = "https://127.0.0.1:9443"
 
@@ -108,6 +109,8 @@ def verification(
 
 def hint(url: str, exc: httpx.HTTPError, cacert: str | None, dev_ca: Path) -> str | None:
     """What the user can do about a failed call, when the error tells."""
+    import httpx
+
     text = str(exc)
     if url.startswith("http://") and isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
         return "the server closed the connection without an answer: if it serves HTTPS, use --url https://..."
@@ -125,6 +128,10 @@ def hint(url: str, exc: httpx.HTTPError, cacert: str | None, dev_ca: Path) -> st
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the command runs: every command's module is loaded for the program's parser, and
+    # httpx (with its own command line's imports) is a tenth of an ``attempt`` Job's start-up
+    import httpx
+
     hook = find_hook(args.hook)
     document = load_document(args.file)
     url = args.url.rstrip("/") + hook.path

@@ -24,8 +24,6 @@ from inplace_extension.cli.flags import (
     parse_listen,
     settings_from_args,
 )
-from inplace_extension.mcm.agent import AgentOptions
-from inplace_extension.mcm.main import Clusters, run_agent
 
 # the service settings the agent uses: its listener and logs, and what the engine reads
 AGENT_SETTINGS = (
@@ -151,6 +149,11 @@ def agent_id(value: str | None, given: str = "--agent-id") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the command runs: every command's module is loaded for the program's parser, and
+    # ``attempt`` (a Job's whole process) should not pay for the agent's
+    from inplace_extension.mcm.agent import AgentOptions
+    from inplace_extension.mcm.main import Clusters, run_agent
+
     settings = settings_from_args(args)
     listen_given = given_as(args, "listen", settings.listen)
     host, port = parse_listen(settings.listen, listen_given)

@@ -11,26 +11,6 @@ import time
 
 from inplace_extension.cli.command import Command, readable_file
 from inplace_extension.cli.flags import Option, Parser, add_settings_flags, given_as, settings_from_args
-from inplace_extension.engine import load_config
-from inplace_extension.preview.inputs import (
-    Machine,
-    Part,
-    PlanInputError,
-    machines_of,
-    pair,
-    read_request,
-    read_side,
-)
-from inplace_extension.preview.judge import (
-    Context,
-    preview_control_plane,
-    preview_machine_classes,
-    preview_request,
-    preview_templates,
-)
-from inplace_extension.preview.model import Preview
-from inplace_extension.preview.render import render
-from inplace_extension.runs.inventory import load_inventory
 
 # the settings that change what the service would do with an update (the rest only say how it serves)
 SETTINGS = (
@@ -89,6 +69,29 @@ def configure(parser: Parser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the command runs: every command's module is loaded for the program's parser, and
+    # ``attempt`` (a Job's whole process) should not pay for the preview and the engine's models
+    from inplace_extension.engine import load_config
+    from inplace_extension.preview.inputs import (
+        Machine,
+        Part,
+        PlanInputError,
+        machines_of,
+        pair,
+        read_request,
+        read_side,
+    )
+    from inplace_extension.preview.judge import (
+        Context,
+        preview_control_plane,
+        preview_machine_classes,
+        preview_request,
+        preview_templates,
+    )
+    from inplace_extension.preview.model import Preview
+    from inplace_extension.preview.render import render
+    from inplace_extension.runs.inventory import load_inventory
+
     if (args.file is None) == (args.old is None and args.new is None):
         raise PlanInputError(
             "give a saved request (plan FILE) or two object files (plan --old FILE --new FILE)"

@@ -7,7 +7,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from inplace_extension import schemas
 from inplace_extension.cli.command import Command
 from inplace_extension.cli.flags import Option, Parser
 
@@ -29,6 +28,10 @@ def configure(parser: Parser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported when the command runs: every command's module is loaded for the program's parser, and
+    # ``attempt`` (a Job's whole process) should not pay for every model's schema
+    from inplace_extension import schemas
+
     directory = Path(args.write)
     if args.check:
         drift = schemas.check(directory)

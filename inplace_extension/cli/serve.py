@@ -1,7 +1,9 @@
 """``inplace-extension serve``: the CAPI Runtime SDK hooks over HTTPS (TLS unless ``--plain-http``).
 
 Builds the engine (engine.py), the Starlette app and uvicorn's server on a socket bound here; runs until
-a signal, then lets the running plays end (they are never killed).
+a signal, then lets the running plays end (they are never killed). The server, the app and the engine are
+imported when the command runs, not with the module: every command's module is loaded for the program's
+parser, and ``attempt`` (a Job's whole process) should not pay for them (bench/README.md, issue 43).
 """
 
 from __future__ import annotations
@@ -13,11 +15,6 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
-from inplace_extension.app import create_app, normalize_prefix
-from inplace_extension.auth import server_tls
-from inplace_extension.capabilities_file import CapabilitiesFileError
 from inplace_extension.cli.command import (
     Command,
     bind,
@@ -27,15 +24,8 @@ from inplace_extension.cli.command import (
     usable_dir,
 )
 from inplace_extension.cli.flags import add_settings_flags, given_as, parse_listen, settings_from_args
-from inplace_extension.engine import Records, build_engine, load_config, refuse_url_checks
-from inplace_extension.kubeaware.cluster_side import connect_cluster_side
-from inplace_extension.kubeaware.infra_tags import InfraTagsWait
-from inplace_extension.kubeaware.object_checks import ObjectChecks
 from inplace_extension.logs import configure_logging
-from inplace_extension.metrics import Metrics
-from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, ObjectHealth
 from inplace_extension.settings import Settings
-from inplace_extension.tls import check_serving_files, default_hosts, ensure_dev_certificate
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +33,9 @@ logger = logging.getLogger(__name__)
 def tls_options(settings: Settings, host: str, args: argparse.Namespace) -> dict[str, Any]:
     """uvicorn's TLS keyword arguments (empty for --plain-http); mTLS per inplace_extension/auth.py. The
     certificate and key are loaded here once, so that a bad file stops the start naming it."""
+    from inplace_extension.auth import server_tls
+    from inplace_extension.tls import check_serving_files, default_hosts, ensure_dev_certificate
+
     if settings.plain_http:
         if settings.tls_cert or settings.self_signed:
             raise ValueError("--plain-http cannot be combined with --tls-cert or --self-signed")
@@ -114,6 +107,17 @@ def check_paths(settings: Settings, args: argparse.Namespace) -> None:
 
 def _serve(settings: Settings, host: str, sock: socket.socket, tls: dict[str, Any]) -> int:
     """Build the engine and the app on the bound socket, say "serving", serve until a signal."""
+    import uvicorn
+
+    from inplace_extension.app import create_app, normalize_prefix
+    from inplace_extension.capabilities_file import CapabilitiesFileError
+    from inplace_extension.engine import Records, build_engine, load_config, refuse_url_checks
+    from inplace_extension.kubeaware.cluster_side import connect_cluster_side
+    from inplace_extension.kubeaware.infra_tags import InfraTagsWait
+    from inplace_extension.kubeaware.object_checks import ObjectChecks
+    from inplace_extension.metrics import Metrics
+    from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, ObjectHealth
+
     config_file = load_config(settings.capabilities_file)  # a bad file stops the start here
     custom = config_file.custom
     metrics = Metrics()  # one registry shared by the hooks (app) and the runs (executor)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import httpx
-
 from inplace_extension.inplace.custom import HealthCheck
 
 ADDRESS = "{address}"
@@ -25,6 +23,13 @@ def url_for(check: HealthCheck, address: str | None) -> str | None:
 
 def first_failing(checks: Sequence[HealthCheck], address: str | None) -> str | None:
     """What the gate still waits for: the first failing check, in file order (None when all pass)."""
+    if not checks:
+        return None
+    # imported here, not at start-up: most capabilities files have no check, and httpx with what it
+    # imports (its command line's too, when click or rich is installed) is a tenth of an attempt Job's
+    # start-up CPU (bench/README.md, issue 43 item 3)
+    import httpx
+
     for check in checks:
         url = url_for(check, address)
         if url is None:
