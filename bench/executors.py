@@ -97,6 +97,8 @@ CGROUP_ROOTS = {"cpu": Path("/sys/fs/cgroup/cpuacct"), "memory": Path("/sys/fs/c
 CGROUP_DEPTH = 4
 CGROUP_SECONDS = 0.2  # a container's cgroup goes when it exits: its last value is read this often
 LIST_SECONDS = 2.0  # the Jobs' Pods listed this often, for their containers' ids
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # /proc/<pid>/stat's unit of CPU time
+ATTEMPT_ARGV = b"\0attempt\0"  # the Job's own process (the container's command), among its processes
 FLOW_METRIC = re.compile(
     r'^apiserver_flowcontrol_dispatched_requests_total\{[^}]*flow_schema="([^"]+)"[^}]*\} ([0-9.e+]+)$'
 )
@@ -172,6 +174,30 @@ def _subdirs(path: Path) -> list[Path]:
         return []
 
 
+def _own_cpu_ns(pid: int) -> int | None:
+    """CPU time of process ``pid`` itself (user + system, without its children), in nanoseconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // CLOCK_TICKS  # utime, stime
+
+
+def _attempt_pid(cgroup: Path) -> int | None:
+    """The ``inplace-extension attempt`` process in a Job container's cgroup (its children beside it)."""
+    try:
+        pids = [int(line) for line in (cgroup / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return None
+    for pid in pids:
+        try:
+            if ATTEMPT_ARGV in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
 def _read_int(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -182,7 +208,10 @@ def _read_int(path: Path) -> int | None:
 class JobsSampler(Sampler):
     """The Jobs' own cost, from their containers' cgroups: each container's CPU (``cpuacct.usage``, its
     last value before the cgroup goes at the exit), its memory peak (``memory.max_usage_in_bytes``, page
-    cache included) and the peak of all of them at once (``memory.usage_in_bytes``, summed). The Jobs'
+    cache included) and the peak of all of them at once (``memory.usage_in_bytes``, summed). Of each
+    container's CPU, the ``attempt`` process's own (``/proc/<pid>/stat``, its last value before it exits:
+    Python's start-up and imports, ansible-runner's handling of the play's events, the API calls); the rest
+    is its children's (detach.py, ``ansible-playbook`` and its forks, ssh). The Jobs'
     Pods are listed from the API for their containers' ids (as admin: not the service's FlowSchema;
     counted in :attr:`requests`, to be taken off the all-clients count); the pause containers are left
     out."""
@@ -195,6 +224,8 @@ class JobsSampler(Sampler):
         self.kube, self.namespace = kube, namespace
         self.requests = 0
         self.cpu_ns: dict[str, int] = {}
+        self.attempt_cpu_ns: dict[str, int] = {}  # the attempt process's own, of each container
+        self._attempt_pids: dict[str, int] = {}
         self.memory_peak: dict[str, int] = {}
         self.together_peak = 0
         self.running_peak = 0  # Pods Running at once
@@ -240,12 +271,22 @@ class JobsSampler(Sampler):
                 used = _read_int(cpu / "cpuacct.usage")
                 if used is not None:
                     self.cpu_ns[ident] = max(self.cpu_ns.get(ident, 0), used)
+                self._sample_attempt(ident, cpu)
             if (memory := self._find("memory", ident)) is not None:
                 peak = _read_int(memory / "memory.max_usage_in_bytes")
                 if peak is not None:
                     self.memory_peak[ident] = max(self.memory_peak.get(ident, 0), peak)
                 together += _read_int(memory / "memory.usage_in_bytes") or 0
         self.together_peak = max(self.together_peak, together)
+
+    def _sample_attempt(self, ident: str, cgroup: Path) -> None:
+        pid = self._attempt_pids.get(ident) or _attempt_pid(cgroup)
+        if pid is None:
+            return
+        self._attempt_pids[ident] = pid
+        own = _own_cpu_ns(pid)
+        if own is not None:
+            self.attempt_cpu_ns[ident] = max(self.attempt_cpu_ns.get(ident, 0), own)
 
 
 @dataclass
@@ -394,6 +435,7 @@ class Figures:
     events: int  # Events the ten updates posted on their Machines
     job_requests: int = 0
     jobs_cpu: float | None = None
+    attempts_cpu: float | None = None  # of jobs_cpu, the attempt processes' own
     jobs_memory_mb: list[float] | None = None  # one Job's peak, all Jobs' at once
     jobs_running: int = 0
     objects: dict[str, int] | None = None
@@ -450,6 +492,7 @@ def measure(rig: Rig, executor: str) -> Figures:
             if len(jobs.cpu_ns) < len(rig.names):  # a Job's cgroup never seen: its cost would be missing
                 raise SystemExit(f"bench: the cgroups of {len(jobs.cpu_ns)} of the Jobs' Pods were found")
             figures.jobs_cpu = sum(jobs.cpu_ns.values()) / 1e9
+            figures.attempts_cpu = sum(jobs.attempt_cpu_ns.values()) / 1e9
             figures.jobs_memory_mb = [max(jobs.memory_peak.values()) / 2**20, jobs.together_peak / 2**20]
             figures.jobs_running = jobs.running_peak
             figures.objects = {
@@ -482,11 +525,14 @@ def report(machines: int, runs: list[Figures]) -> list[str]:
             f"  all clients' API requests, same time {f.all_requests:7d}     {f.all_requests / f.wall:.1f}/s",
             f"  Events posted on the Machines        {f.events:7d}     {f.events / n:.1f} per update",
         ]
-        if f.jobs_cpu is not None and f.jobs_memory_mb is not None:
+        if f.jobs_cpu is not None and f.attempts_cpu is not None and f.jobs_memory_mb is not None:
             one, together = f.jobs_memory_mb
             per_job = f.job_requests / n
+            own, children = f.attempts_cpu, f.jobs_cpu - f.attempts_cpu
             lines += [
                 f"  Jobs' CPU (their Pods' cgroups)      {f.jobs_cpu:7.2f} s   {f.jobs_cpu / n:.2f} s a Job",
+                f"    the attempt process's own          {own:7.2f} s   {own / n:.2f} s a Job",
+                f"    its children (ansible-playbook...) {children:7.2f} s   {children / n:.2f} s a Job",
                 f"  Jobs' peak memory                    {one:7.1f} MB  one Job, {together:.0f} MB at once",
                 f"  Jobs' Pods Running at once (peak)    {f.jobs_running:7d}",
                 f"  Jobs' API requests                   {f.job_requests:7d}     {per_job:.1f} per Job",
