@@ -190,9 +190,10 @@ def job_manifest(
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
         "resources": {
-            # one Python CLI and one ansible-playbook with one fork: measured 140-150 MB peak per Job,
-            # page cache included (bench/executors.py), so the request reserves that and the limit is
-            # well above it
+            # one Python CLI and one ansible-playbook with one fork: measured 128-138 MB peak per Job,
+            # page cache included (bench/executors.py, issue 43), so the request reserves that and the
+            # limit is well above it; 2.5 CPU seconds per Job, so 100m covers a Job of 25 s or more on
+            # average (docs/scaling.md)
             "requests": {"cpu": "100m", "memory": "160Mi"},
             "limits": {"memory": "512Mi"},
         },
