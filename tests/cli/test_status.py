@@ -5,12 +5,15 @@ management cluster's objects (as the API server returns them). Table and JSON ag
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -18,9 +21,16 @@ from hostlab.proc import wait_until
 from run_deps import run_service
 from runs.fakes import FP, FakeRunner, failed_events, unreachable_events, write_artifacts
 
+import inplace_extension
 from inplace_extension.cli import main
 from inplace_extension.cli import status as status_cli
+from inplace_extension.kube.events import machine_event, to_event
+from inplace_extension.kube.rollout import Owner, Snapshot
+from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record, Recorded
+from inplace_extension.rollout.cluster import REASONS
+from inplace_extension.rollout.model import timestamp
 from inplace_extension.runs import runner as runner_mod
+from inplace_extension.runs.artifacts import Outcome, OutcomeKind
 from inplace_extension.runs.model import Progress, RunRequest
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
@@ -149,3 +159,238 @@ def test_runs_dir_missing_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["status", "--runs-dir", str(tmp_path / "none")]) == 2
     assert "--runs-dir" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()  # read-only: nothing created
+
+
+# -- the cluster view ------------------------------------------------------------------------------------
+
+
+def ts(offset: float) -> str:
+    return timestamp(T0 + offset) or ""
+
+
+def machine(
+    name: str,
+    *,
+    updating: tuple[str, str, float] | None = None,
+    up_to_date: bool = True,
+    record: Record | None = None,
+    deployment: str = "md-0",
+) -> dict[str, Any]:
+    """A v1beta2 Machine of a MachineDeployment as the API server returns it: CAPI's conditions, and the
+    ``kubernetes`` executor's record annotation written by its own encoder."""
+    conditions = [
+        {
+            "type": "UpToDate",
+            "status": "True" if up_to_date else "False",
+            "reason": "UpToDate" if up_to_date else "NotUpToDate",
+            "message": "" if up_to_date else "* Version v1.33.1, v1.34.0 required",
+            "lastTransitionTime": ts(-600),
+        }
+    ]
+    if updating is not None:
+        status, reason, since = updating
+        conditions.append(
+            {
+                "type": "Updating",
+                "status": status,
+                "reason": reason,
+                "message": "",
+                "lastTransitionTime": ts(since),
+            }
+        )
+    annotations = {} if record is None else {RECORD_ANNOTATION: record.encode()}
+    return {
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "Machine",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"cluster.x-k8s.io/deployment-name": deployment},
+            "annotations": annotations,
+            "ownerReferences": [{"kind": "MachineSet", "name": f"{deployment}-x7k2p", "controller": True}],
+        },
+        "status": {"conditions": conditions},
+    }
+
+
+def event(machine_name: str, reason: str, message: str, offset: float, version: int) -> dict[str, Any]:
+    """One of the service's Events on a Machine, as the API server returns what kube/events.py posted."""
+    posted = machine_event(
+        "default", machine_name, None, f"default.{machine_name}.{FP[:12]}", "Normal", reason, message
+    )
+    body = to_event(posted, datetime.fromtimestamp(T0 + offset, UTC)).to_dict()
+    body["metadata"]["resourceVersion"] = str(version)
+    body["lastTimestamp"] = ts(offset)  # as the API server returns it: RFC 3339
+    body["firstTimestamp"] = ts(offset)
+    return body
+
+
+def attempt(
+    number: int, started: float, address: str, outcome: Outcome | None, gate: bool = False
+) -> Recorded:
+    return Recorded(number, "", "lock", T0 + started, address, f"inplace-job-{number}", outcome, 0.0, gate)
+
+
+def rollout_objects() -> Snapshot:
+    """MachineDeployment default/md-0 mid-rollout: one Machine of each state the cluster can tell."""
+    ident = f"default.md-0-%s.{FP[:12]}"
+    ok = Outcome(OutcomeKind.SUCCESSFUL, finished=T0 + 30)
+    unreachable = [Outcome(OutcomeKind.UNREACHABLE, finished=T0 + t) for t in (20, 40)]
+    machines = (
+        # done: applied and its gate passed (the record), CAPI's update over
+        machine(
+            "md-0-a",
+            updating=("False", "NotUpdating", 35),
+            record=Record(ident % "a", (attempt(1, 5, "10.0.0.1", ok, gate=True),), episode="e1"),
+        ),
+        # running kubelet_args: its Job plays (the record), the step by the service's last Event
+        machine(
+            "md-0-b",
+            updating=("True", "InPlaceUpdating", 10),
+            record=Record(ident % "b", (attempt(1, 12, "10.0.0.2", None),), episode="e1"),
+        ),
+        machine("md-0-c", updating=("True", "InPlaceUpdating", 15)),  # outside its maintenance window
+        machine("md-0-d", updating=("True", "InPlaceUpdating", 15)),  # paused on the MachineDeployment
+        machine("md-0-e", updating=("True", "InPlaceUpdating", 16)),  # queued for a run slot
+        # pending: CAPI has not begun its update; an earlier rollout's Done says nothing of this one
+        machine("md-0-f", up_to_date=False),
+        # blocked: two unreachable attempts spent the budget of 2
+        machine(
+            "md-0-g",
+            updating=("True", "InPlaceUpdating", 8),
+            record=Record(
+                ident % "g",
+                (attempt(1, 10, "10.0.0.7", unreachable[0]), attempt(2, 35, "10.0.0.7", unreachable[1])),
+                episode="e1",
+            ),
+        ),
+        # failed: a task failed (the local executor: no record, the service's Failed Event)
+        machine("md-0-h", updating=("True", "InPlaceUpdateFailed", 9)),
+    )
+    window = 'waiting for maintenance window "nightly" (opens 2027-01-15T22:00Z)'
+    paused = "paused by MachineDeployment default/md-0 (annotation inplace-extension.io/pause)"
+    events = (
+        event("md-0-a", "Queued", "queued", 4, 101),
+        event("md-0-a", "Started", "started on host 10.0.0.1 (inventory)", 5, 102),
+        event("md-0-a", "Running", "running: ntp", 6, 103),
+        event("md-0-a", "Done", "update applied", 31, 140),
+        event("md-0-b", "Queued", "queued", 11, 110),
+        event("md-0-b", "Started", "started on host 10.0.0.2 (inventory)", 12, 111),
+        event("md-0-b", "Running", "running: ntp", 20, 120),
+        event("md-0-b", "Running", "running: kubelet_args", 20, 121),  # the same second: the later one
+        event("md-0-c", "Waiting", window, 15, 130),
+        event("md-0-d", "Waiting", paused, 16, 131),
+        event("md-0-e", "Queued", "queued", 17, 132),
+        event("md-0-f", "Done", "update applied", -3600, 10),  # the rollout before this one
+        event("md-0-h", "Queued", "queued", 9, 115),
+        event("md-0-h", "Failed", 'ntp: task "Restart chrony" failed on host', 25, 125),
+    )
+    return Snapshot(machines, events)
+
+
+class FakeReader:
+    """Stands in for kube/rollout.py's reader: the objects as the API server would return them."""
+
+    def __init__(self, *snapshots: Snapshot) -> None:
+        self.snapshots = snapshots
+        self.closed = False
+
+    async def owner_exists(self, owner: Owner) -> bool:
+        return owner == Owner("MachineDeployment", "default", "md-0")
+
+    async def snapshot(self, owner: Owner) -> Snapshot:
+        return self.snapshots[0]
+
+    async def watch(self, owner: Owner) -> AsyncIterator[Snapshot]:
+        for snapshot in self.snapshots:
+            yield snapshot
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def cluster_flags() -> list[str]:
+    return ["md/md-0", "--retry-after-seconds", str(RETRY_AFTER), "--max-failed-attempts", str(BUDGET)]
+
+
+def test_cluster_table_and_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    reader = FakeReader(rollout_objects())
+    monkeypatch.setattr(status_cli, "connect_rollout", lambda kubeconfig: reader)
+    table = status(monkeypatch, capsys, *cluster_flags())
+    golden("status-cluster.txt", table)
+    document = status(monkeypatch, capsys, *cluster_flags(), "-o", "json")
+    golden("status-cluster.json", document)
+    states = {m["name"]: (m["state"], m["step"]) for m in json.loads(document)["machines"]}
+    assert states == {
+        "md-0-a": ("done", None),
+        "md-0-b": ("running", "kubelet_args"),
+        "md-0-c": ("waiting", None),
+        "md-0-d": ("paused", None),
+        "md-0-e": ("queued", None),
+        "md-0-f": ("pending", None),
+        "md-0-g": ("blocked", None),
+        "md-0-h": ("failed", None),
+    }
+    assert reader.closed
+
+
+def test_cluster_owner_not_found(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    reader = FakeReader(rollout_objects())
+    monkeypatch.setattr(status_cli, "connect_rollout", lambda kubeconfig: reader)
+    assert main(["status", "kcp/md-0"]) == 2
+    assert capsys.readouterr().err == "inplace-extension: KubeadmControlPlane default/md-0: not found\n"
+    assert main(["status", "deployment/md-0"]) == 2
+    assert "give KIND/NAME, KIND one of md, ms, kcp, cluster" in capsys.readouterr().err
+
+
+def test_every_reason_the_service_posts_says_a_state() -> None:
+    """A reason added to the service's Machine Events (a ``state(request, "Reason", ...)`` call) must say a
+    state here, or ``status`` would show its Machine as unknown."""
+    posted = set()
+    for path in (Path(inplace_extension.__file__).parent).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "state"
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+            ):
+                posted.add(node.args[1].value)
+    assert posted and posted <= set(REASONS), posted - set(REASONS)
+
+
+def test_watch_redraws_once_per_change(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--watch`` draws what each snapshot of the watch says, once per snapshot (the reader's watch
+    yields one per change: tests/kube/test_kube_rollout.py), one after the other off a terminal."""
+    before = rollout_objects()
+    ok = Outcome(OutcomeKind.SUCCESSFUL, finished=T0 + 50)
+    b_done = machine(
+        "md-0-b",
+        updating=("False", "NotUpdating", 52),
+        record=Record(
+            f"default.md-0-b.{FP[:12]}", (attempt(1, 12, "10.0.0.2", ok, gate=True),), episode="e1"
+        ),
+    )
+    after = Snapshot(
+        tuple(b_done if m["metadata"]["name"] == "md-0-b" else m for m in before.machines),
+        (*before.events, event("md-0-b", "Done", "update applied", 51, 150)),
+    )
+    monkeypatch.setattr(status_cli, "connect_rollout", lambda kubeconfig: FakeReader(before, after))
+    drawn = status(monkeypatch, capsys, *cluster_flags(), "--watch").split("\n\n")
+    assert len(drawn) == 2
+    assert [line.split()[:2] for line in drawn[0].splitlines() if "md-0-b" in line] == [
+        ["├─Machine/md-0-b", "running"]
+    ]
+    assert [line.split()[:2] for line in drawn[1].splitlines() if "md-0-b" in line] == [
+        ["├─Machine/md-0-b", "done"]
+    ]
+    assert drawn[1].splitlines()[-1].startswith("[#######.......................] 2/8 done")
+
+
+def test_the_walk_through_shows_the_table_status_draws() -> None:
+    """docs/operations.md's walk-through shows the very table the golden test holds (kept in step)."""
+    walk_through = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    assert (GOLDEN / "status-cluster.txt").read_text() in walk_through
