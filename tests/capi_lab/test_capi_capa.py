@@ -1,6 +1,11 @@
 """Issue #28 item 3: an AWSMachineTemplate ``additionalTags`` change updated in place by the real CAPA
 controller, with the real CAPI v1.14.2 and our service in the Kubernetes-aware mode; an
 ``instanceType`` change rolled out by replacement. What is real and what stands in: ``capa.py``.
+
+Issue 39 item 4: the tags-only change needs nothing on the host. The Machines' Nodes report the
+Machines' version already, so UpdateMachine's one host step (the Kubernetes version it plans whenever a
+Machine carries one) has nothing to do: the service has no inventory entry for any Machine (an empty
+inventory), runs no play and opens no SSH connection, and answers done once CAPA's record holds the tags.
 """
 
 from __future__ import annotations
@@ -17,8 +22,6 @@ import pytest
 import yaml
 from aws.moto import moto_server
 from e2e.conftest import START_VERSION
-from hostlab.inventory import service_inventory
-from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from kubelab import objects
 from kubelab.flavours import capi_objects as co
@@ -26,7 +29,7 @@ from kubelab.lab import Lab
 
 from . import capa
 from .conftest import unique_namespace
-from .kube_aware import KubeExtension, serving
+from .kube_aware import KubeExtension, run_attempts, serving
 from .rollout import wait
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube, pytest.mark.capi]
@@ -50,7 +53,6 @@ class Setup:
     namespace: str
     service: KubeExtension
     capa: capa.Capa
-    hosts: list[Host]
 
     def machines(self) -> list[dict[str, Any]]:
         return co.machines(self.kube, self.namespace, deployment=MD)
@@ -116,7 +118,6 @@ class Setup:
 def setup(
     kubelab_capi: Lab,
     lab: HostLab,
-    hosts: list[Host],
     e2e_capabilities: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Setup]:
@@ -131,9 +132,8 @@ def setup(
             aws_secret_access_key=capa.AWS_ENV["AWS_SECRET_ACCESS_KEY"],
         )
         network = capa.make_network(ec2)
-        # the service in the Kubernetes-aware mode; UpdateMachine (which gets no current state) converges
-        # the Machines' Kubernetes version on their hosts, so each Machine is mapped to a lab host (the
-        # stand-in of the instance's operating system: moto's instances have none)
+        # the service in the Kubernetes-aware mode, with an empty inventory: no Machine is mapped to a host
+        # (a tags-only change runs nothing on one: the module docstring)
         with serving(kube, lab, EXTENSION, SELECTOR, e2e_capabilities, work / "service.log") as ext:
             namespace = unique_namespace("capa")
             objects.apply(
@@ -144,7 +144,7 @@ def setup(
                     "metadata": {"name": namespace, "labels": SELECTOR},
                 },
             )
-            yield Setup(kube, ec2, network, namespace, ext, manager, hosts)
+            yield Setup(kube, ec2, network, namespace, ext, manager)
             # CAPA terminates the instances and drops its finalizers while it still runs
             kube.kubectl(
                 "delete", "clusters.cluster.x-k8s.io", CLUSTER, "-n", namespace, "--wait=true",
@@ -192,10 +192,7 @@ def create_cluster(s: Setup) -> dict[str, str]:
         capa.aws_machine_template(f"{MD}-1", ns, s.network, TAGS, "t3.small"),
         capa.machine_deployment(MD, ns, CLUSTER, 2, START_VERSION, f"{MD}-1", BOOTSTRAP),
     )
-    instances = capa.wait_running(kube, ns, MD, 2, START_VERSION, LAUNCH)
-    names = sorted(instances)
-    s.service.inventory.write_text(yaml.safe_dump(service_inventory(s.service.hosts, names), sort_keys=False))
-    return instances
+    return capa.wait_running(kube, ns, MD, 2, START_VERSION, LAUNCH)
 
 
 def test_an_additional_tags_change_is_applied_by_capa_in_place_and_an_instance_type_change_replaces(
@@ -225,12 +222,15 @@ def test_an_additional_tags_change_is_applied_by_capa_in_place_and_an_instance_t
             )
     log = s.service.log()
     assert re.search(r"hook=CanUpdateMachineSet .* decision=in-place", log), log[-3000:]
+    assert yaml.safe_load(s.service.inventory.read_text()) == {"hosts": []}, "no inventory entry"
     for machine in instances:
-        # UpdateMachine answered done once CAPA's annotation held the tags (its host step, the Kubernetes
-        # version it converges from the desired Machine, was already in place on the host)
+        # UpdateMachine answered done once CAPA's annotation held the tags; its host step, the Kubernetes
+        # version it plans from the desired Machine, is what the Node reports already: no play, no SSH
         assert re.search(rf"hook=UpdateMachine machine={s.namespace}/{machine} .*decision=done", log), log[
             -3000:
         ]
+        assert run_attempts(s.service, f"{s.namespace}/{machine}") == [], "no play ran for it"
+        assert f"machine={s.namespace}/{machine} run=" not in log, "no run of it was queued or started"
 
     # instanceType: no capability changes it in place: CAPI replaces the Machines
     s.use_template(f"{MD}-3", {"team": "green", "cost-center": "42"}, "t3.medium")
