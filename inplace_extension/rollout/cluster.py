@@ -48,7 +48,7 @@ REASONS: Final = {
 PAUSED_PREFIX: Final = progress.MESSAGES["paused"].split("{", 1)[0]
 RUNNING_PREFIX: Final = progress.MESSAGES["running"].split("{", 1)[0]
 BLOCKED_PREFIX: Final = BLOCKED_MESSAGE.split("{", 1)[0]
-NOT_BEGUN = "not updated yet: {owner} has not begun its update ({reason})"
+NOT_BEGUN = "not updated yet: CAPI has not begun its update (UpToDate: {reason})"
 UNDER_WAY = "in-place update under way (CAPI: {message})"
 
 
@@ -98,8 +98,7 @@ def machine_status(
         up_to_date = conditions.get(UP_TO_DATE) or {}
         if up_to_date.get("status") == "False":
             reason = str(up_to_date.get("message") or up_to_date.get("reason") or "not up to date")
-            owner = _owner(metadata)
-            return MachineStatus(namespace, name, State.PENDING, NOT_BEGUN.format(owner=owner, reason=reason))
+            return MachineStatus(namespace, name, State.PENDING, NOT_BEGUN.format(reason=reason))
         done = last if last is not None and last.reason == "Done" else None
         applied = _applied(attempts)
         return MachineStatus(
@@ -229,12 +228,6 @@ def _applied(attempts: Sequence[Attempt]) -> Attempt | None:
         (a for a in reversed(attempts) if a.outcome is not None and a.outcome.kind is OutcomeKind.SUCCESSFUL),
         None,
     )
-
-
-def _owner(metadata: dict[str, Any]) -> str:
-    refs = metadata.get("ownerReferences") or []
-    controller = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
-    return f"{controller.get('kind')} {controller.get('name')}" if controller else "its owner"
 
 
 def _seen(event: dict[str, Any]) -> Seen | None:

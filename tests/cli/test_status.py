@@ -394,3 +394,27 @@ def test_the_walk_through_shows_the_table_status_draws() -> None:
     """docs/operations.md's walk-through shows the very table the golden test holds (kept in step)."""
     walk_through = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     assert (GOLDEN / "status-cluster.txt").read_text() in walk_through
+
+
+def test_a_play_that_died_unsummarised_and_one_being_summarised(tmp_path: Path) -> None:
+    """Attempts without ``outcome.json``: a play whose processes are gone (its lease free: the service
+    died with it) is retried at the next poll; a play with a final status is being summarised."""
+    from inplace_extension.rollout.local import INTERRUPTED, NOT_SUMMARISED, machine_status
+    from inplace_extension.runs.artifacts import PLAY_LEASE, Attempt, BatchRef, write_json
+
+    batch = tmp_path / "batch-1"
+    batch.mkdir()
+    (batch / PLAY_LEASE).write_text("0")  # nobody holds it: the play's processes are gone
+    attempt_dir = tmp_path / "attempt-0001"
+    attempt_dir.mkdir()
+    write_json(attempt_dir / "meta.json", BatchRef(batch, "batch-1", "default.m1.x").to_meta())
+    dead = Attempt(1, attempt_dir, "", None, "10.0.0.1", T0)
+    died = machine_status("default", "m1", [dead], NOW, RETRY_AFTER, BUDGET)
+    assert (died.state.value, died.message, died.attempt) == ("retrying", INTERRUPTED, 1)
+    ended = Attempt(1, attempt_dir, "", Outcome(OutcomeKind.INTERRUPTED, finished=T0 + 5), "10.0.0.1", T0)
+    summarising = machine_status("default", "m1", [ended], NOW, RETRY_AFTER, BUDGET)
+    assert (summarising.state.value, summarising.step, summarising.message) == (
+        "running",
+        "finishing",
+        NOT_SUMMARISED,
+    )
