@@ -25,6 +25,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,86 @@ def test_a_jobs_pod_deleted_mid_play_is_one_interrupted_attempt_and_the_next_job
     assert [j["metadata"]["name"] for j in jobs] == [first["j"], second["j"]]
     assert objects.condition(jobs[0], "Failed") and objects.condition(jobs[1], "Complete")
     assert on_node(node_cluster, host, "cat", path) == "after a deleted Pod\n"
+    assert stamp_writes(node_cluster, host) == stamps + 1
+
+
+# the Cluster of tests/e2e/capi.py's UpdateMachine requests (their Machine's cluster-name label), in their
+# namespace: its pause annotation holds every new start of their updates (kubeaware/cluster_side.py)
+REQUESTS_CLUSTER = "my-cluster"
+PAUSE = "inplace-extension.io/pause"
+
+
+@contextmanager
+def paused_cluster(cluster: Cluster) -> Iterator[None]:
+    """The requests' Cluster, paused by the operator's annotation; deleted afterwards."""
+    kube = cluster.kube
+    assert objects.get(kube, "cluster.cluster.x-k8s.io", REQUESTS_CLUSTER, MACHINES_NAMESPACE) is None
+    metadata = {"name": REQUESTS_CLUSTER, "namespace": MACHINES_NAMESPACE, "annotations": {PAUSE: "true"}}
+    objects.apply(
+        kube,
+        {
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Cluster",
+            "metadata": metadata,
+            "spec": {"paused": False},
+        },
+    )
+    try:
+        yield
+    finally:
+        kube.kubectl("delete", "cluster.cluster.x-k8s.io", REQUESTS_CLUSTER, "-n", MACHINES_NAMESPACE)
+
+
+@pytest.mark.parametrize("how", ["pod-deleted", "sigterm-pod-kept"])
+def test_a_job_that_died_mid_play_past_its_drain_point_is_finished_while_the_cluster_is_paused(
+    node_cluster: Cluster, replicas: Start, jobs_namespace: str, target: Host, how: str
+) -> None:
+    """Issue 39 item 2 with the real Job, kubelet and API server: the play is in its health gate (its
+    file step applied: a file update has no drain point, so the play passed it once a step began) when
+    the operator pauses the Cluster and the Job dies, and the next attempt finishes the play under the
+    pause (a new start would wait: ``paused by Cluster e2e/my-cluster ...``).
+
+    - ``pod-deleted``: the Pod deleted through the API is gone with its termination message (the
+      attempt's word on how far its play got): the service cannot tell, and counts it as passed;
+    - ``sigterm-pod-kept``: SIGTERM to the attempt in its container, its Pod kept (as on the kubelet's
+      own eviction, or the attempt's deadline): the attempt stops its play and writes, by its play's own
+      events, that it had passed its drain point, which the service reads from the Pod."""
+    host = target
+    tag = uuid.uuid4().hex[:8]
+    path, release = f"{RELEASE_DIR}/resumed-{tag}", f"{RELEASE_DIR}/release-{tag}"
+    content = f"after a Job that died mid-play ({how})\n"
+    stamps = stamp_writes(node_cluster, host)
+    service = replicas("a", HELD % release)
+    spec = _file_spec(node_cluster, host, path, content)
+
+    held = poll_update_machine(service.client, host.name, spec, within=WITHIN, until=_held_in_health_gate)
+    assert held.status == "Success" and _held_in_health_gate(held.message), (held.messages, service.log())
+    pod = _running_pod(node_cluster, jobs_namespace, host.name)
+    assert pod is not None, _jobs(node_cluster, jobs_namespace, host.name)
+    with paused_cluster(node_cluster):
+        if how == "pod-deleted":
+            name, kube = pod["metadata"]["name"], node_cluster.kube
+            kube.kubectl(
+                "delete", "pod", name, "-n", jobs_namespace, "--wait=true", "--timeout=180s", timeout=200
+            )
+        else:
+            runs_on = next(h for h in node_cluster.hosts if h.name == pod["spec"]["nodeName"])
+            (pid,) = on_node(node_cluster, runs_on, "pgrep", "-f", "attempt --spec").split()
+            on_node(node_cluster, runs_on, "kill", "-TERM", pid)
+        on_node(node_cluster, host, "touch", release)  # the next attempt's health gate passes at once
+        # a new start would answer the pause at once: stop there rather than wait out WITHIN
+        polled = poll_update_machine(
+            service.client, host.name, spec, within=WITHIN, until=lambda m: m.startswith("paused by")
+        )
+
+    assert (polled.status, polled.message) == ("Success", "update applied"), (polled.messages, service.log())
+    first, second = _record(node_cluster, host.name)["attempts"]
+    assert first["o"]["kind"] == "interrupted", first
+    if how == "sigterm-pod-kept":
+        assert "SIGTERM" in first["o"]["detail"], first  # the attempt's own word, read from its Pod
+    assert first["o"].get("died_past_drain_point") is True, first
+    assert second["r"] is True and second["o"]["kind"] == "successful", second
+    assert on_node(node_cluster, host, "cat", path) == content
     assert stamp_writes(node_cluster, host) == stamps + 1
 
 
