@@ -7,10 +7,12 @@ is ``inplace_extension.preview``.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from inplace_extension.cli.command import Command, readable_file
 from inplace_extension.cli.flags import Option, Parser, add_settings_flags, given_as, settings_from_args
+from inplace_extension.errors import ExtensionError
 
 # the settings that change what the service would do with an update (the rest only say how it serves)
 SETTINGS = (
@@ -21,6 +23,8 @@ SETTINGS = (
     "kube",
     "drain",
     "affects_availability",
+    "playbooks_dir",
+    "max_parallel_runs",
 )
 
 
@@ -41,6 +45,14 @@ OPTIONS = (
         default=[],
         metavar="NAME",
         repeatable=True,
+    ),
+    Option(
+        "--hosts",
+        "INPLACE_PLAN_HOSTS",
+        "also check each Machine's host: the update playbook in Ansible check mode with diff over SSH "
+        "(changes nothing); exit 0 nothing to do, 2 changes, 1 error",
+        default=False,
+        boolean=True,
     ),
     Option(
         "--output",
@@ -64,14 +76,29 @@ def configure(parser: Parser) -> None:
         "The service settings are read as serve reads them (flags, else INPLACE_* variables) and only judged "
         "with: plan connects to nothing. --kube (or INPLACE_KUBECONFIG) says the service runs in its "
         "Kubernetes-aware mode, where it drains. Exit 0: previewed (any outcome); 1: outcome invalid, "
-        "the service would fail the update for its values; 2: input plan cannot read."
+        "the service would fail the update for its values; 2: input plan cannot read. With --hosts plan "
+        "connects to each Machine's host over SSH and changes nothing there; exit 0: no host would change, "
+        "2: some host would change (or cannot tell), 1: an error (a host unreachable, a check failed, "
+        "the input unreadable or invalid)."
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.hosts:
+        return _run(args)
+    try:
+        return _run(args)
+    except (ValueError, LookupError, OSError, ExtensionError) as exc:
+        # --hosts speaks terraform plan -detailed-exitcode: 2 means changes, so any error is 1
+        print(f"inplace-extension: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     # imported when the command runs: every command's module is loaded for the program's parser, and
     # ``attempt`` (a Job's whole process) should not pay for the preview and the engine's models
-    from inplace_extension.engine import load_config
+    from inplace_extension.engine import load_config, play_config
+    from inplace_extension.preview.hosts import check_preview, exit_code, terminal_progress
     from inplace_extension.preview.inputs import (
         Machine,
         Part,
@@ -89,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         preview_templates,
     )
     from inplace_extension.preview.model import Preview
-    from inplace_extension.preview.render import render
+    from inplace_extension.preview.render import render, render_checked
     from inplace_extension.runs.inventory import load_inventory
 
     if (args.file is None) == (args.old is None and args.new is None):
@@ -118,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
             preview = preview_control_plane(old, new, machines_of((old, new), names, "Machine"), context)
         else:
             preview = preview_templates(old, new, machines_of((old, new), names, "Machine"), context)
+    if args.hosts:
+        checked = check_preview(preview, settings, play_config(config), terminal_progress)
+        print(render_checked(checked, args.output))
+        return exit_code(checked)
     print(render(preview, args.output))
     return 1 if preview.outcome == "invalid" else 0
 

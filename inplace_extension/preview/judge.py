@@ -51,7 +51,13 @@ from inplace_extension.preview.model import (
 )
 from inplace_extension.runs.inventory import Inventory
 from inplace_extension.runs.model import RunRequest, run_request
-from inplace_extension.runs.resolve import ResolveError, parse_cidrs, resolve_host, status_addresses
+from inplace_extension.runs.resolve import (
+    HostTarget,
+    ResolveError,
+    parse_cidrs,
+    resolve_host,
+    status_addresses,
+)
 from inplace_extension.runs.windows import Schedule
 from inplace_extension.settings import Settings
 
@@ -452,20 +458,23 @@ def _steps(plan: Plan, changed: frozenset[str] | None, drain: Drain, custom: Cus
 
 
 def _machine_preview(run: RunRequest, machine: Machine, context: Context, in_place: bool) -> MachinePreview:
+    host, target = _host(run, machine, context)
     return MachinePreview(
         run.machine,
         run.ident if in_place else None,
-        _host(run, machine, context),
+        host,
         _window(run.labels, context),
+        run if in_place else None,
+        target if in_place else None,
     )
 
 
-def _host(run: RunRequest, machine: Machine, context: Context) -> Host | None:
+def _host(run: RunRequest, machine: Machine, context: Context) -> tuple[Host | None, HostTarget | None]:
     """The SSH target as the service resolves it. The ``status.addresses`` that come last: those the
     run carries (the MCM agent's Node), else in the Kubernetes-aware mode the Machine's (from a Machine
     object given in a file; the service reads the live one), else none."""
     if context.inventory is None:
-        return None
+        return None, None
     settings = context.settings
     live = (lambda: machine.addresses) if settings.kube_aware else None
     try:
@@ -480,8 +489,8 @@ def _host(run: RunRequest, machine: Machine, context: Context) -> Host | None:
             settings.address_types,
         )
     except ResolveError as exc:
-        return Host(reason=exc.reason, message=exc.message)
-    return Host(target.address, target.port, target.user, target.source)
+        return Host(reason=exc.reason, message=exc.message), None
+    return Host(target.address, target.port, target.user, target.source), target
 
 
 def _window(labels: Mapping[str, str], context: Context) -> Window | None:

@@ -7,8 +7,11 @@ in it (they may be secrets): only field paths, capability and input names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
+
+from inplace_extension.runs.model import RunRequest
+from inplace_extension.runs.resolve import HostTarget
 
 API_VERSION: Final = "inplace-extension.io/v1alpha1"
 KIND: Final = "PlanPreview"
@@ -89,6 +92,10 @@ class MachinePreview:
     run: str | None  # the run ident, when the update runs in place
     host: Host | None  # None: no inventory given
     window: Window | None  # None: no window applies
+    # what ``plan --hosts`` checks on the host: the run UpdateMachine would make and the resolved SSH
+    # target (None: the update is not in place, or the host did not resolve); not in the document
+    request: RunRequest | None = field(default=None, compare=False, repr=False)
+    target: HostTarget | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
+from inplace_extension.preview.hosts import Checked
 from inplace_extension.preview.model import Host, Preview, Window
+from inplace_extension.runs.dry_run import HostCheck
 
 OUTCOMES = {
     "in-place": "in place",
@@ -31,6 +34,64 @@ def render(preview: Preview, output: str) -> str:
     if output == "yaml":
         return yaml.safe_dump(preview.document(), sort_keys=False).rstrip("\n")
     return "\n".join(_table(preview))
+
+
+def render_checked(checked: Checked, output: str) -> str:
+    """A preview with its host dry run (``plan --hosts``): the document's machines each get ``check``;
+    the table gets one line per checked Machine, then each Machine's steps and differences."""
+    if output in ("json", "yaml"):
+        document = checked.preview.document()
+        for machine, check in zip(document["machines"], checked.checks, strict=False):
+            machine["check"] = None if check is None else check_document(check)
+        if output == "json":
+            return json.dumps(document, indent=2)
+        return yaml.safe_dump(document, sort_keys=False).rstrip("\n")
+    lines = _table(checked.preview)
+    checks = [check for check in checked.checks if check is not None]
+    if not checks:
+        if checked.preview.outcome != "invalid":
+            lines += ["", "host check: no Machine is updated in place, nothing to check"]
+        return "\n".join(lines)
+    lines += ["", "Host check (the update playbook in check mode with diff; nothing was changed):"]
+    rows = [
+        (
+            check.machine,
+            check.address or "-",
+            check.result.upper() if check.result == "error" else check.result,
+            check.error or ", ".join(f"{step.capability}: {step.result}" for step in check.steps) or "-",
+        )
+        for check in checks
+    ]
+    lines += _aligned(("MACHINE", "HOST", "RESULT", "STEPS"), rows)
+    for check in checks:
+        if not check.steps:
+            continue
+        lines += ["", f"{check.machine} ({check.address}):"]
+        for step in check.steps:
+            lines.append(f"  {step.capability}: {step.result}: {step.why}")
+            lines += [f"    {change}" for change in step.changes]
+            for diff in step.diffs:
+                lines += [f"    {line}" for line in diff.rstrip("\n").splitlines()]
+    return "\n".join(lines)
+
+
+def check_document(check: HostCheck) -> dict[str, Any]:
+    """One Machine's host check in the document (``machines[].check``); keys are stable."""
+    return {
+        "result": check.result,
+        "address": check.address or None,
+        "error": check.error,
+        "steps": [
+            {
+                "capability": step.capability,
+                "result": step.result,
+                "why": step.why,
+                "changes": list(step.changes),
+                "diffs": list(step.diffs),
+            }
+            for step in check.steps
+        ],
+    }
 
 
 def _table(preview: Preview) -> list[str]:

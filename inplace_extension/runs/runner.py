@@ -90,6 +90,8 @@ class BatchSpec:
     host_checks: tuple[HostCheck, ...] = ()  # the health gate's command checks, run before the stamp
     host_checks_timeout_seconds: int = 300  # --health-gate-timeout-seconds: until they must pass
     role_vars: Mapping[str, Any] = field(default_factory=dict)  # capabilities file role_settings
+    # the dry run (runs/dry_run.py): ansible-playbook --check --diff, which changes nothing on the host
+    check: bool = False
 
 
 TaskListener = Callable[[str, str | None, str], None]  # (host name, role or None, task) per task start
@@ -105,6 +107,10 @@ class RunHandle:
     def wait(self) -> str:
         self._thread.join()
         return str(self._runner.status)
+
+    def events(self) -> list[dict[str, Any]]:
+        """The run's job events, in order (after :meth:`wait`): ansible-runner's ``Runner.events``."""
+        return [dict(event) for event in self._runner.events]
 
 
 def _never_cancel() -> bool:
@@ -172,6 +178,7 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
                     str(spec.playbook),
                     "--skip-tags",
                     ",".join(skip_tags(spec)),
+                    *(["--check", "--diff"] if spec.check else []),
                     *_role_vars_args(spec),
                 ]
             ),

@@ -113,7 +113,8 @@ def main() -> None:
     p = module.params
     if p["wait_seconds"] < 0 or p["stale_seconds"] <= 0 or p["poll_seconds"] <= 0:
         module.fail_json(msg="wait_seconds must be >= 0, stale_seconds and poll_seconds > 0")
-    Path(p["state_dir"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not module.check_mode:  # check mode (the dry run) only reads: it leaves the host as it found it
+        Path(p["state_dir"]).mkdir(mode=0o700, parents=True, exist_ok=True)
     action = {"locked": acquire, "unlocked": release, "stamped": write_stamp}[p["state"]]
     try:
         module.exit_json(**action(p, module.check_mode))

@@ -6,6 +6,7 @@ docstring.
 
 from __future__ import annotations
 
+import base64
 import grp
 import json
 import os
@@ -142,8 +143,14 @@ def write_atomic(path: Path, text: str, uid: int, gid: int, mode: int) -> None:
     replace_file(path, text.encode("utf-8", errors="surrogateescape"), (uid, gid), mode)
 
 
-def converge_file(entry: dict[str, Any], previous_append: bool | None, check: bool) -> bool:
-    """Make one desired file true; True when anything changed."""
+def converge_file(
+    entry: dict[str, Any],
+    previous_append: bool | None,
+    check: bool,
+    diffs: list[dict[str, Any]] | None = None,
+) -> bool:
+    """Make one desired file true; True when anything changed. ``diffs`` (check mode) gets what would
+    change of it (:func:`file_diff`)."""
     path = Path(entry["path"])
     uid, gid = entry["uid"], entry["gid"]
     mode = entry["mode"]
@@ -160,14 +167,47 @@ def converge_file(entry: dict[str, Any], previous_append: bool | None, check: bo
         st = path.stat()
         if (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (uid, gid, mode):
             return False
+        if diffs is not None:
+            diffs.append(
+                file_diff(entry["path"], existing, desired, (st.st_uid, st.st_gid, st.st_mode), entry)
+            )
         if not check:
             os.chown(path, uid, gid)
             path.chmod(mode)
         return True
+    if diffs is not None:
+        st_now = None if existing is None else path.stat()
+        now = None if st_now is None else (st_now.st_uid, st_now.st_gid, st_now.st_mode)
+        diffs.append(file_diff(entry["path"], existing, desired, now, entry))
     if not check:
         # Replacing a symlink replaces the link itself, never the file it points to.
         write_atomic(path, desired, uid, gid, mode)
     return True
+
+
+def file_diff(
+    path: str, existing: str | None, desired: str, now: tuple[int, int, int] | None, entry: dict[str, Any]
+) -> dict[str, Any]:
+    """What would change of one file, for the dry run (check mode): its owner and mode before and after,
+    and its content before and after when the file is world-readable now and after (else the content is
+    redacted: it may be a secret). The content goes base64-encoded: the module's ``content`` argument is
+    ``no_log``, and Ansible masks such a value wherever it finds it in a result, which would leave a diff
+    of stars; the dry run decodes it (runs/dry_run.py)."""
+    after_meta = f"{entry['uid']}:{entry['gid']} {entry['mode']:04o}"
+    diff: dict[str, Any] = {
+        "path": path,
+        "before_meta": None if now is None else f"{now[0]}:{now[1]} {now[2] & 0o7777:04o}",
+        "after_meta": after_meta,
+    }
+    readable = entry["mode"] & 0o004 and (now is None or now[2] & 0o004)
+    if existing == desired:
+        return diff
+    if not readable:
+        diff["redacted"] = "content not shown: the file is not world-readable"
+        return diff
+    diff["before_b64"] = base64.b64encode((existing or "").encode("utf-8", "surrogateescape")).decode()
+    diff["after_b64"] = base64.b64encode(desired.encode("utf-8", "surrogateescape")).decode()
+    return diff
 
 
 def remove_dropped(name: str, was_append: bool, check: bool) -> bool:
@@ -259,9 +299,10 @@ def converge(entries: list[dict[str, Any]], manifest: str, check: bool) -> dict[
             save_manifest(manifest_path, managed)
         raise StepFailure(msg, written=written)
 
+    diffs: list[dict[str, Any]] | None = [] if check else None
     for entry in entries:
         try:
-            changed = converge_file(entry, previous.get(entry["path"]), check)
+            changed = converge_file(entry, previous.get(entry["path"]), check, diffs)
         except (OSError, ValueError) as exc:
             fail(f"cannot write {entry['path']}: {exc.strerror if isinstance(exc, OSError) else exc}")
         managed[entry["path"]] = entry["append"]
@@ -273,13 +314,20 @@ def converge(entries: list[dict[str, Any]], manifest: str, check: bool) -> dict[
             try:
                 if remove_dropped(path, was_append, check):
                     removed.append(path)
+                    if diffs is not None:  # its content is not shown: it was ours, it may be a secret
+                        diffs.append(
+                            {"path": path, "removed": "removed" if not was_append else "block removed"}
+                        )
             except OSError as exc:
                 fail(f"cannot remove {path}: {exc.strerror}")
             del managed[path]
     manifest_changed = previous != managed or not manifest_path.exists()
     if manifest_changed and not check:
         save_manifest(manifest_path, {e["path"]: e["append"] for e in entries})
-    return {"changed": bool(written or removed or manifest_changed), "written": written, "removed": removed}
+    result = {"changed": bool(written or removed or manifest_changed), "written": written, "removed": removed}
+    if diffs is not None:
+        result["inplace_diff"] = diffs
+    return result
 
 
 def save_manifest(path: Path, managed: dict[str, bool]) -> None:

@@ -80,7 +80,8 @@ def lock_before(rider: dict[str, Any] | None, check_mode: bool) -> tuple[dict[st
         return {}, True
     if rider["wait_seconds"] < 0 or rider["stale_seconds"] <= 0 or rider["poll_seconds"] <= 0:
         raise HostStateError("host_lock: wait_seconds must be >= 0, stale_seconds and poll_seconds > 0")
-    Path(rider["state_dir"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not check_mode:  # check mode (the dry run) only reads: it leaves the host as it found it
+        Path(rider["state_dir"]).mkdir(mode=0o700, parents=True, exist_ok=True)
     answer = acquire(rider, check_mode)
     return {"host_lock": answer}, not answer["up_to_date"] and rider["step"] not in answer["unchanged"]
 

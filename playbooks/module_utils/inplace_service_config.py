@@ -80,8 +80,15 @@ def apply(p: dict[str, Any], path: Path, mode: int, check: bool) -> dict[str, An
     else:
         written = path.exists() or path.is_symlink()
     pending = bool(p["restart"]) and (written or (marker is not None and marker.exists()))
-    result = {"changed": written or pending, "path": str(path), "written": written, "restarted": False}
+    result: dict[str, Any] = {
+        "changed": written or pending,
+        "path": str(path),
+        "written": written,
+        "restarted": False,
+    }
     if check:
+        if written:  # the dry run's diff (runs/dry_run.py): a service's configuration, no secret
+            result["inplace_diff"] = [_diff(path, p["content"] if p["state"] == "present" else None, mode)]
         return result
     if written and marker is not None and p["restart"]:
         # first the marker, then the file: a run killed in between restarts next time, never the reverse
@@ -94,6 +101,23 @@ def apply(p: dict[str, Any], path: Path, mode: int, check: bool) -> dict[str, An
     if pending:
         _restart(p, marker)
     return {**result, "restarted": pending}
+
+
+def _diff(path: Path, content: str | None, mode: int) -> dict[str, Any]:
+    """The file now and as the step would leave it (None: removed)."""
+    try:
+        st = path.stat()
+        before: str | None = path.read_text(encoding="utf-8", errors="replace")
+        before_meta: str | None = f"{st.st_uid}:{st.st_gid} {st.st_mode & 0o7777:04o}"
+    except OSError:
+        before, before_meta = None, None
+    return {
+        "path": str(path),
+        "before": before or "",
+        "after": content or "",
+        "before_meta": before_meta,
+        "after_meta": None if content is None else f"{_OWNER[0]}:{_OWNER[1]} {mode:04o}",
+    }
 
 
 def _differs(path: Path, content: bytes, mode: int) -> bool:
