@@ -233,6 +233,7 @@ def _step(capability: str, results: list[tuple[str, str, Mapping[str, Any]]]) ->
             continue
         if res.get("changed"):
             changed_tasks.append(task)
+            changes.extend(str(line) for line in res.get("inplace_changes") or ())
             diffs.extend(_file_diffs(res.get("inplace_diff")) + _diffs(res.get("diff")))
     if changed_tasks or changes:
         why = f"{len(changed_tasks) or len(changes)} task(s) would change the host"

@@ -155,3 +155,77 @@ def test_a_saved_update_request_with_every_step_held_by_the_stamp_exits_0(
     code, out, err = plan(capsys, *args, "--hosts", "-o", "json")
     assert code == 0, (out, err)
     assert json.loads(out)["machines"][0]["check"]["result"] == "unchanged"
+
+
+USERS_OLD = """
+apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
+kind: KubeadmConfigTemplate
+metadata: {name: md-0-v1, namespace: default}
+spec:
+  template:
+    spec: {}
+"""
+USERS_NEW = """
+apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
+kind: KubeadmConfigTemplate
+metadata: {name: md-0-v2, namespace: default}
+spec:
+  template:
+    spec:
+      users:
+        - name: alice
+          groups: dryrunners
+          sudo: "ALL=(ALL) NOPASSWD:ALL"
+          sshAuthorizedKeys: ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDryRun alice"]
+      ntp: {enabled: true, servers: [ntp1.example.org, ntp2.example.org]}
+"""
+USERS_WATCHED = (
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/shadow",
+    "/etc/sudoers.d",
+    "/etc/systemd/timesyncd.conf.d",
+    "/etc/chrony",
+    STATE_DIR,
+)
+
+
+def test_users_and_ntp_tell_what_they_would_add_and_change_nothing(
+    lab: Lab, lab_hosts: list[Host], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = lab_hosts[0]
+    (tmp_path / "old.yaml").write_text(USERS_OLD)
+    (tmp_path / "new.yaml").write_text(USERS_NEW)
+    inventory_file = tmp_path / "inventory.yaml"
+    inventory_file.write_text(yaml.safe_dump(service_inventory(lab, ["md-0-a"])))
+    listing = f"find {' '.join(USERS_WATCHED)} -printf '%p %s %T@\\n' 2>/dev/null | sort; md5sum /etc/passwd"
+    before = host_root(lab, host, ["sh", "-c", f"{listing}; true"])
+    code, out, err = plan(
+        capsys,
+        "--old",
+        str(tmp_path / "old.yaml"),
+        "--new",
+        str(tmp_path / "new.yaml"),
+        "--machine=md-0-a",
+        "--inventory",
+        str(inventory_file),
+        "--allowed-cidrs",
+        f"{lab.network}",
+        "--hosts",
+        "-o",
+        "json",
+    )
+    assert code == 2, (out, err)
+    check = json.loads(out)["machines"][0]["check"]
+    steps = {step["capability"]: step for step in check["steps"]}
+    assert steps["users"]["result"] == "would change", steps["users"]
+    changes = steps["users"]["changes"]
+    assert "group dryrunners added" in changes, changes
+    assert "user alice added: groups dryrunners" in changes, changes
+    assert "user alice: 1 SSH authorized key(s)" in changes, changes
+    assert any(line.startswith("sudo rule ") and "NOPASSWD" in line for line in changes), changes
+    assert steps["ntp"]["result"] == "would change", steps["ntp"]
+    ntp = "\n".join(steps["ntp"]["diffs"])
+    assert "ntp1.example.org" in ntp and "ntp2.example.org" in ntp, ntp
+    assert host_root(lab, host, ["sh", "-c", f"{listing}; true"]) == before
+    assert lab.exec_in(host, ["id", "alice"]).returncode != 0

@@ -17,6 +17,10 @@ the role's order, with ``groupadd``/``useradd``/``usermod`` (argv only, never a 
    A run that fails half-way records the users it got to as well, so none is left unmanaged.
 
 The role checked the inputs before (names, groups, paths, one-line fields). The hash is never returned.
+
+In check mode (the dry run, ``plan --hosts``) nothing is run or written: each command and file change
+it would make is described in ``inplace_changes`` instead, one line each (names, groups, shells, key
+counts; never a password hash or a key).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ options:
 RETURN = r"""
 changed_users: {description: Users created or changed., type: list, elements: str}
 disabled: {description: Users that left the list and were disabled., type: list, elements: str}
+inplace_changes: {description: Check mode only, what would change, one line each., type: list, elements: str}
 """
 
 # the role's argument spec (meta/argument_specs.yml), so that Ansible masks the hash in what it returns
@@ -91,8 +96,13 @@ class Users:
         self.module = module
         self.p = module.params
         self.changed_users: dict[str, None] = {}  # ordered set
+        self.dry = module.check_mode
+        self.would: list[str] = []  # check mode: what would change, one line each
 
     def run(self, argv: list[str]) -> None:
+        if self.dry:
+            self.would.append(_described(argv))
+            return
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             # argv may hold the password hash: name the command and the user only
@@ -129,10 +139,10 @@ class Users:
             return
         current = {"-c": entry.pw_gecos, "-d": entry.pw_dir, "-s": entry.pw_shell}
         argv = [arg for flag, value in fields if value and current[flag] != value for arg in (flag, value)]
-        if user.get("primary_group") and grp.getgrnam(user["primary_group"]).gr_gid != entry.pw_gid:
+        if user.get("primary_group") and _gid(user["primary_group"]) != entry.pw_gid:
             argv += ["-g", user["primary_group"]]
         member_of = {g.gr_name for g in grp.getgrall() if name in g.gr_mem}
-        missing = [g for g in groups if g not in member_of and grp.getgrnam(g).gr_gid != entry.pw_gid]
+        missing = [g for g in groups if g not in member_of and _gid(g) != entry.pw_gid]
         argv += ["-a", "-G", ",".join(missing)] if missing else []  # added, never removed
         if argv:
             self.run(["usermod", *argv, name])
@@ -140,6 +150,8 @@ class Users:
 
     def password_and_expiry(self, user: dict[str, Any]) -> None:
         name = user["name"]
+        if self.dry and name not in _shadow():  # created by this run: useradd says so already
+            return
         entry = _shadow()[name]
         lock = user.get("lock_password")
         lock = self.p["default_lock_password"] if lock is None else lock
@@ -158,15 +170,25 @@ class Users:
             self.changed_users[name] = None
 
     def keys(self, user: dict[str, Any]) -> None:
-        entry = pwd.getpwnam(user["name"])
-        ssh = Path(entry.pw_dir) / ".ssh"
         keys = user.get("ssh_authorized_keys") or []
+        try:
+            entry = pwd.getpwnam(user["name"])
+        except KeyError:
+            if not self.dry:
+                raise
+            self.would.append(f"user {user['name']}: {len(keys)} SSH authorized key(s)")  # a new user
+            return
+        ssh = Path(entry.pw_dir) / ".ssh"
         content = ("\n".join(keys) + "\n") if keys else ""
         owner = (entry.pw_uid, entry.pw_gid)
-        changed = _ensure_dir(ssh, 0o700, owner)
-        changed = _ensure_file(ssh / "authorized_keys", content.encode(), 0o600, owner) or changed
+        changed = _ensure_dir(ssh, 0o700, owner, self.dry)
+        changed = (
+            _ensure_file(ssh / "authorized_keys", content.encode(), 0o600, owner, dry=self.dry) or changed
+        )
         if changed:
             self.changed_users[user["name"]] = None
+            if self.dry:
+                self.would.append(f"user {user['name']}: SSH authorized keys changed ({len(keys)} key(s))")
 
     def sudo(self) -> bool:
         directory, prefix = Path(self.p["sudoers_dir"]), self.p["sudoers_prefix"]
@@ -175,12 +197,16 @@ class Users:
         }
         changed = False
         for file_name, rule in wanted.items():
-            changed = (
-                _ensure_file(directory / file_name, rule.encode(), 0o440, (0, 0), self.visudo) or changed
-            )
+            written = _ensure_file(directory / file_name, rule.encode(), 0o440, (0, 0), self.visudo, self.dry)
+            if written and self.dry:
+                self.would.append(f"sudo rule {directory / file_name}: {rule.strip()}")
+            changed = written or changed
         for path in sorted(directory.glob(f"{prefix}*")):
             if path.name not in wanted and path.is_file():
-                path.unlink()
+                if self.dry:
+                    self.would.append(f"sudo rule {path} removed")
+                else:
+                    path.unlink()
                 changed = True
         return changed
 
@@ -210,7 +236,10 @@ class Users:
             if argv:
                 self.run(["usermod", *argv, name])
             if keys.is_file() and not keys.is_symlink():
-                keys.unlink()
+                if self.dry:
+                    self.would.append(f"user {name}: SSH authorized keys removed (left the list)")
+                else:
+                    keys.unlink()
             elif not argv:
                 continue
             disabled.append(name)
@@ -225,10 +254,56 @@ class StepFailed(Exception):
     """A command (groupadd, useradd, usermod, visudo) failed; the message names it, never its argv."""
 
 
-def _ensure_dir(path: Path, mode: int, owner: tuple[int, int]) -> bool:
+def _gid(group: str) -> int | None:
+    """A group's id; None for a group that does not exist yet (check mode: groupadd did not run)."""
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        return None
+
+
+def _described(argv: list[str]) -> str:
+    """One line for the dry run saying what a command would do: names and settings, never the hash."""
+    command, name, flags = argv[0], argv[-1], argv[1:-1]
+    if command == "groupadd":
+        return f"group {name} added"
+    words = {
+        "-c": "GECOS",
+        "-d": "home",
+        "-s": "shell",
+        "-g": "primary group",
+        "-G": "groups",
+        "-e": "expiry",
+    }
+    said: list[str] = []
+    index = 0
+    while index < len(flags):
+        flag = flags[index]
+        if flag in ("-m", "-a"):
+            index += 1
+            continue
+        if flag == "-L":
+            said.append("password locked")
+            index += 1
+            continue
+        value = flags[index + 1] if index + 1 < len(flags) else ""
+        if flag == "-p":
+            said.append("password hash or lock changed")
+        elif flag == "-e":
+            said.append("expired (disabled)" if value else "expiry cleared")
+        else:
+            said.append(f"{words.get(flag, flag)} {value}")
+        index += 2
+    what = "added" if command == "useradd" else "changed"
+    return f"user {name} {what}" + (f": {', '.join(said)}" if said else "")
+
+
+def _ensure_dir(path: Path, mode: int, owner: tuple[int, int], dry: bool = False) -> bool:
     try:
         st = path.lstat()
     except FileNotFoundError:
+        if dry:
+            return True
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         path.mkdir(mode=mode)
         os.chown(path, *owner)
@@ -238,13 +313,18 @@ def _ensure_dir(path: Path, mode: int, owner: tuple[int, int]) -> bool:
         raise RefusedPath(f"{path} is not a directory")
     if (st.st_uid, st.st_gid) == owner and stat.S_IMODE(st.st_mode) == mode:
         return False
+    if dry:
+        return True
     os.chown(path, *owner, follow_symlinks=False)
     path.chmod(mode)
     return True
 
 
-def _ensure_file(path: Path, content: bytes, mode: int, owner: tuple[int, int], check: Any = None) -> bool:
-    """Write ``path`` atomically unless it already holds ``content`` with ``mode`` and ``owner``."""
+def _ensure_file(
+    path: Path, content: bytes, mode: int, owner: tuple[int, int], check: Any = None, dry: bool = False
+) -> bool:
+    """Write ``path`` atomically unless it already holds ``content`` with ``mode`` and ``owner``
+    (``dry``: only say whether it would)."""
     try:
         st = path.lstat()
         if not stat.S_ISREG(st.st_mode):
@@ -256,13 +336,16 @@ def _ensure_file(path: Path, content: bytes, mode: int, owner: tuple[int, int], 
                     return False
     except FileNotFoundError:
         pass
-    replace_file(path, content, owner, mode, check)
+    if not dry:
+        replace_file(path, content, owner, mode, check)
     return True
 
 
-def _record(manifest: Path, names: list[str]) -> bool:
-    """Write the manifest of the users we manage; True when it changed."""
+def _record(manifest: Path, names: list[str], dry: bool = False) -> bool:
+    """Write the manifest of the users we manage; True when it changed (``dry``: when it would)."""
     record = json.dumps({"users": names}, indent=4, sort_keys=True) + "\n"
+    if dry:
+        return _ensure_file(manifest, record.encode(), 0o600, (0, 0), dry=True)
     manifest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     return _ensure_file(manifest, record.encode(), 0o600, (0, 0))
 
@@ -278,6 +361,7 @@ def main() -> None:
             "manifest": {"type": "path", "required": True},
             "name_pattern": {"type": "str", "required": True},
         },
+        supports_check_mode=True,
     )
     for user in module.params["users"]:
         if user.get("passwd"):
@@ -303,13 +387,14 @@ def main() -> None:
         sudo_changed = users.sudo()
         disabled = users.disable_dropped(previous)
     except (RefusedPath, StepFailed) as exc:
-        _record(manifest, touched)
+        _record(manifest, touched, users.dry)
         module.fail_json(msg=f"refusing to write: {exc}" if isinstance(exc, RefusedPath) else str(exc))
-    manifest_changed = _record(manifest, [u["name"] for u in module.params["users"]])
+    manifest_changed = _record(manifest, [u["name"] for u in module.params["users"]], users.dry)
     module.exit_json(
-        changed=bool(users.changed_users or sudo_changed or disabled or manifest_changed),
+        changed=bool(users.changed_users or sudo_changed or disabled or manifest_changed or users.would),
         changed_users=list(users.changed_users),
         disabled=disabled,
+        **({"inplace_changes": users.would} if users.dry else {}),
     )
 
 
