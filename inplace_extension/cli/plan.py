@@ -7,12 +7,18 @@ is ``inplace_extension.preview``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
-from inplace_extension.cli.command import Command, readable_file
+from inplace_extension.cli.command import Command, kubeconfig_from_env, readable_file
 from inplace_extension.cli.flags import Option, Parser, add_settings_flags, given_as, settings_from_args
 from inplace_extension.errors import ExtensionError
+
+if TYPE_CHECKING:
+    from inplace_extension.preview.inputs import Machine
+    from inplace_extension.settings import Settings
 
 # the settings that change what the service would do with an update (the rest only say how it serves)
 SETTINGS = (
@@ -25,6 +31,7 @@ SETTINGS = (
     "affects_availability",
     "playbooks_dir",
     "max_parallel_runs",
+    "kubeconfig",
 )
 
 
@@ -45,6 +52,20 @@ OPTIONS = (
         default=[],
         metavar="NAME",
         repeatable=True,
+    ),
+    Option(
+        "--machines-of",
+        "INPLACE_PLAN_MACHINES_OF",
+        "read the Machines of this owner from the management cluster (md/NAME, ms/NAME or kcp/NAME; "
+        "--kubeconfig, else $KUBECONFIG; read-only) and preview each, as in the Kubernetes-aware mode",
+        metavar="KIND/NAME",
+    ),
+    Option(
+        "--namespace",
+        "INPLACE_PLAN_NAMESPACE",
+        "the namespace of --machines-of's owner",
+        default="default",
+        short="-n",
     ),
     Option(
         "--hosts",
@@ -133,24 +154,65 @@ def _run(args: argparse.Namespace) -> int:
     inventory = load_inventory(settings.inventory.expanduser()) if settings.inventory is not None else None
     context = Context(settings, config.custom, config.windows, inventory, time.time())
     names = tuple(args.machine)
+    live = cluster_machines(args, settings) if args.machines_of is not None else ()
     preview: Preview
     if args.file is not None:
-        preview = preview_request(read_request(args.file), tuple(Machine(name) for name in names), context)
+        given = tuple(Machine(name) for name in names)
+        preview = preview_request(read_request(args.file), with_live(given, live), context)
     else:
         old, new = read_side(args.old), read_side(args.new)
         pair(old, new)
         if Part.MACHINE_CLASS in new.parts:
+            if live:
+                raise PlanInputError("--machines-of reads CAPI Machines: an MCM MachineClass has Nodes")
             preview = preview_machine_classes(old, new, machines_of((old, new), names, "Node"), context)
         elif Part.CONTROL_PLANE in new.parts:
-            preview = preview_control_plane(old, new, machines_of((old, new), names, "Machine"), context)
+            machines = with_live(machines_of((old, new), names, "Machine"), live)
+            preview = preview_control_plane(old, new, machines, context)
         else:
-            preview = preview_templates(old, new, machines_of((old, new), names, "Machine"), context)
+            machines = with_live(machines_of((old, new), names, "Machine"), live)
+            preview = preview_templates(old, new, machines, context)
     if args.hosts:
         checked = check_preview(preview, settings, play_config(config), terminal_progress)
         print(render_checked(checked, args.output))
         return exit_code(checked)
     print(render(preview, args.output))
     return 1 if preview.outcome == "invalid" else 0
+
+
+def cluster_machines(args: argparse.Namespace, settings: Settings) -> tuple[Machine, ...]:
+    """The Machines of ``--machines-of``'s owner, read from the management cluster (get and list only)."""
+    from inplace_extension.cli.status import owner_of
+    from inplace_extension.kube.rollout import connect_rollout
+    from inplace_extension.preview.inputs import machine_of_object
+
+    owner = owner_of(args.machines_of, args.namespace)
+    if owner.kind == "Cluster":
+        raise ValueError(f"--machines-of {args.machines_of}: give md/NAME, ms/NAME or kcp/NAME")
+    reader = connect_rollout(settings.kubeconfig or kubeconfig_from_env())
+
+    async def read() -> tuple[dict[str, Any], ...]:
+        try:
+            if not await reader.owner_exists(owner):
+                raise LookupError(f"--machines-of: {owner}: not found")
+            return (await reader.snapshot(owner)).machines
+        finally:
+            await reader.close()
+
+    found = asyncio.run(read())
+    if not found:
+        raise LookupError(f"--machines-of: {owner} has no Machines")
+    return tuple(
+        machine_of_object(obj, f"{owner}: Machine {obj['metadata']['name']}")
+        for obj in sorted(found, key=lambda obj: str(obj["metadata"]["name"]))
+    )
+
+
+def with_live(given: tuple[Machine, ...], live: tuple[Machine, ...]) -> tuple[Machine, ...]:
+    """The Machines named or in the files, then those read from the cluster; a Machine read from the
+    cluster takes the place of one of the same name (its labels, annotations and addresses are live)."""
+    read = {machine.name: machine for machine in live}
+    return (*(read.pop(machine.name, machine) for machine in given), *read.values())
 
 
 COMMAND = Command(

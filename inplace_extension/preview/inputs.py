@@ -152,6 +152,13 @@ def machines_of(sides: tuple[Side, ...], names: tuple[str, ...], kind: str) -> t
     return tuple(_machine(name, objects.get(name)) for name in wanted)
 
 
+def machine_of_object(obj: Mapping[str, Any], where: str) -> Machine:
+    """A CAPI Machine read from the cluster (``plan --machines-of``): its name, labels, annotations and
+    ``status.addresses``, as a Machine object in a file gives them."""
+    found = Found(where, obj)
+    return _machine(found.name, found)
+
+
 def _machine(name: str, found: Found | None) -> Machine:
     if found is None:
         return Machine(name)

@@ -8,7 +8,7 @@ the capabilities file. Nothing here decides anything itself: it asks and reports
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from inplace_extension.api.body import parse_json, parse_request
@@ -107,7 +107,7 @@ def preview_control_plane(old: Side, new: Side, machines: tuple[Machine, ...], c
         return Preview(
             subject, "capi", "invalid", failure=f"{side.path}: the hook would answer Failure: {exc}"
         )
-    return _preview_machines(subject, requests, bool(machines), context)
+    return _preview_machines(subject, requests, bool(machines), context, machines)
 
 
 def preview_request(document: Any, machines: tuple[Machine, ...], context: Context) -> Preview:
@@ -163,7 +163,7 @@ def _preview_machine_set(
         for machine in (machines or (template_machine,))
     ]
     return _capi_preview(
-        subject, decision, answer, "CanUpdateMachineSet", updates, bool(machines), idle, context
+        subject, decision, answer, "CanUpdateMachineSet", updates, bool(machines), idle, context, machines
     )
 
 
@@ -172,7 +172,11 @@ def _preview_machine(request: CanUpdateMachineRequest, context: Context) -> Prev
 
 
 def _preview_machines(
-    subject: str, requests: Sequence[CanUpdateMachineRequest], named: bool, context: Context
+    subject: str,
+    requests: Sequence[CanUpdateMachineRequest],
+    named: bool,
+    context: Context,
+    given: Sequence[Machine] = (),
 ) -> Preview:
     """CanUpdateMachine for each Machine (the first one's answer is shown: the objects are the same but
     for the Machines' names, labels and annotations), then UpdateMachine of its desired objects."""
@@ -186,7 +190,7 @@ def _preview_machines(
         _parse(UpdateMachineRequest, {"kind": "UpdateMachineRequest", "desired": request.desired.to_json()})
         for request in requests
     ]
-    return _capi_preview(subject, decision, answer, "CanUpdateMachine", updates, named, idle, context)
+    return _capi_preview(subject, decision, answer, "CanUpdateMachine", updates, named, idle, context, given)
 
 
 def _preview_update(request: UpdateMachineRequest, context: Context) -> Preview:
@@ -234,7 +238,10 @@ def _capi_preview(
     named: bool,
     idle: frozenset[str],
     context: Context,
+    given: Sequence[Machine] = (),
 ) -> Preview:
+    """``given``: the machines the updates are for, in their order (their ``status.addresses``, which
+    an UpdateMachine request does not carry, resolve the host in the Kubernetes-aware mode)."""
     outcome = answer.decision  # in-place | rollout | no-change | disabled | refused
     shown = Answer(
         hook,
@@ -267,7 +274,11 @@ def _capi_preview(
     machines: tuple[MachinePreview, ...] = ()
     window = None
     if named:
-        machines = tuple(_machine_preview(run, _machine_of(req), context, in_place) for run, req in runs)
+        addresses = [machine.addresses for machine in given] + [()] * len(runs)
+        machines = tuple(
+            _machine_preview(run, replace(_machine_of(req), addresses=found), context, in_place)
+            for (run, req), found in zip(runs, addresses, strict=False)
+        )
     else:
         window = _window(runs[0][0].labels, context)
     return Preview(

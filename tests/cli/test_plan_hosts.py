@@ -274,3 +274,79 @@ def test_a_redacted_file_shows_no_content() -> None:
     ]
     check = read_check(run(("kubeadm_files",)), "h", hosted(events), "successful")
     assert check.steps[0].diffs == ("/etc/secret: new file (0:0 0600)\n/etc/secret: content not shown\n",)
+
+
+class ClusterReader:
+    """Stands in for kube/rollout.py's reader (read-only: get and list): MachineDeployment default/md-0
+    and its Machines as the API server returns them."""
+
+    def __init__(self, machines: Sequence[dict[str, Any]]) -> None:
+        self.machines = tuple(machines)
+        self.closed = False
+
+    async def owner_exists(self, owner: Any) -> bool:
+        return (owner.kind, owner.namespace, owner.name) == ("MachineDeployment", "default", "md-0")
+
+    async def snapshot(self, owner: Any) -> Any:
+        return type("Snapshot", (), {"machines": self.machines, "events": ()})()
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def live_machine(name: str, address: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "Machine",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"cluster.x-k8s.io/deployment-name": "md-0"},
+        },
+        "status": {"addresses": [{"type": "InternalIP", "address": address}]},
+    }
+
+
+def test_the_machines_of_a_machine_deployment_are_read_from_the_cluster_and_checked(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--machines-of md/md-0: the Machines come from the cluster, each host resolved from the live
+    Machine's status.addresses as the Kubernetes-aware mode does (no inventory entry matches them)."""
+    reader = ClusterReader([live_machine("md-0-y", "10.77.2.8"), live_machine("md-0-x", "10.77.2.7")])
+    monkeypatch.setattr("inplace_extension.kube.rollout.connect_rollout", lambda kubeconfig: reader)
+    monkeypatch.setattr(
+        "inplace_extension.preview.hosts.check_hosts",
+        events_for({"md-0-x": WOULD_CHANGE, "md-0-y": STAMPED}),
+    )
+    defaults = tmp_path / "inventory.yaml"
+    defaults.write_text(
+        yaml.safe_dump({"defaults": {"user": "ansible", "insecure_skip_host_key_check": True}})
+    )
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    code = main(
+        [
+            "plan",
+            *CAPI,
+            "--machines-of=md/md-0",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--inventory",
+            str(defaults),
+            "--allowed-cidrs",
+            "10.77.0.0/16",
+            "--hosts",
+            "-o",
+            "json",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    machines = yaml.safe_load(out)["machines"]
+    assert [m["name"] for m in machines] == ["default/md-0-x", "default/md-0-y"]
+    assert [m["host"]["address"] for m in machines] == ["10.77.2.7", "10.77.2.8"]
+    assert {m["host"]["source"] for m in machines} == {"machine status"}
+    assert [m["check"]["result"] for m in machines] == ["would change", "unchanged"]
+    assert reader.closed
+    assert main(["plan", *CAPI, "--machines-of=md/other", "--kubeconfig", str(kubeconfig)]) == 2
+    assert "not found" in capsys.readouterr().err
