@@ -490,3 +490,51 @@ def test_a_rollout_of_3_stops_at_a_failed_health_gate_and_marks_outlive_a_killed
         "the MachineHealthCheck remediates the unmarked Machine",
         rollout.explain,
     )
+
+
+def test_status_shows_each_machine_of_a_rollout_of_three_move_to_done(
+    kube_extension: KubeExtension, hosts: list[Host], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``inplace-extension status md/NAME -o json`` polled while the real controllers roll a
+    MachineDeployment of 3 out through the service: each Machine is seen not done (pending, queued,
+    running ...) once the rollout began, then done, and at the end all 3 are done, with the service's
+    message."""
+    from inplace_extension.cli import main  # the command as a user runs it, in this process
+
+    fleet = create_fleet(kube_extension, hosts, "ka-status")
+    flags = [
+        f"md/{fleet.md}",
+        "-n",
+        fleet.namespace,
+        "--kubeconfig",
+        str(fleet.kube.kubeconfig),
+        "-o",
+        "json",
+    ]
+
+    def status() -> dict[str, Any]:
+        assert main(["status", *flags]) == 0
+        document: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return document
+
+    first = status()
+    assert {m["name"] for m in first["machines"]} == set(fleet.uids)
+    seen: dict[str, list[str]] = {name: [] for name in fleet.uids}
+
+    def polled() -> bool:
+        for machine in status()["machines"]:
+            states = seen[machine["name"]]
+            if not states or states[-1] != machine["state"]:
+                states.append(machine["state"])
+        return fleet.rolled_out()
+
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci1lMmUtdGVzdHMtb25seQ ka@test"
+    fleet.change({"format": "cloud-config", "users": [{"name": "kastatus", "sshAuthorizedKeys": [key]}]})
+    wait(polled, ROLLOUT, "the rollout, polled with status", lambda: f"{fleet.explain()}\nseen {seen}")
+    last = status()
+    assert last["summary"]["done"] == 3, last
+    assert all(m["state"] == "done" and m["message"] == "update applied" for m in last["machines"]), last
+    for name, states in seen.items():
+        assert states[-1] == "done", (name, states)
+        assert set(states) - {"done"}, f"{name} was never seen updating: {states}"
+    assert any("running" in states for states in seen.values()), seen
