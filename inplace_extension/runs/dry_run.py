@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import difflib
+import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -45,6 +46,8 @@ LOCK_TASK: Final = "Take the host lock and read the applied fingerprint"  # upda
 # saying what), or that its effect cannot be predicted (one line saying why)
 WOULD_CHANGE_FACT: Final = "_would_change"
 CANNOT_TELL_FACT: Final = "_cannot_tell"
+KUBELET_ARGS: Final = "kubelet_args"
+_EXTRA_ARGS: Final = re.compile(r'^KUBELET_EXTRA_ARGS="([^"]*)"', re.MULTILINE)
 _RESULT_EVENTS: Final = frozenset(
     {"runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable", "runner_item_on_ok"}
     | {"runner_item_on_failed", "runner_item_on_skipped"}
@@ -235,6 +238,8 @@ def _step(capability: str, results: list[tuple[str, str, Mapping[str, Any]]]) ->
             changed_tasks.append(task)
             changes.extend(str(line) for line in res.get("inplace_changes") or ())
             diffs.extend(_file_diffs(res.get("inplace_diff")) + _diffs(res.get("diff")))
+            if capability == KUBELET_ARGS:
+                changes.extend(_flag_changes(res.get("inplace_diff")))
     if changed_tasks or changes:
         why = f"{len(changed_tasks) or len(changes)} task(s) would change the host"
         if unpredictable:
@@ -243,6 +248,32 @@ def _step(capability: str, results: list[tuple[str, str, Mapping[str, Any]]]) ->
     if unpredictable:
         return StepCheck(capability, CANNOT_TELL, "; ".join(unpredictable))
     return StepCheck(capability, UNCHANGED, "the host has this already (the stamp does not say so yet)")
+
+
+def _flag_changes(value: Any) -> list[str]:
+    """The kubelet flags before -> after, from the kubelet_args step's file diff (its
+    ``KUBELET_EXTRA_ARGS="--name=value ..."`` line, roles/kubelet_args/vars/main.yml): one line per flag
+    added, changed or removed."""
+    lines: list[str] = []
+    for item in value if isinstance(value, list) else []:
+        if not isinstance(item, Mapping):
+            continue
+        before, after = _flags(_text(item, "before")), _flags(_text(item, "after"))
+        for name in dict.fromkeys([*before, *after]):
+            old, new = before.get(name), after.get(name)
+            if old != new:
+                shown = [f"--{name}={v}" if v is not None else "(none)" for v in (old, new)]
+                lines.append(f"kubelet flag {shown[0]} -> {shown[1]}")
+    return lines
+
+
+def _flags(text: str) -> dict[str, str]:
+    match = _EXTRA_ARGS.search(text)
+    flags: dict[str, str] = {}
+    for word in (match.group(1) if match else "").split():
+        name, _, value = word.removeprefix("--").partition("=")
+        flags[name] = value
+    return flags
 
 
 def _file_diffs(value: Any) -> list[str]:

@@ -108,6 +108,7 @@ def test_the_dry_run_changes_nothing_and_tells_each_host_what_it_would_get(
     assert "+updated in place" in motd and "/etc/motd" in motd, motd
     flags = "\n".join(by_step["kubelet_args"]["diffs"])
     assert "--max-pods=120" in flags and "/etc/default/kubelet" in flags, flags
+    assert [line.split(" -> ")[1] for line in by_step["kubelet_args"]["changes"]] == ["--max-pods=120"]
     assert by_step["kubernetes_version"]["changes"] == ["Kubernetes v1.30.2 -> v1.31.0"]
     assert b["result"] == "unchanged", b
     assert {step["result"] for step in b["steps"]} == {"unchanged"}
