@@ -18,6 +18,7 @@ kills a replica, or deletes the Job's Pod, while the play is known to be in its 
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import re
@@ -37,6 +38,7 @@ from kubelab import objects
 
 from inplace_extension.kubejobs.manifest import (
     ATTEMPT_LABEL,
+    JOB_TTL_BACKSTOP_SECONDS,
     MACHINE_LABEL,
     NAMESPACE_LABEL,
     RUN_LABEL,
@@ -383,6 +385,91 @@ def test_a_replica_killed_mid_play_changes_nothing_the_other_answers_and_the_nod
     assert len(_jobs(node_cluster, jobs_namespace, host.name)) == 1
     assert on_node(node_cluster, host, "cat", path) == "two replicas\n"
     assert stamp_writes(node_cluster, host) == stamps + 1
+
+
+JOB_TTL_SECONDS = 60  # --job-ttl-seconds at its floor (settings.py)
+# the TTL-after-finished controller deletes an expired Job within seconds (it queues each Job for its
+# expiry): a Job that stays this long past its TTL was kept, and one whose TTL has passed goes within
+# TTL_CONTROLLER_SECONDS
+PAST_TTL_SECONDS = 10.0
+TTL_CONTROLLER_SECONDS = 30.0
+
+
+def _finished_at(job: dict[str, Any]) -> float:
+    """When the Job finished, as the TTL-after-finished controller counts: its completionTime."""
+    stamp = job["status"]["completionTime"]
+    return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
+
+
+def _job(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    return objects.get(cluster.kube, "job.batch", name, namespace)
+
+
+def test_a_jobs_outcome_outlives_job_ttl_seconds_while_no_replica_polls(
+    node_cluster: Cluster, replicas: Start, jobs_namespace: str, target: Host
+) -> None:
+    """Issue 38 item 4 with the real Job and TTL-after-finished controllers: the only replica is stopped
+    (by its PID) once its Job is created, the Job's play ends, and no replica polls for longer than
+    --job-ttl-seconds after it finished. The Job, and the outcome in its Pod's termination message, is
+    still there (its TTL is the week-long backstop while the outcome is in no record), so a fresh replica
+    (its own empty runs dir) records the Job's real outcome: no second attempt, no second Job, the
+    node's stamp written once. Only then is the Job's TTL --job-ttl-seconds, which the real controller,
+    the Job having finished longer ago than that, acts on at once: the Job goes."""
+    host = target
+    path = f"{RELEASE_DIR}/ttl-{uuid.uuid4().hex[:8]}"
+    stamps = stamp_writes(node_cluster, host)
+    ttl = ("--job-ttl-seconds", str(JOB_TTL_SECONDS))
+    first = replicas("a", "", None, *ttl)
+    spec = _file_spec(node_cluster, host, path, "outlived its TTL\n")
+
+    launched = poll_update_machine(
+        first.client,
+        host.name,
+        spec,
+        within=WITHIN,
+        until=lambda _: bool(_jobs(node_cluster, jobs_namespace, host.name)),
+    )
+    assert launched.status == "Success" and launched.message != "update applied", launched.messages
+    first.stop()  # no replica polls from here on
+    [job] = _jobs(node_cluster, jobs_namespace, host.name)
+    name = job["metadata"]["name"]
+    assert job["spec"]["ttlSecondsAfterFinished"] == JOB_TTL_BACKSTOP_SECONDS, job["spec"]
+    deadline = time.monotonic() + WITHIN
+    while not objects.condition(found := _job(node_cluster, jobs_namespace, name), "Complete"):
+        assert found is not None and not objects.condition(found, "Failed"), (
+            found,
+            _diagnosis(node_cluster, jobs_namespace),
+        )
+        assert time.monotonic() < deadline, _diagnosis(node_cluster, jobs_namespace)
+        time.sleep(1)
+    assert found is not None
+    finished = _finished_at(found)
+    # past --job-ttl-seconds (and the controller's reaction time) since it finished, nobody polling: the
+    # Job stays, its outcome still in no record (a Job created with --job-ttl-seconds is gone by then)
+    while time.time() < finished + JOB_TTL_SECONDS + PAST_TTL_SECONDS:
+        kept = _job(node_cluster, jobs_namespace, name)
+        assert kept is not None and not kept["metadata"].get("deletionTimestamp"), "the Job went"
+        [unfinished] = _record(node_cluster, host.name)["attempts"]
+        assert unfinished["o"] is None and unfinished["j"] == name, unfinished
+        time.sleep(1)
+
+    second = replicas("b", "", None, *ttl)  # a fresh replica: nothing of the first one's
+    polled = poll_update_machine(second.client, host.name, spec, within=WITHIN)
+
+    assert (polled.status, polled.message) == ("Success", "update applied"), (polled.messages, second.log())
+    [attempt] = _record(node_cluster, host.name)["attempts"]
+    assert (attempt["j"], attempt["o"]["kind"]) == (name, "successful"), attempt
+    assert {j["metadata"]["name"] for j in _jobs(node_cluster, jobs_namespace, host.name)} <= {name}
+    assert on_node(node_cluster, host, "cat", path) == "outlived its TTL\n"
+    assert stamp_writes(node_cluster, host) == stamps + 1
+    # the outcome recorded, the Job is kept --job-ttl-seconds after it finished: long past, so it goes
+    deadline = time.monotonic() + TTL_CONTROLLER_SECONDS
+    while (left := _job(node_cluster, jobs_namespace, name)) is not None:
+        assert left["spec"]["ttlSecondsAfterFinished"] == JOB_TTL_SECONDS, left["spec"]
+        if left["metadata"].get("deletionTimestamp"):
+            break  # being deleted by the controller (foreground: its Pod first)
+        assert time.monotonic() < deadline, f"Job {name} not deleted by its TTL: {left['spec']}"
+        time.sleep(1)
 
 
 # a Job that cannot start is named within this long of its launch (issue 38: a minute at most)
