@@ -208,3 +208,62 @@ async def test_a_passed_health_gate_is_the_records(settings: Settings, clock: Cl
     assert await seen.poll(req()) == APPLIED
     assert await fresh().poll(req()) == APPLIED
     assert management.reasons() == ["Queued", "Done"]
+
+
+async def test_one_update_polled_by_replicas_in_turn_one_replaced_mid_play_answers_alike_each_event_once(
+    settings: Settings, clock: Clock
+) -> None:
+    """One Machine's update from its start to done, every poll asked of two replicas back to back
+    (nothing changes in between; which one is asked first alternates), one replica replaced by a fresh
+    one while the first attempt's Job runs. That Job ends without an outcome (its Pod killed): the
+    attempt is interrupted, and retried after the backoff. Each pair of answers is equal, and each
+    (reason, message) is one Event on the Machine, however many replicas answered that state."""
+    management = FakeManagement()
+    management.add_machine("default", "m1", "node-1")
+    jobs = FakeJobs()
+
+    def fresh() -> RunService:
+        side = KubeClusterSide(management, settings, NO_CUSTOM)
+        backend = job_backend(jobs, management, machine_of, clock)
+        return run_service(settings, cluster=side, clock=clock, backend=backend)
+
+    replicas = [fresh(), fresh()]
+    answered: list[Progress] = []
+    # a play of known cost 22 s: the polls below are not in its end window (where a poll waits for the
+    # Job in real time)
+    request = req(("kubernetes_version",))
+
+    async def poll() -> Progress:
+        first, second = replicas[len(answered) % 2], replicas[(len(answered) + 1) % 2]
+        answer = await first.poll(request)
+        assert await second.poll(request) == answer, f"poll {len(answered) + 1}: {answered}"
+        answered.append(answer)
+        return answer
+
+    assert (await poll()).in_flight
+    clock.now += 1
+    jobs.only_job().phase = "running: kubernetes_version"
+    assert (await poll()).message == "running: kubernetes_version"
+    replicas[len(answered) % 2] = fresh()  # mid-play: the next poll's first replica is a fresh one
+    clock.now += 1
+    assert (await poll()).message == "running: kubernetes_version"
+    jobs.finish(job_of(jobs, "m1"), None, at=clock.now)  # no outcome: its Pod was killed
+    clock.now += 1
+    interrupted = await poll()
+    assert interrupted.message == "run interrupted, retrying (attempt 2)", interrupted
+    deadline = clock.now + 600  # the retry backoff, polled as CAPI does
+    while not (await poll()).in_flight or len(jobs.jobs) < 2:
+        assert clock.now < deadline, answered
+        clock.now += answered[-1].retry_after_seconds
+    jobs.finish(job_of(jobs, "m1"), outcome(OutcomeKind.SUCCESSFUL, clock.now + 5), at=clock.now + 5)
+    clock.now += 5
+    assert await poll() == APPLIED
+    assert await poll() == APPLIED
+
+    annotations = management.machines[("default", "m1")].annotations
+    first, second = Record.decode(annotations[RECORD_ANNOTATION], request.ident).attempts
+    assert first.outcome is not None and first.outcome.kind is OutcomeKind.INTERRUPTED
+    assert second.outcome is not None and second.outcome.kind is OutcomeKind.SUCCESSFUL
+    assert jobs.calls.count["create_job"] == 2, "one Job per attempt"
+    posted = [(event.about.name, event.reason, event.message) for event in management.events]
+    assert posted == [("m1", "Queued", "queued"), ("m1", "Done", "update applied")]
