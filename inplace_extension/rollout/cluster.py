@@ -21,6 +21,7 @@ from inplace_extension.kube.events import COMPONENT
 from inplace_extension.kube.rollout import Owner, Snapshot
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
 from inplace_extension.rollout.model import MachineStatus, Rollout, State
+from inplace_extension.rollout.standing import begun, ended_status
 from inplace_extension.runs import progress
 from inplace_extension.runs.artifacts import Attempt, OutcomeKind
 from inplace_extension.runs.policy import BLOCKED_MESSAGE, Verdict, decide
@@ -134,7 +135,7 @@ def _from_record(
 ) -> MachineStatus | None:
     """The state by the ``kubernetes`` executor's record of this update; None without one, or when no
     attempt is under way or ended in a way the record decides (the Events say what comes before)."""
-    ran = [a for a in attempts if a.outcome is None or a.outcome.kind is not OutcomeKind.WITHDRAWN]
+    ran = begun(attempts)
     if not ran:
         return None
     final = ran[-1]
@@ -165,26 +166,14 @@ def _from_record(
             attempt=final.number,
             host=final.address,
         )
-    if standing.verdict is Verdict.FAILED:
-        state = State.BLOCKED if standing.blocked else State.FAILED
-        return MachineStatus(
-            namespace, name, state, standing.message, since=ended, attempt=final.number, host=final.address
-        )
-    if standing.verdict is Verdict.WAIT:
-        return MachineStatus(
-            namespace,
-            name,
-            State.RETRYING,
-            standing.message,
-            since=ended,
-            attempt=final.number,
-            host=final.address,
-        )
+    settled = ended_status(namespace, name, standing, final)
+    if settled is not None:
+        return settled
     if final.outcome is None:  # its Job plays it
         step = None
         message = progress.running(progress.STARTING)
         if last is not None and last.time >= final.started - CLOCK_SKEW_SECONDS:
-            state, step = _event_state(last)
+            _, step = _event_state(last)  # its Job plays: running, in the step its Events name
             message = last.message
         return MachineStatus(
             namespace,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Final
 
 from inplace_extension.rollout.model import MachineStatus, Rollout, State
+from inplace_extension.rollout.standing import begun, ended_status
 from inplace_extension.runs import episode, progress
 from inplace_extension.runs.artifacts import Attempt, BatchRef, OutcomeKind, play_ended, read_json
 from inplace_extension.runs.outcomes import current_task, load_attempts
@@ -45,7 +46,7 @@ def read_runs_dir(runs_dir: Path, now: float, retry_after: int, budget: int) -> 
 def machine_status(
     namespace: str, name: str, attempts: Sequence[Attempt], now: float, retry_after: int, budget: int
 ) -> MachineStatus:
-    ran = [a for a in attempts if a.outcome is None or a.outcome.kind is not OutcomeKind.WITHDRAWN]
+    ran = begun(attempts)
     if not ran:
         return MachineStatus(namespace, name, State.QUEUED, "no attempt has begun yet")
     last = ran[-1]
@@ -70,21 +71,9 @@ def machine_status(
         return MachineStatus(
             namespace, name, State.DONE, progress.APPLIED, None, success.number, success.address, finished
         )
-    if standing.verdict is Verdict.FAILED:
-        state = State.BLOCKED if standing.blocked else State.FAILED
-        return MachineStatus(
-            namespace, name, state, standing.message, since=ended, attempt=last.number, host=last.address
-        )
-    if standing.verdict is Verdict.WAIT:
-        return MachineStatus(
-            namespace,
-            name,
-            State.RETRYING,
-            standing.message,
-            since=ended,
-            attempt=last.number,
-            host=last.address,
-        )
+    settled = ended_status(namespace, name, standing, last)
+    if settled is not None:
+        return settled
     if last.outcome is not None:  # its backoff is over, or the operator asked for a retry
         message = f"attempt {standing.next_attempt} starts at the next poll"
         return MachineStatus(
