@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
 from lightkube import Client
@@ -117,6 +117,21 @@ def job_finished(client: Client, namespace: str, name: str) -> bool | None:
     return _finished(job)
 
 
+def not_begun(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether no Pod of the Job has started (its play has not begun): none of ``pods`` has left
+    Pending, and the Job counts no terminated Pod. The count matters once a started Pod is gone: one
+    deleted mid-play leaves the list before the Job is marked failed (the Job controller first puts its
+    uid in ``uncountedTerminatedPods``, then removes its finalizer, then counts it), and a Job seen in
+    that moment with no Pod is not one whose Pod never started (a withdrawal then deleted a Job whose
+    play had died mid-way, and its host lock stayed taken: the node lab's run of 2026-12-06)."""
+    if any((pod.get("status") or {}).get("phase", "Pending") != "Pending" for pod in pods):
+        return False
+    status = job.get("status") or {}
+    uncounted = status.get("uncountedTerminatedPods") or {}
+    counted = status.get("failed") or status.get("succeeded")
+    return not (counted or uncounted.get("failed") or uncounted.get("succeeded"))
+
+
 def job_state(client: Client, namespace: str, name: str) -> JobState | None:
     try:
         with translated(f"get Job {namespace}/{name}"):
@@ -127,11 +142,9 @@ def job_state(client: Client, namespace: str, name: str) -> JobState | None:
         pods = [plain(pod) for pod in client.list(Pod, namespace=namespace, labels={JOB_NAME_LABEL: name})]
     message: str | None = None
     phase: str | None = None
-    pending = True  # until a Pod has left Pending (its container started): the play has not begun
+    pending = not_begun(job, pods)
     for pod in pods:  # backoffLimit 0: one Pod; a replacement after an eviction would be a second
         phase = ((pod.get("metadata") or {}).get("annotations") or {}).get(PHASE_ANNOTATION) or phase
-        if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
-            pending = False
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
             terminated = (status.get("state") or {}).get("terminated") or {}
             if terminated.get("message"):
