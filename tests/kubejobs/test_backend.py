@@ -53,8 +53,6 @@ from kubejobs.support import (
     PRIVATE_KEY,
     START_SECONDS,
     job_backend,
-    kube_settings,
-    machine_cluster,
     machine_of,
     outcome,
 )
@@ -62,16 +60,6 @@ from kubejobs.support import (
 pytestmark = pytest.mark.anyio
 FP = "ab" * 32
 STARTING = Progress(ProgressState.IN_PROGRESS, "running: starting", 1, in_flight=True)
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return kube_settings(tmp_path)
-
-
-@pytest.fixture
-def cluster() -> FakeJobs:
-    return machine_cluster()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ own play is tests/kubejobs/test_attempt.py's."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from kubefake import FakeJob, FakeJobs
@@ -22,7 +21,7 @@ from inplace_extension.runs.model import Hold, Progress, ProgressState, RunReque
 from inplace_extension.runs.service import RunService
 from inplace_extension.runs.windows import MaintenanceWindow, Schedule
 from inplace_extension.settings import Settings
-from kubejobs.support import START_SECONDS, kube_settings, machine_cluster
+from kubejobs.support import START_SECONDS
 
 from .test_backend import (
     CANCELLED,
@@ -46,16 +45,6 @@ NIGHTS = Schedule((MaintenanceWindow("nights", "0 22 * * *", 3600),))
 WINDOW = 'waiting for maintenance window "nights" (opens 2026-12-02T22:00Z)'
 CLOSED = utc("2026-12-01T23:30:00")
 SUCCESSFUL = Outcome(OutcomeKind.SUCCESSFUL)
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return kube_settings(tmp_path)
-
-
-@pytest.fixture
-def cluster() -> FakeJobs:
-    return machine_cluster()
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.play_time import known_cost
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
-from kubejobs.support import CONFIG, MACHINE, job_backend, kube_settings, machine_cluster, machine_of, outcome
+from kubejobs.support import CONFIG, MACHINE, job_backend, kube_settings, machine_of, outcome
 from kubejobs.test_backend import STARTING, machine_backend
 
 pytestmark = pytest.mark.anyio
@@ -32,11 +32,6 @@ APPLIED = Progress(ProgressState.DONE, "update applied")
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return kube_settings(tmp_path, retry_after_seconds=30, job_ttl_seconds=3600)
-
-
-@pytest.fixture
-def cluster() -> FakeJobs:
-    return machine_cluster()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ episode and one Job."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import anyio
 import pytest
@@ -21,21 +20,11 @@ from inplace_extension.runs.artifacts import OutcomeKind
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
-from kubejobs.support import MACHINE, job_backend, kube_settings, machine_cluster, machine_of, outcome
+from kubejobs.support import MACHINE, job_backend, machine_of, outcome
 
 pytestmark = pytest.mark.anyio
 A, B = "ab" * 32, "cd" * 32
 STARTING = Progress(ProgressState.IN_PROGRESS, "running: starting", 1, in_flight=True)
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return kube_settings(tmp_path)
-
-
-@pytest.fixture
-def cluster() -> FakeJobs:
-    return machine_cluster()
 
 
 @pytest.fixture
