@@ -4,7 +4,8 @@ Internal: the service creates the Job, with the attempt spec in a Secret the Job
 command plays that one attempt as the ``local`` executor would (kubejobs/attempt.py) and writes its
 outcome as the container's termination message; its exit status is 0 whenever an outcome was written
 (a failed update is an outcome), so the Job's own status says only whether the attempt ran. SIGTERM (the
-Pod deleted or evicted) stops the play and writes an interrupted outcome within the grace period.
+Pod deleted or evicted) stops the play and writes an interrupted outcome within the grace period; the
+status is then 143, and the Job ends Failed.
 """
 
 from __future__ import annotations
@@ -18,10 +19,17 @@ from inplace_extension.cli.flags import Option, Parser
 from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kube.cluster import connect_jobs
 from inplace_extension.kubeaware.cluster_side import connect_cluster_side
-from inplace_extension.kubejobs.attempt import PhasePublisher, PlayStop, run_attempt, stop_on_sigterm
+from inplace_extension.kubejobs.attempt import (
+    STOPPED_EXIT_STATUS,
+    PhasePublisher,
+    PlayStop,
+    run_attempt,
+    stop_on_sigterm,
+)
 from inplace_extension.kubejobs.manifest import TERMINATION_LOG
 from inplace_extension.kubejobs.spec import AttemptSpec
 from inplace_extension.logs import configure_logging
+from inplace_extension.runs.artifacts import OutcomeKind
 from inplace_extension.runs.model import NO_CLUSTER_SIDE, ClusterSide
 from inplace_extension.settings import Settings
 
@@ -67,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(**{**spec.settings, **given})
     # first: a Pod deleted while this starts up ends the attempt as one deleted mid-play does
     stop = PlayStop(settings.runs_dir.expanduser().resolve() / ".batches")
-    stop_on_sigterm(stop)
+    sigterm = stop_on_sigterm(stop)
     configure_logging(settings.log_format, settings.log_level)
     custom = NO_CUSTOM
     if spec.capabilities_file is not None:
@@ -85,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         cluster = side
     publish = PhasePublisher(jobs, namespace, pod) if jobs and namespace and pod else (lambda phase: None)
     try:
-        run_attempt(
+        outcome = run_attempt(
             spec,
             settings=settings,
             cluster=cluster,
@@ -100,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
             side.close()
         if jobs is not None:
             jobs.close()
+    if sigterm.is_set() and outcome.kind is OutcomeKind.INTERRUPTED:
+        return STOPPED_EXIT_STATUS
     return 0
 
 

@@ -108,15 +108,26 @@ class PlayStop:
                 return
 
 
-def stop_on_sigterm(stop: Callable[[str], None]) -> None:
-    """Have SIGTERM stop the play. Without a handler of its own, the attempt, PID 1 of its container,
-    would never see the kubelet's SIGTERM: the kernel drops it, and the play ran on until SIGKILL at the
-    end of the grace period, with no outcome written. Main thread only."""
+# the attempt's exit status once SIGTERM stopped its play (128 + the signal, as a shell reports it): not
+# 0, so that its deleted or evicted Pod ends Failed and so does its Job. With 0, the Job controller counts
+# the Pod failed or succeeded by which it sees first, its deletion or the kubelet's Succeeded phase (a
+# whole CI run saw a deleted Pod's Job end Complete); the outcome in the termination message is the same.
+STOPPED_EXIT_STATUS: Final = 128 + signal.SIGTERM
+
+
+def stop_on_sigterm(stop: Callable[[str], None]) -> threading.Event:
+    """Have SIGTERM stop the play; the event returned is set once it has. Without a handler of its own,
+    the attempt, PID 1 of its container, would never see the kubelet's SIGTERM: the kernel drops it, and
+    the play ran on until SIGKILL at the end of the grace period, with no outcome written. Main thread
+    only."""
+    told = threading.Event()
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        told.set()
         stop("the attempt was stopped (SIGTERM: its Pod was deleted or evicted)")
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    return told
 
 
 def run_attempt(
