@@ -345,6 +345,11 @@ def test_an_apiserver_restart_mid_rollout_of_three_updates_each_machine_once_and
     assert "reason=InternalError" not in log and "Traceback" not in log
 
 
+def _machine_lines(log: str, namespace: str) -> str:
+    """The service's log lines about the Machines of ``namespace`` (the last 150)."""
+    return "\n".join([line for line in log.splitlines() if f"machine={namespace}/" in line][-150:])
+
+
 SYSTEMCTL = (
     "/usr/local/bin/systemctl"  # the kubelet stand-in's service manager: kubelet_args restarts through it
 )
@@ -386,7 +391,9 @@ def test_a_rollout_of_3_stops_at_a_failed_health_gate_and_marks_outlive_a_killed
             lambda: held() not in (None, first),
             120,
             "the second Machine's kubelet restart held",
-            rollout.explain,
+            # with the service's word on each Machine: twice in loaded whole runs the other two Machines
+            # were updated without their held restart, for a cause not yet found
+            lambda: f"{rollout.explain()}\nservice log:\n{_machine_lines(ext.log(), rollout.namespace)}",
         )
         second = held()
         assert second is not None and second != first
