@@ -45,7 +45,7 @@ from inplace_extension.runs.backend import Launch
 from inplace_extension.runs.memo import Recent
 from inplace_extension.runs.model import Blocked, ClusterSide, RunRequest
 from inplace_extension.runs.outcomes import classify, load_attempts
-from inplace_extension.runs.registry import Job, JobState, RunRegistry
+from inplace_extension.runs.registry import Entry, EntryState, RunRegistry
 from inplace_extension.runs.steps import StepTracker, blocked_outcome, drain_outcome
 from inplace_extension.runs.waiters import EndWaiters
 from inplace_extension.settings import Settings
@@ -87,7 +87,7 @@ class HostLock:
 class LocalBackend:
     """:class:`~inplace_extension.runs.backend.Backend` on this process's disk and threads."""
 
-    end_wait_is_cheap: Final = True  # wait_end is woken by the worker thread as the job leaves the registry
+    end_wait_is_cheap: Final = True  # wait_end is woken by the worker thread as the entry leaves the registry
 
     def __init__(
         self,
@@ -163,8 +163,8 @@ class LocalBackend:
         return None if view is None else view.message()
 
     def pending(self, ident: str) -> bool:
-        job = self._registry.job(ident)
-        return job is not None and job.state is JobState.QUEUED and job.payload.may_begin is not None
+        entry = self._registry.entry(ident)
+        return entry is not None and entry.state is EntryState.QUEUED and entry.payload.may_begin is not None
 
     async def withdraw(self, request: RunRequest) -> bool:
         if not self._registry.withdraw(request.ident):
@@ -173,7 +173,7 @@ class LocalBackend:
         return True
 
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
-        # woken by the worker thread as the job leaves the registry, after its outcome.json and cache
+        # woken by the worker thread as the entry leaves the registry, after its outcome.json and cache
         await self._ends.hold(request.ident, seconds, self._registry.view)
         return self._registry.view(request.ident) is None
 
@@ -188,7 +188,7 @@ class LocalBackend:
         if view is not None:  # launched already (a concurrent poll): that one is the attempt
             return view.message()
         self._registry.submit(
-            Job(ident, launch.request.machine, launch, on_done=partial(self._ends.ended, ident))
+            Entry(ident, launch.request.machine, launch, on_done=partial(self._ends.ended, ident))
         )
         view = self._registry.view(ident)
         if view is None:  # it already ended (or the process is closing): the next poll reads the result
@@ -201,7 +201,7 @@ class LocalBackend:
         Its outcome is on disk when this returns, as for a queued one."""
         ident = launch.request.ident
         self._locks[ident] = lock
-        self._run_batch([Job(ident, launch.request.machine, launch)])
+        self._run_batch([Entry(ident, launch.request.machine, launch)])
 
     def close(self, timeout: float) -> None:
         """Runs are never killed: one still going when the process exits finishes on its own (detach.py),
@@ -220,43 +220,43 @@ class LocalBackend:
 
     # a batch, in a worker thread
 
-    def _run_batch(self, jobs: list[Job[Launch]]) -> None:
-        """Worker thread: one play for the admitted jobs, from attempt directories to outcomes."""
+    def _run_batch(self, entries: list[Entry[Launch]]) -> None:
+        """Worker thread: one play for the admitted entries, from attempt directories to outcomes."""
         batch_ident = f"batch-{uuid.uuid4().hex[:12]}"
         batch_dir = self._runs_dir / ".batches" / batch_ident
         batch_dir.mkdir(mode=0o700, parents=True)
-        played: list[tuple[Job[Launch], runner.HostRun]] = []
-        for job in jobs:
-            if not self._may_begin(job):
-                self._registry.release(job)  # the next poll answers why: a hold, a window, a check
+        played: list[tuple[Entry[Launch], runner.HostRun]] = []
+        for entry in entries:
+            if not self._may_begin(entry):
+                self._registry.release(entry)  # the next poll answers why: a hold, a window, a check
                 continue
-            run = self._begin(job, BatchRef(batch_dir, batch_ident, job.payload.request.ident))
+            run = self._begin(entry, BatchRef(batch_dir, batch_ident, entry.payload.request.ident))
             if run is not None:
-                played.append((job, run))
+                played.append((entry, run))
         if played:
             self._play_batch(batch_dir, batch_ident, played)
         self._prune()
 
-    def _may_begin(self, job: Job[Launch]) -> bool:
-        """Whether ``job``'s play may begin now, as it takes its slot: the service's start checks asked
+    def _may_begin(self, entry: Entry[Launch]) -> bool:
+        """Whether ``entry``'s play may begin now, as it takes its slot: the service's start checks asked
         again (it may have waited for the slot while a hold came or its window closed)."""
-        check = job.payload.may_begin
+        check = entry.payload.may_begin
         if check is None:
             return True
         try:
             allowed = check()
         except Exception:  # the checks never raise by contract; if one does, nothing starts unchecked
-            log.exception("machine=%s run=%s: the start checks failed", job.machine, job.ident)
+            log.exception("machine=%s run=%s: the start checks failed", entry.machine, entry.ident)
             allowed = False
         if not allowed:
-            self._locks.pop(job.ident, None)
-            log.info("machine=%s run=%s: not started: held at its start", job.machine, job.ident)
+            self._locks.pop(entry.ident, None)
+            log.info("machine=%s run=%s: not started: held at its start", entry.machine, entry.ident)
         return allowed
 
-    def _begin(self, job: Job[Launch], ref: BatchRef) -> runner.HostRun | None:
-        """Record a new attempt of ``job`` (its directory and ``meta.json``) and prepare its cluster side;
+    def _begin(self, entry: Entry[Launch], ref: BatchRef) -> runner.HostRun | None:
+        """Record a new attempt of ``entry`` (its directory and ``meta.json``) and prepare its cluster side;
         the host's part of the play, or None when the cluster side kept it out (its outcome is written)."""
-        request, target = job.payload.request, job.payload.target
+        request, target = entry.payload.request, entry.payload.target
         ident_dir = self._runs_dir / request.ident
         # before the new attempt exists: the lock tokens of this Machine's plays that have ended
         given = self._locks.pop(request.ident, None)
@@ -268,11 +268,11 @@ class LocalBackend:
             self._attempts.pop(ended)
             self._attempts.pop(request.ident)
         number, attempt_dir = new_attempt_dir(ident_dir)
-        job.attempt = number
+        entry.attempt = number
         meta = {
             "attempt": number,
             "started": self._clock(),
-            "retry_token": job.payload.token,
+            "retry_token": entry.payload.token,
             "machine": request.machine,
             "address": target.address,
             # recorded before the play starts, so a later attempt can tell a lock left by this one
@@ -280,7 +280,7 @@ class LocalBackend:
             "episode": began_in,  # only attempts of the machine's current episode answer (episode.py)
             # it finishes a play that died past its drain point: if it dies too, the machine stays as
             # disrupted as that one left it, wherever this play gets to (outcomes.past_drain_point)
-            "resumes": job.payload.resumes,
+            "resumes": entry.payload.resumes,
         }
         write_json(attempt_dir / "meta.json", {**meta, "pid": os.getpid(), **ref.to_meta()})
         log.info(
@@ -295,7 +295,7 @@ class LocalBackend:
         self._cluster.state(request, "Started", f"started on host {target.address} ({target.source})")
         failure = self._cluster.before_play(request)
         if failure is not None:  # no Node to drain: this Machine stays out of the play
-            self._finish(job, attempt_dir, blocked_outcome(failure, self._clock()), "not started")
+            self._finish(entry, attempt_dir, blocked_outcome(failure, self._clock()), "not started")
             return None
         drain_before = self._cluster.drain_point(request)
         # where the play may start disrupting the machine: a later attempt tells by it (and the play's
@@ -320,7 +320,7 @@ class LocalBackend:
         )
 
     def _play_batch(
-        self, batch_dir: Path, batch_ident: str, played: list[tuple[Job[Launch], runner.HostRun]]
+        self, batch_dir: Path, batch_ident: str, played: list[tuple[Entry[Launch], runner.HostRun]]
     ) -> None:
         """Run one ansible-playbook for the begun attempts, then classify and finish each of them."""
         hosts = tuple(run for _, run in played)
@@ -337,9 +337,9 @@ class LocalBackend:
             host_checks_timeout_seconds=self._host_checks_timeout,
             role_vars=self._play.role_vars,
         )
-        by_ident = {run.ident: (job, run) for job, run in played}
+        by_ident = {run.ident: (entry, run) for entry, run in played}
         steps = StepTracker(
-            [job.payload.request for job, _ in played],
+            [entry.payload.request for entry, _ in played],
             self._set_phase,
             self._cluster,
             on_drain_point=lambda ident: self._start_drain(by_ident[ident][1], by_ident[ident][0]),
@@ -359,23 +359,23 @@ class LocalBackend:
                 run.ident: Outcome(OutcomeKind.INTERRUPTED, detail=str(exc), finished=ended) for run in hosts
             }
         seconds = time.monotonic() - started
-        for job, run in played:
-            self._finish(job, run.attempt_dir, outcomes[run.ident], status)
+        for entry, run in played:
+            self._finish(entry, run.attempt_dir, outcomes[run.ident], status)
             if self._metrics is not None:
                 self._metrics.run_finished(outcomes[run.ident].kind.value, seconds)
 
-    def _start_drain(self, run: runner.HostRun, job: Job[Launch]) -> None:
+    def _start_drain(self, run: runner.HostRun, entry: Entry[Launch]) -> None:
         """The play reached ``run``'s drain point: drain in a thread of its own (the event thread serves
         every host of the batch), then tell the play waiting there how it went."""
         thread = threading.Thread(
-            target=self._drain_at_point, args=(run, job), name=f"drain-{run.ident}", daemon=True
+            target=self._drain_at_point, args=(run, entry), name=f"drain-{run.ident}", daemon=True
         )
         thread.start()
 
-    def _drain_at_point(self, run: runner.HostRun, job: Job[Launch]) -> None:
-        request = job.payload.request
+    def _drain_at_point(self, run: runner.HostRun, entry: Entry[Launch]) -> None:
+        request = entry.payload.request
         try:
-            # the cluster side reports progress (``draining: 3 pods left``) as the job's phase
+            # the cluster side reports progress (``draining: 3 pods left``) as the entry's phase
             failure = self._cluster.drain(request, partial(self._set_phase, request.ident))
         except Exception:  # the play must hear back in any case, or it waits until its own timeout
             log.exception("machine=%s run=%s: drain failed unexpectedly", request.machine, request.ident)
@@ -398,8 +398,8 @@ class LocalBackend:
         for removed in prune_batches(self._runs_dir / ".batches", BATCH_RETENTION_SECONDS, self._clock()):
             log.info("removed the artifacts of %s (older than the retention)", removed.name)
 
-    def _finish(self, job: Job[Launch], attempt_dir: Path, outcome: Outcome, status: str) -> None:
-        request = job.payload.request
+    def _finish(self, entry: Entry[Launch], attempt_dir: Path, outcome: Outcome, status: str) -> None:
+        request = entry.payload.request
         self._cluster.after_play(request)  # before the outcome: a restart in between cleans up on its poll
         write_json(attempt_dir / "outcome.json", outcome.to_json())
         log.info(
@@ -407,7 +407,7 @@ class LocalBackend:
             request.machine,
             request.ident,
             outcome.kind.value,
-            job.attempt,
+            entry.attempt,
             status,
             outcome.detail,
         )

@@ -1,7 +1,7 @@
 """Calls held until a run ends: a poll near a play's expected end, and the MCM agent between its polls,
 wait for the end instead of answering "running" or sleeping (runs/play_time.py).
 
-The worker thread that finishes a job wakes every asyncio call held for its ident, on that call's own
+The worker thread that finishes an entry wakes every asyncio call held for its ident, on that call's own
 event loop; the holding call never blocks its loop.
 """
 
@@ -13,18 +13,18 @@ from collections.abc import Callable
 
 import anyio
 
-from inplace_extension.runs.registry import JobView
+from inplace_extension.runs.registry import EntryView
 
 
 class EndWaiters:
-    """Per run ident, the held calls to wake when its job leaves the registry."""
+    """Per run ident, the held calls to wake when its entry leaves the registry."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 
-    async def hold(self, ident: str, seconds: float, view: Callable[[str], JobView | None]) -> None:
-        """Wait until the job ``ident`` leaves the registry, or ``seconds`` pass; never blocks the loop."""
+    async def hold(self, ident: str, seconds: float, view: Callable[[str], EntryView | None]) -> None:
+        """Wait until the entry ``ident`` leaves the registry, or ``seconds`` pass; never blocks the loop."""
         loop = asyncio.get_running_loop()
         ended = asyncio.Event()
         waiter = (loop, ended)
@@ -44,7 +44,7 @@ class EndWaiters:
                     self._waiters.pop(ident, None)
 
     def ended(self, ident: str) -> None:
-        """Worker thread, after the job left the registry: wake the calls held in _hold()."""
+        """Worker thread, after the entry left the registry: wake the calls held in _hold()."""
         with self._lock:
             waiters = list(self._waiters.get(ident, []))
         for loop, ended in waiters:

@@ -9,7 +9,7 @@ from inplace_extension.runs import progress
 from inplace_extension.runs.artifacts import OutcomeKind
 from inplace_extension.runs.model import NO_CLUSTER_SIDE, RunRequest
 from inplace_extension.runs.policy import Verdict, decide
-from inplace_extension.runs.registry import JobState, JobView
+from inplace_extension.runs.registry import EntryState, EntryView
 from inplace_extension.runs.steps import HEALTH_TASK, StepTracker
 
 from .test_policy import att
@@ -25,8 +25,8 @@ def test_every_phase_of_a_play_is_a_message_of_the_table() -> None:
     for role, task in [(None, "lock"), ("kubeadm_files", "write"), ("ntp", "configure"), (None, HEALTH_TASK)]:
         tracker.on_task(request.ident, role, task)
     tracker.on_task(request.ident, None, "stamp")
-    answers = [JobView(JobState.RUNNING, phase, 0, 0).message() for phase in phases]
-    answers.append(JobView(JobState.QUEUED, progress.STARTING, 2, 3).message())
+    answers = [EntryView(EntryState.RUNNING, phase, 0, 0).message() for phase in phases]
+    answers.append(EntryView(EntryState.QUEUED, progress.STARTING, 2, 3).message())
     assert progress.HEALTH_COMMANDS in answers
     assert all(MESSAGES.fullmatch(a) for a in answers), answers
 
