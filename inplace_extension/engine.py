@@ -17,7 +17,7 @@ from typing import Any
 from inplace_extension.capabilities_file import CapabilitiesFileError, FileConfig, load_file
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.kube.client import KubeConfigError
-from inplace_extension.kube.cluster import connect_jobs
+from inplace_extension.kube.cluster import connect_attempts
 from inplace_extension.kube.errors import KubeError
 from inplace_extension.kube.port import JobCluster, RecordRef
 from inplace_extension.kubejobs.backend import JobBackend
@@ -158,8 +158,8 @@ def kubernetes_backend(
         raise ExecutorError("--executor kubernetes needs cluster access, and this command has none")
     kind = records.kind
     try:
-        store = connect_jobs(records.kubeconfig)
-        jobs = store if records.kubeconfig == jobs_kubeconfig else connect_jobs(jobs_kubeconfig)
+        store = connect_attempts(records.kubeconfig)
+        jobs = store if records.kubeconfig == jobs_kubeconfig else connect_attempts(jobs_kubeconfig)
     except KubeConfigError as exc:
         raise ExecutorError(
             f"--executor kubernetes needs cluster access (--kubeconfig, else the in-cluster account): {exc}"

@@ -17,7 +17,7 @@ from pathlib import Path
 from inplace_extension.cli.command import Command
 from inplace_extension.cli.flags import Option, Parser
 from inplace_extension.inplace.custom import NO_CUSTOM
-from inplace_extension.kube.cluster import connect_jobs
+from inplace_extension.kube.cluster import connect_attempts
 from inplace_extension.kubeaware.cluster_side import connect_cluster_side
 from inplace_extension.kubejobs.attempt import (
     STOPPED_EXIT_STATUS,
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         custom = parse_file(spec.capabilities_file).custom
     # the Job's own Pod (the downward API): where the phase is published; in-cluster credentials
     namespace, pod = os.environ.get("POD_NAMESPACE"), os.environ.get("POD_NAME")
-    jobs = connect_jobs(None) if namespace and pod else None
+    jobs = connect_attempts(None) if namespace and pod else None
     cluster: ClusterSide = NO_CLUSTER_SIDE
     side = connect_cluster_side(settings, custom) if settings.kube_aware else None
     if side is not None:

@@ -180,9 +180,10 @@ class KubeControl:
         await self._client.close()
 
 
-class KubeJobs:
-    """:class:`~inplace_extension.kube.port.JobCluster` and :class:`~inplace_extension.kube.port.
-    RecordStore` over one blocking client (the ``kubernetes`` executor's, and its Job's own)."""
+class KubeAttempts:
+    """The ``kubernetes`` executor's attempts in the cluster, both halves over one blocking client (the
+    service's, and a Job's own): their Jobs (:class:`~inplace_extension.kube.port.JobCluster`) and their
+    record (:class:`~inplace_extension.kube.port.RecordStore`)."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
@@ -221,10 +222,10 @@ class KubeJobs:
         self._client.close()
 
 
-def connect_jobs(kubeconfig: Path | None) -> KubeJobs:
+def connect_attempts(kubeconfig: Path | None) -> KubeAttempts:
     """The ``kubernetes`` executor's client (``--kubeconfig`` or the in-cluster account); a bad config
     raises KubeConfigError."""
-    return KubeJobs(connect(kubeconfig))
+    return KubeAttempts(connect(kubeconfig))
 
 
 def connect_management(kubeconfig: Path | None, workload_source: str) -> KubeManagement:

@@ -1,4 +1,4 @@
-"""The ``kubernetes`` executor's calls (kube/jobs.py, kube/records.py, through kube/cluster.KubeJobs)
+"""The ``kubernetes`` executor's calls (kube/jobs.py, kube/records.py, through kube/cluster.KubeAttempts)
 against the kubelab's real API server and its garbage collector: the Job and the Secret it owns (deleted
 with it), a second create of the same Job no error, a Job's state from its Pod (termination message,
 the Pod's own phase annotation), and the record on a Machine and a Node written only at the
@@ -16,7 +16,7 @@ from hostlab.proc import wait_until
 from kubelab import objects
 from kubelab.lab import Lab
 
-from inplace_extension.kube.cluster import KubeJobs, connect_jobs
+from inplace_extension.kube.cluster import KubeAttempts, connect_attempts
 from inplace_extension.kube.errors import Conflict
 from inplace_extension.kube.jobs import JOB_NAME_LABEL, PHASE_ANNOTATION
 from inplace_extension.kube.port import RecordRef
@@ -37,8 +37,8 @@ EPISODE = "0123456789abcdef"  # as kubejobs/record.py draws one
 
 
 @pytest.fixture
-def jobs(kubelab: Lab) -> Iterator[KubeJobs]:
-    client = connect_jobs(kubelab.kubeconfig)
+def jobs(kubelab: Lab) -> Iterator[KubeAttempts]:
+    client = connect_attempts(kubelab.kubeconfig)
     yield client
     client.close()
 
@@ -73,7 +73,7 @@ def _complete(kubelab: Lab, name: str, ns: str) -> bool:
     return kubelab.kubectl(*patch, check=False).returncode == 0
 
 
-def test_a_job_owns_its_secret_is_created_once_and_reports_its_pod(kubelab: Lab, jobs: KubeJobs) -> None:
+def test_a_job_owns_its_secret_is_created_once_and_reports_its_pod(kubelab: Lab, jobs: KubeAttempts) -> None:
     ns = _ns(kubelab)
     config = JobConfig(
         namespace=ns,
@@ -157,7 +157,7 @@ def test_a_job_owns_its_secret_is_created_once_and_reports_its_pod(kubelab: Lab,
     assert jobs.job_finished(ns, name) is None
 
 
-def test_the_record_is_written_only_at_the_version_read(with_machines: Lab, jobs: KubeJobs) -> None:
+def test_the_record_is_written_only_at_the_version_read(with_machines: Lab, jobs: KubeAttempts) -> None:
     ns = f"records-{uuid.uuid4().hex[:6]}"
     create_machine(with_machines, ns, "m1", [{"type": "InternalIP", "address": "10.0.0.7"}], "node-7")
     machine = RecordRef("Machine", "m1", ns)
