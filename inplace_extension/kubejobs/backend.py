@@ -101,8 +101,6 @@ class _Look:
 class JobBackend:
     """Attempts as Jobs, the record on the Machine or Node; any number of replicas, no shared disk."""
 
-    end_wait_is_cheap: Final = False  # wait_end reads the Job again and again (a request each)
-
     def __init__(
         self,
         *,

@@ -11,9 +11,8 @@ and stamp, and artifacts on disk: a restarted agent resumes without a second app
 merge patch of the result label and reason annotation, and of the answered annotation naming the desired
 state it is for: no replica (nor this one restarted) acts on that state again while MCM has not consumed
 the result. While an update's play is in flight the Node's task waits for its end (the run service's
-``wait_end``), at most ``--poll-seconds``, when that wait is cheap (the ``local`` executor: woken by the
-end itself): the answer follows the play's end, not the next tick. With the ``kubernetes`` executor it
-polls at its next tick (a poll in the play's end window still waits for the end).
+``wait_end``), at most ``--poll-seconds``: the answer follows the play's end, not the next tick (the
+``local`` executor is woken by the end itself, the ``kubernetes`` one reads the Job once a second).
 Retriable failures are answered ``failed`` and retried with backoff until they succeed or
 their retry budget is spent (then the ``blocked after ...`` answer is final until the retry annotation).
 A periodic resync looks again at the Nodes whose last watched state calls for the agent (claims of dead
@@ -350,10 +349,7 @@ class Agent:
             await self._answer(node, successful=False, reason=progress.message)
             return False
         if progress.state is ProgressState.IN_PROGRESS:
-            if progress.in_flight and self._executor.end_wait_is_cheap:
-                # only an end wait woken by the end itself (local): the kubernetes executor's reads the
-                # Job again and again, and the agent stalled with it in the node lab
-                # (its cause not found: docs/operations.md); with that one, poll at the next tick
+            if progress.in_flight:
                 self._in_flight[name] = request
             if not self._metrics.is_updating(name):
                 self._metrics.set_updating(name, True)

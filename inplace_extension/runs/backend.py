@@ -71,14 +71,6 @@ class AttemptRecord(Protocol):
 class Launcher(Protocol):
     """How an attempt is started and how far one in flight is."""
 
-    @property
-    def end_wait_is_cheap(self) -> bool:
-        """True when :meth:`wait_end` is woken by the end itself, in this process, and costs nothing while
-        it waits (the ``local`` executor's worker thread); False when it looks at the cluster again and
-        again (the ``kubernetes`` executor): then only a poll in a play's end window waits for it, never a
-        caller between its polls (the MCM agent, whose Node's task every change of the Node wakes)."""
-        ...
-
     async def in_flight(self, request: RunRequest) -> str | None:
         """The phase message of ``request``'s attempt in flight (``queued: ...``, ``running: ntp``), or
         None when none is; answers at once."""

@@ -87,8 +87,6 @@ class HostLock:
 class LocalBackend:
     """:class:`~inplace_extension.runs.backend.Backend` on this process's disk and threads."""
 
-    end_wait_is_cheap: Final = True  # wait_end is woken by the worker thread as the entry leaves the registry
-
     def __init__(
         self,
         settings: Settings,

@@ -140,12 +140,6 @@ class EndWaitingExecutor(Executor, Protocol):
     """An :class:`Executor` that can also wait for the end of a play in flight: what the MCM agent needs,
     to poll again as the play ends rather than at its next tick. Implemented by ``RunService``."""
 
-    @property
-    def end_wait_is_cheap(self) -> bool:
-        """True when :meth:`wait_end` costs nothing while it waits (woken by the end in this process):
-        only then may a caller wait for the end between its polls."""
-        ...
-
     async def held(self, request: RunRequest) -> Progress | None:
         """What keeps a new start of ``request`` back now (cancel, pause, window, health checks), as
         :meth:`poll` would answer it; None: nothing. Work beside the play obeys the same holds."""

@@ -129,10 +129,6 @@ class RunService:
         message = progress.api_unavailable(exc.message)
         return Progress(ProgressState.IN_PROGRESS, message, self._retry_after, unavailable=True)
 
-    @property
-    def end_wait_is_cheap(self) -> bool:
-        return self._backend.end_wait_is_cheap
-
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
         return await self._backend.wait_end(request, seconds)
 

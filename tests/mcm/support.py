@@ -41,8 +41,6 @@ class ScriptedExecutor:
             return Progress(ProgressState.IN_PROGRESS, request.hold.message, 30, waiting="pause")
         return None
 
-    end_wait_is_cheap = True  # its wait_end answers at once (or, a test's override, on an event)
-
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
         """Scripted answers have no play in flight (they never say ``in_flight``, unless a test's do and
         it overrides this): nothing to wait for."""

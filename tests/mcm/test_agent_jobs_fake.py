@@ -19,6 +19,7 @@ from runs.test_service import KEY
 
 from inplace_extension.kube.errors import Conflict
 from inplace_extension.kube.port import Annotation, RecordRef
+from inplace_extension.kubejobs.backend import JOB_LOOK_SECONDS
 from inplace_extension.mcm import node_state as ns
 from inplace_extension.runs.artifacts import OutcomeKind
 from inplace_extension.runs.model import Progress, RunRequest
@@ -100,16 +101,11 @@ def service(tmp_path: Path, target: FakeTarget, jobs: FakeJobs, clock: Later) ->
 
 
 class Counted:
-    """The run service, its polls and end waits counted (what the agent asked of it)."""
+    """The run service, its polls counted (what the agent asked of it)."""
 
     def __init__(self, service: RunService) -> None:
         self.service = service
         self.polls = 0
-        self.end_waits = 0
-
-    @property
-    def end_wait_is_cheap(self) -> bool:
-        return self.service.end_wait_is_cheap
 
     async def poll(self, request: RunRequest) -> Progress:
         self.polls += 1
@@ -119,29 +115,46 @@ class Counted:
         return await self.service.held(request)
 
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
-        self.end_waits += 1
         return await self.service.wait_end(request, seconds)
 
 
-async def test_between_its_polls_the_agent_does_not_look_at_the_job(tmp_path: Path) -> None:
-    """The kubernetes executor's end wait reads the Job again and again: the agent does
-    not wait for the end between its polls with it (only the local executor's, woken by the end itself);
-    it reads the Job once per poll, at its tick, and answers the outcome at the tick after the end."""
-    target, control, jobs = FakeTarget(), FakeControl(), FakeJobs()
+class LookedAtJobs(FakeJobs):
+    """The fake Jobs, each read of a Job alone (an end wait's look, a second into the wait: never one
+    that a wake cancelled at once) announced on ``looked``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._loop = loop
+        self.looked = asyncio.Event()
+
+    def job_finished(self, namespace: str, name: str) -> bool | None:
+        self._loop.call_soon_threadsafe(self.looked.set)
+        return super().job_finished(namespace, name)
+
+
+async def test_between_its_polls_the_agent_waits_for_the_jobs_end(tmp_path: Path) -> None:
+    """With the kubernetes executor too the agent waits for the play's end between its polls: polling
+    every 30 s, it answers the Job's outcome within a look of the Job's end (JOB_LOOK_SECONDS), not at its
+    next tick. While it waits it reads the Job alone, once a second, and polls nothing."""
+    target, control, jobs = FakeTarget(), FakeControl(), LookedAtJobs(asyncio.get_running_loop())
     pool(control)
     target.put_node(waiting_node())
     executor = Counted(service(tmp_path, target, jobs, Later()))
-    assert not executor.end_wait_is_cheap
-    async for _agent in running(target, control, executor, poll_seconds=0.3):
-        await until(lambda: bool(jobs.jobs), target.activity)
-        polls, reads = executor.polls, jobs.calls.count["job_state"]
-        await asyncio.sleep(1.5)  # the play goes on: the agent's ticks, counted
-        polls, reads = executor.polls - polls, jobs.calls.count["job_state"] - reads
-        assert polls >= 3, polls
-        assert reads <= polls + 1, f"{reads} reads of the Job in {polls} polls"
-        assert executor.end_waits == 0
+    async for _agent in running(target, control, executor, poll_seconds=30.0):
+        await asyncio.wait_for(jobs.looked.wait(), 10.0)  # the Job launched, its end waited for
+        polls, looks, reads = executor.polls, jobs.calls.count["job_state"], jobs.calls.count["job_finished"]
+        window = 2.5
+        await asyncio.sleep(window)  # the play goes on: what the waiting agent asks meanwhile, counted
+        polls, looks = executor.polls - polls, jobs.calls.count["job_state"] - looks
+        reads = jobs.calls.count["job_finished"] - reads
+        assert polls == 0, f"{polls} polls while it waits"
+        assert looks == 0, f"{looks} full looks at the Job and its Pods while it waits"
+        assert 1 <= reads <= window / JOB_LOOK_SECONDS + 1, f"{reads} reads of the Job in {window} s"
+        before = executor.polls
         jobs.finish(jobs.only_job().manifest["metadata"]["name"], outcome(OutcomeKind.SUCCESSFUL, 1.0))
-        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, seconds=5.0)
+        # a look every JOB_LOOK_SECONDS, then one poll; slack for a loaded machine, far below the 30 s tick
+        await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, seconds=JOB_LOOK_SECONDS + 4.0)
+        assert executor.polls - before == 1, "the poll after the wait answers the outcome"
 
 
 async def test_a_job_that_ends_is_answered_while_the_node_keeps_changing(tmp_path: Path) -> None:
