@@ -174,8 +174,12 @@ def node_ready(kube: Lab, name: str) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def join(kube: Lab, hosts: HostLab, host: Host, version: str = nodes.START_VERSION) -> None:
-    """Join ``host`` (a running node) to ``kube`` as the Node named like the host; wait until it is Ready."""
+def join(
+    kube: Lab, hosts: HostLab, host: Host, version: str = nodes.START_VERSION, node_name: str | None = None
+) -> None:
+    """Join ``host`` (a running node) to ``kube`` as the Node ``node_name`` (by default named like the
+    host, as ``kubeadm join --node-name`` names it); wait until it is Ready."""
+    name = node_name or host.name
     if "nodes" not in kube.state().flavours:
         raise LabError("kubelab: joining nodes needs the 'nodes' flavour on the lab")
     forward_apiserver(kube, hosts.gateway)
@@ -189,7 +193,7 @@ def join(kube: Lab, hosts: HostLab, host: Host, version: str = nodes.START_VERSI
         "--discovery-token-unsafe-skip-ca-verification",
     ]
     node = [
-        f"--node-name={host.name}",
+        f"--node-name={name}",
         f"--cri-socket={nodes.CONTAINERD_SOCKET}",
         "--ignore-preflight-errors=all",
     ]
@@ -198,8 +202,8 @@ def join(kube: Lab, hosts: HostLab, host: Host, version: str = nodes.START_VERSI
     if result.returncode != 0:
         detail = (result.stderr or result.stdout).strip()[-3000:]
         raise LabError(f"{host.name}: kubeadm join failed: {detail}")
-    if not wait_until(lambda: node_ready(kube, host.name), JOIN_TIMEOUT, 1.0):
+    if not wait_until(lambda: node_ready(kube, name), JOIN_TIMEOUT, 1.0):
         status = hosts.exec_in(host, ["journalctl", "-u", "kubelet", "-n", "30", "--no-pager"]).stdout
         raise LabError(f"{host.name}: Node not Ready within {JOIN_TIMEOUT:g}s of kubeadm join:\n{status}")
     # STAND-IN for the node lifecycle controller: the Node is Ready, so it may take Pods (module docstring)
-    kube.kubectl("taint", "node", host.name, f"{NOT_READY_TAINT}-")
+    kube.kubectl("taint", "node", name, f"{NOT_READY_TAINT}-")

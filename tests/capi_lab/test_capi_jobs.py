@@ -8,16 +8,19 @@ containerd, a kubelet joined with ``kubeadm join``), the project's own image imp
 they share nothing but the API server and their configuration files, as two Pods of the Deployment
 share a ConfigMap), the play over SSH from the Job's Pod to the hostlab hosts the Machines map to.
 
-Stand-ins: the Service in front of the replicas is :class:`balancer.Balancer` (a round-robin TCP
-forwarder, the one URL of the ExtensionConfig); the node's pause image and kube-proxy, as in
-tests/nodes; the machines' cloud is CAPD's in-memory backend, their Nodes are Node objects in the
-management cluster named like the Machines' ``status.nodeRef`` (``--workload-kubeconfig management``,
-as tests/capi_lab/kube_aware_rollout.py), made Ready at the Machines' version; the Kubernetes binaries on
-the hosts are tests/playbooks/standins.py's. The node lab's /24 reaches the host lab's through
-:func:`hostlab.routes.routed`.
+The one URL of the ExtensionConfig is :class:`front.Front`, which hands CAPI's requests to the replicas
+in turn and asks each of the other replica too, to compare the answers (a test harness). Stand-ins: the
+node's pause image and kube-proxy, as in tests/nodes; the machines' cloud is CAPD's in-memory backend,
+their Nodes are Node objects in the management cluster named like the Machines' ``status.nodeRef``
+(``--workload-kubeconfig management``, as tests/capi_lab/kube_aware_rollout.py), made Ready at the
+Machines' version; the Kubernetes binaries on the hosts are tests/playbooks/standins.py's. The node
+lab's /24 reaches the host lab's through :func:`hostlab.routes.routed`. Except in the pair test: there
+the Machines' Nodes are real nodes of the module's node lab joined under the Machines' Node names (a
+self-managed cluster's workers), and the hosts the play reaches are those nodes.
 
-One node join and one image import for the module; the tests run one after the other on its two
-clusters (a MachineDeployment of 3, and a MachineDeployment of 1 held by a maintenance window).
+One node join and one image import for the module (two more for the pair test); the tests run one after
+the other on their clusters (a MachineDeployment of 3, one of 1 held by a maintenance window, and the
+pair of real nodes).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import pytest
 import yaml
 from deploy.image import missing_tools
 from e2e.conftest import START_VERSION
-from e2e.hostcheck import run_on, stamp_writes
+from e2e.hostcheck import lock_events, run_on, stamp_writes
 from e2e.service import Service
 from hostlab import prereqs
 from hostlab.config import Config as HostConfig
@@ -48,6 +51,7 @@ from hostlab.routes import routed
 from hostlab.state import NODE
 from kubelab import node_join, objects
 from kubelab.flavours import capi_objects as co
+from kubelab.flavours import nodes as node_flavour
 from kubelab.lab import Lab
 from nodes.images import import_pause, import_service_image
 from nodes.operator import jobs_namespace
@@ -62,16 +66,19 @@ from inplace_extension.kubejobs.record import RECORD_ANNOTATION
 from inplace_extension.runs.ssh import close_control_masters
 from inplace_extension.runs.windows import WINDOW_RETRY_CAP_SECONDS
 
-from .balancer import Balancer
 from .conftest import SELECTOR_KEY, Extension, registered, serve_argv, worker_id
+from .front import Exchange, Front
 from .rollout import (
     HOST_FILE,
     MACHINES,
+    MD,
     ROLLOUT_TIMEOUT,
     Cluster,
     create_cluster,
     files_and_user,
+    owned_by_template,
     rolled_out,
+    updated_in_place,
     wait,
 )
 
@@ -136,24 +143,28 @@ def job_node(kubelab_capi: Lab, lab: HostLab) -> Iterator[JobNode]:
 
 @dataclass
 class Replicas:
-    """The service's replicas behind the balancer, registered with CAPI through one ExtensionConfig."""
+    """The service's replicas behind the front, registered with CAPI through one ExtensionConfig."""
 
     kube: Lab
     hosts: HostLab
-    balancer: Balancer
+    front: Front
     namespace: str  # of the Jobs
     image: str
     work: Path
     capabilities: Path
     inventory: Path
+    node_network: str  # the Jobs' node lab's, whose nodes are also Machines' hosts (the pair test)
     running: dict[str, Service] = field(default_factory=dict)
     gone: list[Service] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)  # port -> replica
 
     def argv(self, name: str) -> list[str]:
         runs = self.work / name / "runs"  # new and empty: nothing of another replica
         argv = serve_argv(
             self.kube, f"{EXTENSION}-{name}", self.inventory, self.hosts.network, runs, self.capabilities
         )
+        cidrs = argv.index("--allowed-cidrs") + 1
+        argv[cidrs] = f"{argv[cidrs]},{self.node_network}"
         argv += ["--kubeconfig", str(self.kube.kubeconfig), "--workload-kubeconfig", "management"]
         argv += ["--executor", "kubernetes", "--job-namespace", self.namespace, "--job-image", self.image]
         # the Jobs run the image's playbooks (this service runs the worktree's)
@@ -162,7 +173,7 @@ class Replicas:
         return argv
 
     def serve(self, *names: str) -> list[Service]:
-        """Start replicas ``names`` (new ones, empty runs dirs); the balancer sends to them from now on."""
+        """Start replicas ``names`` (new ones, empty runs dirs); the front sends to them from now on."""
         started = []
         for name in names:
             assert not (self.work / name).exists(), f"replica {name} ran before: its runs dir is not empty"
@@ -170,20 +181,25 @@ class Replicas:
             runs = self.work / name / "runs"
             service = Service(self.argv(name), self.work / f"service-{name}.log", runs, self.kube.ca)
             self.running[name] = service
+            self.names[self.port(service)] = name
             started.append(service)
-        self.balancer.set_backends([self.port(s) for s in self.running.values()])
+        self.front.set_backends([self.port(s) for s in self.running.values()])
         return started
 
     @staticmethod
     def port(service: Service) -> int:
         return int(service.url.rsplit(":", 1)[1])
 
+    def name_of(self, port: int) -> str:
+        """The replica (running or gone) that listens or listened on ``port``."""
+        return self.names[port]
+
     def kill(self, name: str) -> None:
         """SIGKILL replica ``name`` (by PID), as an OOM kill or a node's loss would end its Pod."""
         service = self.running.pop(name)
         service.kill()
         self.gone.append(service)
-        self.balancer.set_backends([self.port(s) for s in self.running.values()])
+        self.front.set_backends([self.port(s) for s in self.running.values()])
 
     def stop_all(self) -> None:
         for service in [*self.running.values(), *self.gone]:
@@ -206,6 +222,7 @@ class Module:
     ext: Extension
     window_opens: datetime
     node: str  # the real node the Jobs run on (job_node's)
+    job_node: JobNode
 
 
 @pytest.fixture(scope="module")
@@ -233,10 +250,19 @@ def module(
         "    duration: 1h\n"
         f"    labels: {{cluster.x-k8s.io/cluster-name: {WINDOW_CLUSTER}}}\n"
     )
-    balancer = Balancer()
+    cert = kubelab_capi.pki.issue_server(f"{name}-front")
+    front = Front(cert.cert, cert.key, kubelab_capi.ca)
     with jobs_namespace(kubelab_capi) as namespace:
         replicas = Replicas(
-            kubelab_capi, lab, balancer, namespace, job_node.image, work, capabilities, inventory
+            kubelab_capi,
+            lab,
+            front,
+            namespace,
+            job_node.image,
+            work,
+            capabilities,
+            inventory,
+            str(job_node.lab.network),
         )
         try:
             first, _ = replicas.serve("a", "b")
@@ -252,11 +278,11 @@ def module(
                 name,
                 selector,
             )
-            with registered(kubelab_capi, balancer.url, name, selector):
-                yield Module(replicas, ext, opens, job_node.host.name)
+            with registered(kubelab_capi, front.url, name, selector):
+                yield Module(replicas, ext, opens, job_node.host.name, job_node)
         finally:
             replicas.stop_all()
-            balancer.close()
+            front.close()
 
 
 def with_nodes(cluster: Cluster) -> Cluster:
@@ -329,34 +355,64 @@ def explain(replicas: Replicas, *clusters: Cluster) -> Callable[[], str]:
             "get", "jobs,pods", "-n", replicas.namespace, "-o", "wide", check=False
         )
         logs = {n: replicas.log(n)[-2000:] for n in replicas.running}
-        return f"{co.conditions_text(machines)}\n{listed.stdout}\n{json.dumps(logs, indent=1)}"
+        # each attempt's outcome (a failure's words are there, the log's tail may have lost them)
+        ended = {
+            name: [a.get("o") for a in (record(c, name) or {}).get("attempts", [])]
+            for c in clusters
+            for name in c.identities(c.md_machines())
+        }
+        return (
+            f"{co.conditions_text(machines)}\n{listed.stdout}\n{json.dumps(ended, indent=1)}\n"
+            f"{json.dumps(logs, indent=1)}"
+        )
 
     return text
 
 
 def test_a_rollout_of_3_through_2_replicas_survives_one_sigkilled_and_updates_each_host_once(
-    module: Module, md: Cluster, held: Cluster, hosts: list[Host], lab: HostLab
+    module: Module,
+    md: Cluster,
+    held: Cluster,
+    hosts: list[Host],
+    lab: HostLab,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """(``held`` is made here: its Machine starts waiting for its window while this test runs.)"""
+    """(``held`` is made here: its Machine starts waiting for its window while this test runs.)
+
+    Two replicas are one service (issue 38 item 4): CAPI's requests go to the replicas in turn, one
+    request each, and each is asked of the other replica too (front.py); half-way the replica that
+    answered CAPI last is SIGKILLed and a fresh one (empty runs dir) takes its place. Every request both
+    replicas answered got answers of one class from both, and every Event on the Machines is there once."""
     replicas = module.replicas
+    front = replicas.front
     names = sorted(md.identities(md.md_machines()))
     md.ext.map_machines(names)
+    seen = len(front.exchanges)
     template = md.new_bootstrap_template(files_and_user("from a Job", "capijobs"))
     selector = f"{DEPLOYMENT_LABEL}={md.md}"
     why = explain(replicas, md)
 
-    # mid-rollout: the first Machine's Job exists; the replica that answered CAPI last is killed
+    # mid-rollout: the first Machine's Job exists; the replica that answered CAPI last is killed, and a
+    # fresh one serves in its place (a Pod of the Deployment replaced)
     wait(lambda: bool(jobs(md.lab, replicas.namespace, selector)), ROLLOUT_TIMEOUT, "a first Job", why)
-    answering = max(replicas.running, key=lambda n: replicas.log(n).count("hook=UpdateMachine"))
+    assert front.last_first is not None
+    answering = replicas.name_of(front.last_first)
     survivor = next(n for n in replicas.running if n != answering)
     answered_before = len(re.findall("hook=UpdateMachine", replicas.log(survivor)))
+    replicas.serve("fresh")
     replicas.kill(answering)
+    replaced = len(front.exchanges)
 
     wait(lambda: rolled_out(md, template), JOBS_TIMEOUT, "the rollout finished through one replica", why)
 
     # the other replica answered CAPI after the kill (and said done)
     assert len(re.findall("hook=UpdateMachine", replicas.log(survivor))) > answered_before
     assert any("decision=done" in line for line in replicas.log(survivor).splitlines()), why()
+    summary = assert_one_service(replicas, front.exchanges[seen:], replaced - seen, names)
+    with capsys.disabled():
+        print(summary)
+    for name in names:
+        assert posted_once(md, name), name
     # each host updated exactly once (one stamp write), by one successful attempt: its last. An attempt
     # before it may have ended unreachable (SSH timing out on a busy machine): retried, nothing applied
     listed = jobs(md.lab, replicas.namespace, selector)
@@ -398,6 +454,54 @@ def test_a_rollout_of_3_through_2_replicas_survives_one_sigkilled_and_updates_ea
             assert pod["spec"]["nodeName"] == node, pod["spec"].get("nodeName")
     # per MachineDeployment: `-l inplace-extension.io/machine-deployment=<md>` lists exactly those Jobs
     assert {j["metadata"]["name"] for j in listed} == per_machine
+
+
+def assert_one_service(replicas: Replicas, exchanges: list[Exchange], replaced: int, names: list[str]) -> str:
+    """Every UpdateMachine request of ``names`` that two replicas answered got answers of one class from
+    both (front.py); CAPI's requests went to each replica in turn, to the fresh one from the ``replaced``-th
+    on, and each Machine's were compared."""
+    updates = [e for e in exchanges if e.hook == "updatemachine" and e.machine in names]
+    compared = [e for e in updates if e.compared()]
+    differing = [
+        (e.machine, replicas.name_of(e.first.port), e.first.body, e.shadow.body, e.again.body)  # type: ignore[union-attr]
+        for e in compared
+        if not e.consistent()
+    ]
+    assert differing == [], differing
+    # the few not compared: the killed replica's last calls (its connection refused or cut)
+    assert len(compared) >= len(updates) - 4, (len(compared), len(updates))
+    for name in names:
+        assert len([e for e in compared if e.machine == name]) >= 2, name
+    # after the replacement, CAPI's requests went to the survivor and the fresh one in turn, and each was
+    # the other's shadow
+    after = [e for e in exchanges[replaced:] if e.hook == "updatemachine"]
+    firsts = {replicas.name_of(e.first.port) for e in after}
+    shadows = {replicas.name_of(e.shadow.port) for e in after if e.compared() and e.shadow is not None}
+    assert "fresh" in firsts and len(firsts) == 2, firsts
+    assert shadows == firsts, (firsts, shadows)
+    with_hooks = [e for e in exchanges if e.hook != "updatemachine" and e.compared()]
+    assert all(e.consistent() for e in with_hooks), [e.path for e in with_hooks if not e.consistent()]
+    moved = len([e for e in compared if e.moved()])
+    return (
+        f"\n{len(compared)} of {len(updates)} UpdateMachine requests compared ({moved} with the cluster "
+        f"changing between the calls; {len(with_hooks)} requests of other hooks), {len(after)} after the "
+        f"replacement, answered first by {sorted(firsts)}"
+    )
+
+
+def posted_once(cluster: Cluster, machine: str) -> bool:
+    """Each of the service's Events on ``machine`` (its reason and message) is one Event, counted once."""
+    listed = json.loads(cluster.lab.kubectl("get", "events", "-n", cluster.namespace, "-o", "json").stdout)
+    ours = [
+        e
+        for e in listed["items"]
+        if e["involvedObject"].get("name") == machine
+        and e.get("reportingComponent", (e.get("source") or {}).get("component")) == "inplace-extension"
+    ]
+    keys = [(e["reason"], e["message"]) for e in ours]
+    assert ours, f"no Event of ours on {machine}"
+    assert len(keys) == len(set(keys)) and all(e.get("count", 1) == 1 for e in ours), keys
+    return True
 
 
 def replicas_node(module: Module) -> str:
@@ -486,3 +590,171 @@ def test_fresh_replicas_with_empty_state_keep_a_failed_machine_blocked_and_a_hel
     for name in names:
         if name != blocked:
             assert job_names(replicas, f"{MACHINE_LABEL}={name}") == before_jobs[name], name
+
+
+PAIR_FILE = "/etc/capi-lab/pair.conf"
+PAIR_FLAG = "max-pods"
+
+
+@dataclass
+class Pair:
+    """A MachineDeployment of two whose Machines are real nodes of the management cluster (a
+    self-managed cluster's workers): each Machine's Node (its ``status.nodeRef``, named by CAPD) is a
+    node-lab node joined under that name, which is also the host its inventory entry reaches."""
+
+    cluster: Cluster
+    hosts: dict[str, Host]  # Machine -> its node
+    nodes: dict[str, str]  # Machine -> its Node's name
+
+
+@pytest.fixture
+def pair(module: Module, kubelab_capi: Lab) -> Iterator[Pair]:
+    """The pair (:class:`Pair`) at the nodes' kubelet version (the update plans no version change), with
+    ``maxUnavailable: 2``; the Jobs' own node cordoned meanwhile, so the two nodes are the only ones a
+    Job's Pod may run on. Afterwards the Jobs' node uncordoned, the two Nodes deleted and their nodes
+    stopped."""
+    nodes_lab, job_host = module.job_node.lab, module.job_node.host
+    cluster = create_cluster(module.ext, "pair", node_flavour.START_VERSION, md_replicas=2)
+    rolling = {"strategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 2}}}
+    cluster.patch(MD, cluster.md, {"spec": {"rollout": rolling}})
+    machines = {m["metadata"]["name"]: m["status"]["nodeRef"]["name"] for m in cluster.md_machines()}
+    joined: list[str] = []
+    kubelab_capi.kubectl("cordon", job_host.name)
+    try:
+        started = nodes_lab.up(1 + len(machines), owner_pid=os.getpid(), kind=NODE)
+        hosts = dict(zip(sorted(machines), [h for h in started if h.name != job_host.name], strict=True))
+        for machine, host in hosts.items():
+            joined.append(machines[machine])
+            node_join.join(kubelab_capi, nodes_lab, host, node_name=machines[machine])
+        import_pause(nodes_lab, list(hosts.values()))
+        import_service_image(nodes_lab, list(hosts.values()))
+        yield Pair(cluster, hosts, machines)
+    except LabError as exc:
+        pytest.fail(f"the pair's nodes did not start: {exc}", pytrace=False)
+    finally:
+        kubelab_capi.kubectl("uncordon", job_host.name, check=False)
+        try:  # the pair's nodes stopped first (a running kubelet registers its Node again), the Jobs' kept
+            nodes_lab.up(1, owner_pid=os.getpid(), kind=NODE)
+        finally:
+            for name in joined:
+                kubelab_capi.kubectl("delete", "node", name, "--ignore-not-found", check=False)
+
+
+def kubelet_flags(lab: HostLab, host: Host) -> list[str]:
+    """The running kubelet's own command line (the host's truth, not a file that says what it should be)."""
+    pid = run_on(lab, host, ["systemctl", "show", "-p", "MainPID", "--value", "kubelet"]).strip()
+    return run_on(lab, host, ["cat", f"/proc/{pid}/cmdline"]).split("\0")
+
+
+def test_two_machines_updated_at_once_each_drained_while_the_others_job_runs_on_its_node(
+    module: Module, pair: Pair
+) -> None:
+    """Issue 38 item 5: CAPI updates both Machines at once (``maxUnavailable: 2``); each Machine's Job
+    runs on the other Machine's Node (the only other node) and drains its own Node, where the other
+    Machine's Job runs. Neither drain is refused for that Pod's emptyDir scratch nor blocked: both hosts
+    end with the file and the kubelet flag (read on the host), each stamped once, no Node cordoned,
+    nothing of the service left on the Machines, the Nodes or the hosts' locks."""
+    replicas, cluster, lab = module.replicas, pair.cluster, module.job_node.lab
+    names = sorted(pair.hosts)
+    inventory = yaml.safe_load(replicas.inventory.read_text()) or {}
+    entries = {e["match"]["name"]: e for e in service_inventory(lab)["hosts"]}
+    inventory["hosts"] = [
+        *(e for e in inventory.get("hosts") or [] if e["match"]["name"] not in names),
+        *({**entries[host.name], "match": {"name": name}} for name, host in pair.hosts.items()),
+    ]
+    replicas.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    stamps = {name: len(stamp_writes(lab, host)) for name, host in pair.hosts.items()}
+    spec = {
+        "format": "cloud-config",
+        "files": [
+            {"path": PAIR_FILE, "content": "both at once\n", "owner": "root:root", "permissions": "0644"}
+        ],
+        "joinConfiguration": {"nodeRegistration": {"kubeletExtraArgs": [{"name": PAIR_FLAG, "value": "77"}]}},
+    }
+    template = cluster.new_bootstrap_template(spec)
+    why = explain(replicas, cluster)
+
+    wait(lambda: pair_rolled_out(cluster, template), JOBS_TIMEOUT, "both Machines updated in place", why)
+
+    for name, host in pair.hosts.items():
+        # the host's truth: the file, the running kubelet's flag, one stamp write, the host lock released
+        assert run_on(lab, host, ["cat", PAIR_FILE]) == "both at once\n", name
+        flags = kubelet_flags(lab, host)
+        assert f"--{PAIR_FLAG}=77" in flags, (name, flags)
+        assert len(stamp_writes(lab, host)) - stamps[name] == 1, name
+        assert lock_events(lab, host)[-1] == "released", lock_events(lab, host)
+        # one successful attempt (an earlier one may have ended unreachable: retried, nothing applied)
+        found = record(cluster, name)
+        assert found is not None, name
+        kinds = [a["o"]["kind"] for a in found["attempts"]]
+        assert kinds[-1] == "successful" and set(kinds[:-1]) <= {"unreachable"}, kinds
+        # each Job's Pod ran on the other Machine's Node
+        [other] = [pair.nodes[n] for n in names if n != name]
+        for job in jobs(cluster.lab, replicas.namespace, f"{MACHINE_LABEL}={name}"):
+            [pod] = pods_of(replicas, job["metadata"]["name"])
+            assert pod["spec"]["nodeName"] == other, (name, pod["spec"].get("nodeName"))
+        # no drain refused or blocked, nothing left on the Machine or its Node
+        events = [
+            (e["reason"], e["message"]) for e in machine_events(cluster, name) if e["reason"] == "DrainFailed"
+        ]
+        assert events == [], events
+        machine = objects.get(cluster.lab, MACHINES, name, cluster.namespace)
+        assert machine is not None
+        left = {
+            k for k in machine["metadata"].get("annotations", {}) if k.startswith("inplace-extension.io/")
+        }
+        assert left == {RECORD_ANNOTATION}, left
+        assert "cluster.x-k8s.io/skip-remediation" not in machine["metadata"].get("annotations", {})
+        node = objects.get(cluster.lab, "node", pair.nodes[name])
+        assert node is not None
+        assert not node["spec"].get("unschedulable"), node["spec"]
+        marks = {k for k in node["metadata"].get("annotations", {}) if k.startswith("inplace-extension.io/")}
+        assert marks == set(), marks
+        assert (objects.condition(node, "DisruptiveInPlaceUpdate") or {}).get("status") != "True", node
+    assert_no_empty_dir_refusal(cluster)
+    # at once: each Machine's Node was drained while the other Machine's successful attempt ran on it
+    for name in names:
+        [other] = [n for n in names if n != name]
+        [drained] = [e for e in machine_events(cluster, name) if e["reason"] == "Drained"]
+        at = stamp(drained.get("firstTimestamp") or drained["eventTime"])
+        last = jobs(cluster.lab, replicas.namespace, f"{MACHINE_LABEL}={other}")[-1]
+        [pod] = pods_of(replicas, last["metadata"]["name"])
+        [state] = [c["state"]["terminated"] for c in pod["status"]["containerStatuses"]]
+        began, ended = stamp(state["startedAt"]), stamp(state["finishedAt"])
+        assert pod["spec"]["nodeName"] == pair.nodes[name], pod["spec"]
+        # Event times are whole seconds
+        assert began - 1 <= at <= ended + 1, (name, drained, state)
+
+
+def stamp(text: str) -> float:
+    """A Kubernetes timestamp (RFC 3339, ``Z`` or an offset, maybe with fractions) in seconds."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def pods_of(replicas: Replicas, job: str) -> list[dict[str, Any]]:
+    listed = replicas.kube.kubectl(
+        "get", "pods", "-n", replicas.namespace, "-l", f"job-name={job}", "-o", "json"
+    )
+    items: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+    return items
+
+
+def machine_events(cluster: Cluster, machine: str) -> list[dict[str, Any]]:
+    listed = json.loads(cluster.lab.kubectl("get", "events", "-n", cluster.namespace, "-o", "json").stdout)
+    return [e for e in listed["items"] if e["involvedObject"].get("name") == machine]
+
+
+def assert_no_empty_dir_refusal(cluster: Cluster) -> None:
+    """No Event of the namespace says a drain met Pods with emptyDir data."""
+    listed = json.loads(cluster.lab.kubectl("get", "events", "-n", cluster.namespace, "-o", "json").stdout)
+    refused = [e["message"] for e in listed["items"] if "emptyDir" in e.get("message", "")]
+    assert refused == [], refused
+
+
+def pair_rolled_out(cluster: Cluster, template: str) -> bool:
+    status = cluster.deployment().get("status", {})
+    return (
+        owned_by_template(cluster, template)
+        and updated_in_place(cluster.md_machines(), 2)
+        and status.get("upToDateReplicas") == 2
+    )
