@@ -14,7 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from pydantic import ValidationError
 
-from inplace_extension.cli import attempt, call, mcm_agent, plan, schemas, serve, status
+from inplace_extension.cli import attempt, call, check_host, mcm_agent, plan, schemas, serve, status
 from inplace_extension.cli.flags import Parser, SettingsError
 from inplace_extension.errors import ExtensionError
 from inplace_extension.settings import Settings
@@ -28,6 +28,7 @@ COMMANDS = (
     mcm_agent.COMMAND,
     schemas.COMMAND,
     attempt.COMMAND,
+    check_host.COMMAND,
 )
 
 

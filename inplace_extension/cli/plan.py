@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inplace_extension.cli.command import Command, kubeconfig_from_env, readable_file
@@ -17,7 +18,12 @@ from inplace_extension.cli.flags import Option, Parser, add_settings_flags, give
 from inplace_extension.errors import ExtensionError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from inplace_extension.capabilities_file import FileConfig
+    from inplace_extension.preview.hosts import Checker
     from inplace_extension.preview.inputs import Machine
+    from inplace_extension.runs.dry_run import DryRun, HostCheck
     from inplace_extension.settings import Settings
 
 # the settings that change what the service would do with an update (the rest only say how it serves)
@@ -32,6 +38,14 @@ SETTINGS = (
     "playbooks_dir",
     "max_parallel_runs",
     "kubeconfig",
+    # --hosts through the kubernetes executor: each host's check a Job, as the service runs attempts
+    "executor",
+    "job_image",
+    "job_namespace",
+    "job_service_account",
+    "job_playbooks_dir",
+    "job_deadline_seconds",
+    "job_start_timeout_seconds",
 )
 
 
@@ -57,8 +71,17 @@ OPTIONS = (
         "--machines-of",
         "INPLACE_PLAN_MACHINES_OF",
         "read the Machines of this owner from the management cluster (md/NAME, ms/NAME or kcp/NAME; "
-        "--kubeconfig, else $KUBECONFIG; read-only) and preview each, as in the Kubernetes-aware mode",
+        "--kubeconfig, else $KUBECONFIG; read-only) and preview each, as in the Kubernetes-aware mode; "
+        "mcd/NAME: an MCM MachineDeployment, whose Machines' Nodes are previewed",
         metavar="KIND/NAME",
+    ),
+    Option(
+        "--target-kubeconfig",
+        "INPLACE_PLAN_TARGET_KUBECONFIG",
+        "with --machines-of mcd/NAME: the kubeconfig of the cluster with the Nodes (none: the cluster "
+        "of the MCM objects)",
+        kind=Path,
+        metavar="FILE",
     ),
     Option(
         "--namespace",
@@ -98,7 +121,8 @@ def configure(parser: Parser) -> None:
         "with: plan connects to nothing. --kube (or INPLACE_KUBECONFIG) says the service runs in its "
         "Kubernetes-aware mode, where it drains. Exit 0: previewed (any outcome); 1: outcome invalid, "
         "the service would fail the update for its values; 2: input plan cannot read. With --hosts plan "
-        "connects to each Machine's host over SSH and changes nothing there; exit 0: no host would change, "
+        "connects to each Machine's host over SSH (--executor kubernetes: from a Job per host, in "
+        "--job-namespace of --kubeconfig's cluster) and changes nothing there; exit 0: no host would change, "
         "2: some host would change (or cannot tell), 1: an error (a host unreachable, a check failed, "
         "the input unreadable or invalid)."
     )
@@ -118,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     # imported when the command runs: every command's module is loaded for the program's parser, and
     # ``attempt`` (a Job's whole process) should not pay for the preview and the engine's models
-    from inplace_extension.engine import load_config, play_config
+    from inplace_extension.engine import load_config
     from inplace_extension.preview.hosts import check_preview, exit_code, terminal_progress
     from inplace_extension.preview.inputs import (
         Machine,
@@ -154,30 +178,62 @@ def _run(args: argparse.Namespace) -> int:
     inventory = load_inventory(settings.inventory.expanduser()) if settings.inventory is not None else None
     context = Context(settings, config.custom, config.windows, inventory, time.time())
     names = tuple(args.machine)
-    live = cluster_machines(args, settings) if args.machines_of is not None else ()
     preview: Preview
     if args.file is not None:
+        live = cluster_machines(args, settings) if args.machines_of is not None else ()
         given = tuple(Machine(name) for name in names)
         preview = preview_request(read_request(args.file), with_live(given, live), context)
     else:
         old, new = read_side(args.old), read_side(args.new)
         pair(old, new)
         if Part.MACHINE_CLASS in new.parts:
-            if live:
-                raise PlanInputError("--machines-of reads CAPI Machines: an MCM MachineClass has Nodes")
-            preview = preview_machine_classes(old, new, machines_of((old, new), names, "Node"), context)
-        elif Part.CONTROL_PLANE in new.parts:
-            machines = with_live(machines_of((old, new), names, "Machine"), live)
-            preview = preview_control_plane(old, new, machines, context)
+            live = mcm_nodes(args, settings) if args.machines_of is not None else ()
+            nodes = with_live(machines_of((old, new), names, "Node"), live)
+            preview = preview_machine_classes(old, new, nodes, context)
         else:
+            live = cluster_machines(args, settings) if args.machines_of is not None else ()
             machines = with_live(machines_of((old, new), names, "Machine"), live)
-            preview = preview_templates(old, new, machines, context)
+            if Part.CONTROL_PLANE in new.parts:
+                preview = preview_control_plane(old, new, machines, context)
+            else:
+                preview = preview_templates(old, new, machines, context)
     if args.hosts:
-        checked = check_preview(preview, settings, play_config(config), terminal_progress)
+        checked = check_preview(preview, settings, host_checker(settings, config), terminal_progress)
         print(render_checked(checked, args.output))
         return exit_code(checked)
     print(render(preview, args.output))
     return 1 if preview.outcome == "invalid" else 0
+
+
+def host_checker(settings: Settings, config: FileConfig) -> Checker:
+    """How ``--hosts`` checks the hosts: through the configured executor (``--executor kubernetes``: a
+    Job per host in --job-namespace of --kubeconfig's cluster, else $KUBECONFIG's, of --job-image)."""
+    from inplace_extension.engine import ExecutorError, own_image, play_config, refuse_own_roles
+    from inplace_extension.kube.client import KubeConfigError
+    from inplace_extension.kube.cluster import connect_attempts
+    from inplace_extension.preview.hosts import job_checker, local_checker
+
+    play = play_config(config)
+    if settings.executor != "kubernetes":
+        return local_checker(settings, play)
+    refuse_own_roles(config)
+    try:
+        jobs = connect_attempts(settings.kubeconfig or kubeconfig_from_env())
+    except KubeConfigError as exc:
+        raise ExecutorError(f"--executor kubernetes needs cluster access (--kubeconfig): {exc}") from None
+    try:
+        inner = job_checker(settings, play, jobs, settings.job_image or own_image(settings, jobs))
+    except BaseException:
+        jobs.close()
+        raise
+
+    def check(runs: Sequence[DryRun], on_host: Callable[[HostCheck], None]) -> list[HostCheck]:
+        try:
+            return inner(runs, on_host)
+        finally:  # one dry run per command: its client goes with it
+            jobs.close()
+
+    return check
 
 
 def cluster_machines(args: argparse.Namespace, settings: Settings) -> tuple[Machine, ...]:
@@ -186,6 +242,11 @@ def cluster_machines(args: argparse.Namespace, settings: Settings) -> tuple[Mach
     from inplace_extension.kube.rollout import connect_rollout
     from inplace_extension.preview.inputs import machine_of_object
 
+    if _mcm_owner(args.machines_of) is not None:
+        raise ValueError(
+            f"--machines-of {args.machines_of} is an MCM MachineDeployment: its Nodes are previewed with "
+            "MachineClass files (--old, --new)"
+        )
     owner = owner_of(args.machines_of, args.namespace)
     if owner.kind == "Cluster":
         raise ValueError(f"--machines-of {args.machines_of}: give md/NAME, ms/NAME or kcp/NAME")
@@ -205,6 +266,53 @@ def cluster_machines(args: argparse.Namespace, settings: Settings) -> tuple[Mach
     return tuple(
         machine_of_object(obj, f"{owner}: Machine {obj['metadata']['name']}")
         for obj in sorted(found, key=lambda obj: str(obj["metadata"]["name"]))
+    )
+
+
+# how --machines-of names an MCM MachineDeployment (its CRD's short name, and kubectl's full names)
+MCM_DEPLOYMENT_KINDS = (
+    "mcd",
+    "machinedeployment.machine.sapcloud.io",
+    "machinedeployments.machine.sapcloud.io",
+)
+
+
+def _mcm_owner(text: str) -> str | None:
+    """The name of the MCM MachineDeployment ``text`` names (``mcd/NAME``), else None."""
+    kind, slash, name = text.partition("/")
+    return name if slash and name and kind.lower() in MCM_DEPLOYMENT_KINDS else None
+
+
+def mcm_nodes(args: argparse.Namespace, settings: Settings) -> tuple[Machine, ...]:
+    """The Nodes of ``--machines-of mcd/NAME``'s Machines: the MCM objects read from --kubeconfig's
+    cluster (else $KUBECONFIG's), the Nodes from --target-kubeconfig's (else the same); get and list
+    only."""
+    from inplace_extension.kube.mcm_objects import deployment_nodes
+    from inplace_extension.preview.inputs import machine_of_object
+
+    name = _mcm_owner(args.machines_of)
+    if name is None:
+        raise ValueError(
+            f"--machines-of {args.machines_of}: MachineClass files preview MCM Nodes: give mcd/NAME (an "
+            "MCM MachineDeployment)"
+        )
+    owner = f"MCM MachineDeployment {args.namespace}/{name}"
+    control = settings.kubeconfig or kubeconfig_from_env()
+    target = args.target_kubeconfig or control
+    found = deployment_nodes(control, target, args.namespace, name)
+    if found is None:
+        raise LookupError(f"--machines-of: {owner}: not found")
+    machines, nodes = found
+    if not machines:
+        raise LookupError(f"--machines-of: {owner} has no Machines")
+    if not nodes:
+        raise LookupError(
+            f"--machines-of: {owner}: no Node of its Machines ({', '.join(machines)}) has joined the "
+            "target cluster (label node.gardener.cloud/machine-name)"
+        )
+    return tuple(
+        machine_of_object(obj, f"{owner}: Node {obj['metadata']['name']}")
+        for obj in sorted(nodes, key=lambda obj: str(obj["metadata"]["name"]))
     )
 
 

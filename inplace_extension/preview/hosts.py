@@ -1,17 +1,22 @@
 """``plan --hosts``: the host dry run of a preview. Each previewed Machine whose update runs in place and
 whose host resolved (as UpdateMachine resolves it: :mod:`preview.judge`) is checked on its host with the
-update playbook in check mode (:mod:`runs.dry_run`); a Machine whose host did not resolve is an error of
-its own, and the others go on. The exit code follows ``terraform plan -detailed-exitcode``
-(:func:`exit_code`).
+update playbook in check mode, through the configured executor (``local``: a play in this process,
+:mod:`runs.dry_run`; ``kubernetes``: a Job per host, :mod:`kubejobs.dry_run`); a Machine whose host did
+not resolve is an error of its own, and the others go on. The exit code follows ``terraform plan
+-detailed-exitcode`` (:func:`exit_code`).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from inplace_extension.engine import job_settings
+from inplace_extension.kube.port import JobCluster
+from inplace_extension.kubejobs.dry_run import DryRunJobs, check_hosts_in_jobs
+from inplace_extension.kubejobs.manifest import JobConfig
 from inplace_extension.preview.model import MachinePreview, Preview
 from inplace_extension.runs.dry_run import (
     CANNOT_TELL,
@@ -42,11 +47,57 @@ class Checked:
     checks: tuple[HostCheck | None, ...]
 
 
+# checks the runs' hosts (in their order), telling each check as it ends: the local executor's plays
+# (runs.dry_run.check_hosts) or the kubernetes executor's Jobs (kubejobs.dry_run.check_hosts_in_jobs)
+Checker = Callable[[Sequence[DryRun], Callable[[HostCheck], None]], list[HostCheck]]
+
+
+def local_checker(settings: Settings, play: PlayConfig) -> Checker:
+    """The ``local`` executor's dry run: the check plays run in this process."""
+
+    def check(runs: Sequence[DryRun], on_host: Callable[[HostCheck], None]) -> list[HostCheck]:
+        return check_hosts(
+            runs,
+            play,
+            playbooks_dir=settings.playbooks_dir,
+            max_parallel=settings.max_parallel_runs,
+            on_host=on_host,
+        )
+
+    return check
+
+
+def job_checker(settings: Settings, play: PlayConfig, jobs: JobCluster, image: str) -> Checker:
+    """The ``kubernetes`` executor's dry run: each host's check a Job of ``image`` in ``--job-namespace``,
+    as the service would run its attempts."""
+    where = DryRunJobs(
+        jobs=jobs,
+        config=JobConfig(
+            namespace=settings.job_namespace,
+            image=image,
+            service_account=settings.job_service_account,
+            deadline_seconds=settings.job_deadline_seconds,
+            ttl_seconds=settings.job_ttl_seconds,
+        ),
+        settings=job_settings(settings),
+        play=play,
+        start_seconds=settings.job_start_timeout_seconds,
+    )
+
+    def check(runs: Sequence[DryRun], on_host: Callable[[HostCheck], None]) -> list[HostCheck]:
+        return check_hosts_in_jobs(runs, where, max_parallel=settings.max_parallel_runs, on_host=on_host)
+
+    return check
+
+
 def check_preview(
-    preview: Preview, settings: Settings, play: PlayConfig, progress: Callable[[int, int], None] | None = None
+    preview: Preview,
+    settings: Settings,
+    checker: Checker,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Checked:
-    """Check every in-place Machine of ``preview`` on its host. ``progress(done, total)`` is told as
-    hosts are checked."""
+    """Check every in-place Machine of ``preview`` on its host with ``checker``. ``progress(done,
+    total)`` is told as hosts are checked."""
     if preview.outcome == "invalid":
         return Checked(preview, ())
     if not preview.machines:
@@ -68,16 +119,7 @@ def check_preview(
 
     if progress is not None:
         progress(0, total)
-    found = {
-        check.machine: check
-        for check in check_hosts(
-            runs,
-            play,
-            playbooks_dir=settings.playbooks_dir,
-            max_parallel=settings.max_parallel_runs,
-            on_host=on_host,
-        )
-    }
+    found = {check.machine: check for check in checker(runs, on_host)}
     return Checked(preview, tuple(_check_of(machine, found) for machine in preview.machines))
 
 

@@ -239,6 +239,16 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert code == 2 and "mcm-old.yaml: no MachineDeployment/MachineSet, but" in err
 
 
+def test_machines_of_names_the_owner_that_fits_the_files(capsys: pytest.CaptureFixture[str]) -> None:
+    """An MCM MachineDeployment (``mcd/NAME``) has Nodes, previewed with MachineClass files; a CAPI
+    owner has Machines, previewed with CAPI templates: the other pairing is refused before any cluster
+    is read."""
+    code, _, err = plan(capsys, *CAPI, "--machines-of", "mcd/pool-a")
+    assert code == 2 and "mcd/pool-a is an MCM MachineDeployment" in err, err
+    code, _, err = plan(capsys, *MCM, "--machines-of", "md/md-0")
+    assert code == 2 and "MachineClass files preview MCM Nodes: give mcd/NAME" in err, err
+
+
 # -- maintenance windows (the preview of a saved UpdateMachine request, in process) ------------------
 
 NIGHTS = MaintenanceWindow(

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from kubelab import manifests, objects
 from kubelab.flavours import capi_objects as co
+from kubelab.flavours import mcm, mcm_objects
 from kubelab.lab import Lab
 
 from inplace_extension.cli import main
@@ -88,3 +89,106 @@ def test_the_machines_of_a_machine_deployment_come_from_the_cluster_with_their_a
     after = objects.get(kubelab, "machine.cluster.x-k8s.io", f"{md}-a", ns)
     assert after is not None and before is not None
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # read-only
+
+
+def test_the_nodes_of_an_mcm_machine_deployment_come_from_the_cluster_with_their_addresses(
+    kubelab: Lab, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--machines-of mcd/NAME``: the MCM MachineDeployment's Machines (those its selector selects, MCM's
+    CRDs from the pinned module) and each one's Node (MCM's ``node.gardener.cloud/machine-name`` label),
+    whose host resolves from the Node's live ``status.addresses``; a Machine of another deployment and its
+    Node are left out. Read-only."""
+    manifests.install_crds(kubelab, mcm.crd_files(kubelab), only_missing=True)
+    ns, md = "machines", f"pool-{uuid.uuid4().hex[:6]}"
+    kubelab.kubectl("create", "namespace", ns, check=False)
+    deployment = mcm_objects.machine_deployment(md, "pool-a-v1", 2)
+    deployment["metadata"]["namespace"] = ns
+    objects.apply(kubelab, deployment)
+    for machine, labels, address in (
+        (f"{md}-b", {"name": md}, "10.77.4.12"),
+        (f"{md}-a", {"name": md}, "10.77.4.11"),
+        (f"{md}-other", {"name": f"{md}-other"}, "10.77.4.13"),
+    ):
+        objects.apply(
+            kubelab,
+            {
+                "apiVersion": mcm_objects.API_VERSION,
+                "kind": "Machine",
+                "metadata": {"name": machine, "namespace": ns, "labels": labels},
+                "spec": {"class": {"kind": "MachineClass", "name": "pool-a-v1"}},
+            },
+        )
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": f"node-{machine}", "labels": {"node.gardener.cloud/machine-name": machine}},
+        }
+        objects.apply(kubelab, node)
+        status = {"status": {"addresses": [{"type": "InternalIP", "address": address}]}}
+        kubelab.kubectl(
+            "patch",
+            "node",
+            f"node-{machine}",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps(status),
+        )
+    before = objects.get(kubelab, "node", f"node-{md}-a", None)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        yaml.safe_dump({"defaults": {"user": "ansible", "insecure_skip_host_key_check": True}})
+    )
+    try:
+        code = main(
+            [
+                "plan",
+                "--old",
+                str(EXAMPLES / "mcm-old.yaml"),
+                "--new",
+                str(EXAMPLES / "mcm-new.yaml"),
+                f"--machines-of=mcd/{md}",
+                "--namespace",
+                ns,
+                "--kubeconfig",
+                str(kubelab.kubeconfig),
+                "--inventory",
+                str(inventory),
+                "--allowed-cidrs",
+                "10.77.0.0/16",
+                "-o",
+                "json",
+            ]
+        )
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        machines = json.loads(out)["machines"]
+        assert [m["name"] for m in machines] == [f"{ns}/node-{md}-a", f"{ns}/node-{md}-b"], machines
+        assert [(m["host"]["address"], m["host"]["source"]) for m in machines] == [
+            ("10.77.4.11", "machine status"),
+            ("10.77.4.12", "machine status"),
+        ]
+        after = objects.get(kubelab, "node", f"node-{md}-a", None)
+        assert after is not None and before is not None
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # read-only
+        # a MachineDeployment that does not exist, and a CAPI owner with MachineClass files: precise errors
+        for owner, message in ((f"mcd/{md}-gone", "not found"), (f"md/{md}", "give mcd/NAME")):
+            code = main(
+                [
+                    "plan",
+                    "--old",
+                    str(EXAMPLES / "mcm-old.yaml"),
+                    "--new",
+                    str(EXAMPLES / "mcm-new.yaml"),
+                    f"--machines-of={owner}",
+                    "--namespace",
+                    ns,
+                    "--kubeconfig",
+                    str(kubelab.kubeconfig),
+                ]
+            )
+            out, err = capsys.readouterr()
+            assert code == 2 and message in err, (code, err)
+    finally:
+        for machine in (f"{md}-a", f"{md}-b", f"{md}-other"):
+            kubelab.kubectl("delete", "node", f"node-{machine}", "--ignore-not-found", check=False)

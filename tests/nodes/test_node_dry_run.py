@@ -22,6 +22,8 @@ from hostlab.lab import Host
 from inplace_extension.cli import main
 
 from .conftest import NODES, REPO, START, TARGET, Cluster, capabilities
+from .images import node_image
+from .operator import jobs_namespace as prepared_namespace
 from .test_node_capabilities import kubelet_pid, on_node
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
@@ -77,12 +79,50 @@ def plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 def test_the_dry_run_on_real_nodes_shows_the_differences_and_leaves_each_node_as_it_was(
     node_cluster: Cluster, kept_stamp: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cluster = node_cluster
+    dry_run_on_three_machines(node_cluster, kept_stamp, tmp_path, capsys, ())
+
+
+def test_the_dry_run_through_the_kubernetes_executor_checks_each_host_in_a_job(
+    node_cluster: Cluster, kept_stamp: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same three Machines and the same answers, each host checked by a Job of the project's image
+    (run by the real Job controller on a real node, playing over SSH through the Pod network); every
+    check Job deleted once read."""
+    image = node_image(node_cluster)
+    with prepared_namespace(node_cluster.kube) as namespace:
+        executor = (
+            "--executor", "kubernetes", "--kubeconfig", str(node_cluster.kube.kubeconfig),
+            "--job-namespace", namespace, "--job-image", image, "--job-deadline-seconds", "300",
+            "--job-playbooks-dir", "/opt/inplace-extension/playbooks",
+        )  # fmt: skip
+        dry_run_on_three_machines(node_cluster, kept_stamp, tmp_path, capsys, executor)
+        # the Jobs ran: the job controller made a Pod for each of three check Jobs (its Events outlive
+        # them), and each Job and its Secret is gone
+        listed = node_cluster.kube.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+        made = {
+            event["involvedObject"]["name"]
+            for event in json.loads(listed)["items"]
+            if event["involvedObject"]["kind"] == "Job" and event["reason"] == "SuccessfulCreate"
+        }
+        assert len(made) == 3 and all(name.startswith("inplace-dry-run-") for name in made), made
+        left = node_cluster.kube.kubectl("get", "jobs,secrets", "-n", namespace, "-o", "name").stdout
+        assert "inplace-dry-run-" not in left, left
+
+
+def dry_run_on_three_machines(
+    cluster: Cluster,
+    stamped: Host,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    executor: tuple[str, ...],
+) -> None:
+    """The dry run of a file, a kubelet flag and the version change on three Machines (a node at the old
+    state, ``stamped`` whose stamp holds the change, and one that cannot be reached) with ``executor``'s
+    flags; asserts the answers and that both nodes are unchanged to the byte."""
     # the node to check at the old state: one whose kubelet runs the first node version (the tests
     # before this one may have upgraded some)
     fresh = next((h for h in cluster.hosts[:2] if kubelet_version(cluster, h) == START), None)
     assert fresh is not None, f"a node at {START} among the first two of {NODES}"
-    stamped = kept_stamp
     # the examples of `plan`, at the node lab's versions: a file, a kubelet flag and the version change
     old = tmp_path / "old.yaml"
     new = tmp_path / "new.yaml"
@@ -115,7 +155,7 @@ def test_the_dry_run_on_real_nodes_shows_the_differences_and_leaves_each_node_as
     )
     before = {host.name: snapshot(cluster, host) for host in (fresh, stamped)}
 
-    code, out, err = plan(capsys, *args, "--hosts", "-o", "json")
+    code, out, err = plan(capsys, *args, *executor, "--hosts", "-o", "json")
 
     assert code == 1, (out, err)  # the unreachable Machine's error wins over the changes
     checks = {m["name"]: m["check"] for m in json.loads(out)["machines"]}
