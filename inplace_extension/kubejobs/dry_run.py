@@ -291,7 +291,8 @@ def _wait(run: DryRun, where: DryRunJobs, name: str) -> HostCheck:
                 why = f"{job} ended without a result (its Pod killed or out of time)"
             elif state.finished and state.termination_message is not None:
                 try:
-                    return decode_check(state.termination_message)
+                    # the Machine is this run's whatever the message says: the answer is keyed by it
+                    return replace(decode_check(state.termination_message), machine=machine)
                 except ValueError as exc:
                     why = f"{job}: {exc}"
             elif state.not_starting and where.clock() - started > where.start_seconds:

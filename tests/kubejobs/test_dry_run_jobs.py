@@ -170,6 +170,7 @@ def test_each_host_is_checked_in_a_job_of_its_own_and_every_job_is_deleted(tmp_p
             "md-0-a": encode_check(a_check("default/md-0-a")),
             "md-0-b": None,  # its Pod killed before it wrote a check
             "md-0-c": unschedulable,
+            "md-0-d": encode_check(a_check("default/someone-else")),  # a check of another name
         }
     )
     now = [0.0]
@@ -183,16 +184,17 @@ def test_each_host_is_checked_in_a_job_of_its_own_and_every_job_is_deleted(tmp_p
         sleep=lambda seconds: now.__setitem__(0, now[0] + seconds),
     )
     seen: list[str] = []
-    runs = [a_run("md-0-a", key), a_run("md-0-b", key), a_run("md-0-c", key)]
+    runs = [a_run("md-0-a", key), a_run("md-0-b", key), a_run("md-0-c", key), a_run("md-0-d", key)]
 
     checks = check_hosts_in_jobs(runs, where, max_parallel=2, on_host=lambda c: seen.append(c.machine))
 
-    assert [c.machine for c in checks] == ["default/md-0-a", "default/md-0-b", "default/md-0-c"]
+    assert [c.machine for c in checks] == [f"default/md-0-{x}" for x in "abcd"]
     assert checks[0] == a_check("default/md-0-a")
     assert checks[1].result == ERROR and "ended without a result" in str(checks[1].error), checks[1]
     assert checks[2].result == ERROR and "did not start: Pod cannot be scheduled" in str(checks[2].error)
     assert sorted(seen) == sorted(c.machine for c in checks)
-    assert len(cluster.created) == 3
+    assert checks[3].result == WOULD_CHANGE  # this Machine's answer, under its own name
+    assert len(cluster.created) == 4
     assert not cluster.jobs and not cluster.secrets  # each Job and its Secret deleted once read
     assert sorted(cluster.deleted) == sorted(job["metadata"]["name"] for job in cluster.created)
 
