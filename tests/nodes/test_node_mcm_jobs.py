@@ -181,6 +181,10 @@ def replicas(
     inventory = write_inventory(lab, tmp_path / "inventory.yaml")  # matched by the driver's host label
     executor = ["--executor", "kubernetes", "--job-namespace", jobs_namespace, "--job-image", image]
     executor += ["--job-service-account", ATTEMPT_ACCOUNT, "--job-deadline-seconds", "600"]
+    # the default tick, after agent_argv's 0.5 s: longer than the end wait's look at the Job (once a
+    # second, JOB_LOOK_SECONDS), so the agent's wait between its polls reads the Jobs on the real API
+    # server (a 0.5 s wait ended before its first look)
+    executor += ["--poll-seconds", "2"]
     # this agent runs from the worktree, its Jobs from the image: the image's playbooks
     executor += ["--job-playbooks-dir", "/opt/inplace-extension/playbooks"]
     account = agent_kubeconfig(kube, jobs_namespace, tmp_path / "agent.kubeconfig")
