@@ -207,8 +207,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def host_checker(settings: Settings, config: FileConfig) -> Checker:
     """How ``--hosts`` checks the hosts: through the configured executor (``--executor kubernetes``: a
-    Job per host in --job-namespace of --kubeconfig's cluster, else $KUBECONFIG's, of --job-image)."""
-    from inplace_extension.engine import ExecutorError, own_image, play_config, refuse_own_roles
+    Job per host of --job-image in --job-namespace of --kubeconfig's cluster, else $KUBECONFIG's). What
+    it needs is refused at once; the cluster is connected to only when there is a host to check."""
+    from inplace_extension.engine import ExecutorError, play_config, refuse_own_roles
     from inplace_extension.kube.client import KubeConfigError
     from inplace_extension.kube.cluster import connect_attempts
     from inplace_extension.preview.hosts import job_checker, local_checker
@@ -217,19 +218,17 @@ def host_checker(settings: Settings, config: FileConfig) -> Checker:
     if settings.executor != "kubernetes":
         return local_checker(settings, play)
     refuse_own_roles(config)
-    try:
-        jobs = connect_attempts(settings.kubeconfig or kubeconfig_from_env())
-    except KubeConfigError as exc:
-        raise ExecutorError(f"--executor kubernetes needs cluster access (--kubeconfig): {exc}") from None
-    try:
-        inner = job_checker(settings, play, jobs, settings.job_image or own_image(settings, jobs))
-    except BaseException:
-        jobs.close()
-        raise
+    image = settings.job_image
+    if image is None:  # the service reads its own Pod's; plan runs in no Pod of the service
+        raise ExecutorError("--hosts with --executor kubernetes needs --job-image: the service's image")
 
     def check(runs: Sequence[DryRun], on_host: Callable[[HostCheck], None]) -> list[HostCheck]:
         try:
-            return inner(runs, on_host)
+            jobs = connect_attempts(settings.kubeconfig or kubeconfig_from_env())
+        except KubeConfigError as exc:
+            raise ExecutorError(f"--executor kubernetes needs cluster access (--kubeconfig): {exc}") from None
+        try:
+            return job_checker(settings, play, jobs, image)(runs, on_host)
         finally:  # one dry run per command: its client goes with it
             jobs.close()
 

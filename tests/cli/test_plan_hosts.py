@@ -201,6 +201,9 @@ def test_input_errors_exit_1_with_hosts(capsys: pytest.CaptureFixture[str]) -> N
     assert "--inventory" in capsys.readouterr().err
     assert main(["plan", *CAPI, "--hosts"]) == 1  # no Machine named
     assert "--machine" in capsys.readouterr().err
+    # through the kubernetes executor: its image is needed (plan runs in no Pod of the service to read it)
+    assert main(["plan", *CAPI, "--machine=md-0-a", "--hosts", "--executor", "kubernetes"]) == 1
+    assert "--executor kubernetes needs --job-image" in capsys.readouterr().err
 
 
 def run(capabilities: tuple[str, ...] = ("kubeadm_files", "kubelet_args", "kubernetes_version")) -> DryRun:
@@ -350,3 +353,49 @@ def test_the_machines_of_a_machine_deployment_are_read_from_the_cluster_and_chec
     assert reader.closed
     assert main(["plan", *CAPI, "--machines-of=md/other", "--kubeconfig", str(kubeconfig)]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+SCENARIOS = {"md-0-a": WOULD_CHANGE, "md-0-b": STAMPED}
+
+
+def test_through_the_kubernetes_executor_each_host_is_checked_in_a_job_and_shown_alike(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--executor kubernetes``: plan creates a check Job per Machine (of --job-image, in
+    --job-namespace) in the cluster (here in memory, tests/kubefake.py: each Job ends with the check its
+    Machine's host gives), reads each check back, deletes each Job, and shows the checks as the local
+    dry run shows them."""
+    from kubefake import FakeJobs
+
+    from inplace_extension.kubejobs.dry_run import encode_check
+    from inplace_extension.kubejobs.spec import AttemptSpec
+
+    local_code, local_out, _ = run_plan(capsys, monkeypatch, tmp_path, SCENARIOS)
+
+    class Cluster(FakeJobs):
+        closed = False
+
+        def create_job(self, job: Any, secret: Any) -> bool:
+            created = super().create_job(job, secret)
+            spec = AttemptSpec.decode(secret["stringData"]["attempt.json"])
+            # what check-host in the Job answers: the check play of its one host
+            [check] = events_for(SCENARIOS)([DryRun(spec.request, spec.target)], on_host=lambda _: None)
+            fake = self.jobs[(job["metadata"]["namespace"], job["metadata"]["name"])]
+            fake.finished, fake.termination_message = True, encode_check(check)
+            return created
+
+        def close(self) -> None:
+            self.closed = True
+
+    cluster = Cluster()
+    monkeypatch.setattr("inplace_extension.kube.cluster.connect_attempts", lambda _: cluster)
+    code, out, err = run_plan(
+        capsys,
+        monkeypatch,
+        tmp_path,
+        SCENARIOS,
+        *("--executor", "kubernetes", "--job-image", "example.org/inplace:1", "--job-namespace", "jobs"),
+    )
+    assert (code, out) == (local_code, local_out) and code == 2, err
+    assert len(cluster.deleted) == 2 and not cluster.jobs and not cluster.secrets
+    assert cluster.closed
