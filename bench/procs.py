@@ -131,9 +131,25 @@ def hosts_in(inventory: str) -> int:
 
 
 def children_cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) of the waited-for descendants of ``pid``: the plays it ran, on this side."""
+    """CPU time (user + system) of the waited-for descendants of ``pid``: the plays it ran, on this side.
+    A play forked from the service's fork server (runs/forkserver.py) is the server's child, not the
+    service's: the servers still running count whole (their import of ansible-core and their reaped
+    plays; one that has ended was waited for by the service, so it is in the service's own figure)."""
     fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
-    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+    own = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+    return own + sum(cpu_seconds(child) for child in _fork_servers(pid))
+
+
+def _fork_servers(pid: int) -> list[int]:
+    servers = []
+    for child in _children().get(pid, []):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[1].endswith(b"/forkserver.py"):
+            servers.append(child)
+    return servers
 
 
 def peak_rss_mb(pid: int) -> float:

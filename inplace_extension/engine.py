@@ -107,7 +107,14 @@ def build_engine(
         refuse_own_roles(config)
         backend = kubernetes_backend(settings, play, records, jobs_kubeconfig, cluster)
     else:
-        backend = LocalBackend(settings, cluster=cluster, play=play, metrics=metrics, clock=time.time)
+        backend = LocalBackend(
+            settings,
+            cluster=cluster,
+            play=play,
+            metrics=metrics,
+            clock=time.time,
+            fork_server=settings.fork_server,
+        )
     return RunService(
         RunDeps(
             settings=settings,

@@ -87,6 +87,11 @@ class Settings(BaseSettings):
         "the same desired state the update is blocked until the retry annotation changes",
     )
     playbooks_dir: Path | None = Field(None, description="playbooks directory (default: the packaged one)")
+    fork_server: bool = Field(
+        True,
+        description="local executor: start each play from a warm ansible-playbook (a fork server that has "
+        "imported ansible-core once) instead of a new process; off: a new ansible-playbook per play",
+    )
     capabilities_file: Path | None = Field(None, description="user-defined capabilities YAML")
     affects_availability: bool = Field(
         True,

@@ -38,6 +38,7 @@ AGENT_SETTINGS = (
     "retry_after_seconds",
     "max_failed_attempts",
     "playbooks_dir",
+    "fork_server",
     "capabilities_file",
     "health_gate_timeout_seconds",
     # the kubernetes executor: each attempt a Job beside the agent, the record on the Node

@@ -42,6 +42,7 @@ from inplace_extension.runs.artifacts import (
     write_json,
 )
 from inplace_extension.runs.backend import Launch
+from inplace_extension.runs.forkserver_process import ForkServer
 from inplace_extension.runs.memo import Recent
 from inplace_extension.runs.model import Blocked, ClusterSide, RunRequest
 from inplace_extension.runs.outcomes import classify, load_attempts
@@ -96,8 +97,11 @@ class LocalBackend:
         metrics: Metrics | None,
         clock: Callable[[], float],
         on_phase: Callable[[str, str], None] | None = None,
+        fork_server: bool = False,
     ) -> None:
-        """``on_phase(ident, phase)``: also told each phase change (the ``attempt`` command publishes it)."""
+        """``on_phase(ident, phase)``: also told each phase change (the ``attempt`` command publishes it);
+        ``fork_server``: plays start from this process's fork server (forkserver_process.py), not as a new
+        ansible-playbook (the ``attempt`` command of a Job plays once: it has nothing to share)."""
         self._clock = clock
         self._runs_dir = settings.runs_dir.expanduser().resolve()
         self._runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -106,6 +110,7 @@ class LocalBackend:
         self._metrics = metrics
         self._playbook, self._ansible_cfg = runner.locate_playbook(settings.playbooks_dir)
         self._wrapper = runner.install_wrapper(self._runs_dir)
+        self._fork_server = ForkServer(self._runs_dir, runner.play_python_env()) if fork_server else None
         self._host_checks_timeout = settings.health_gate_timeout_seconds
         # a play at its drain point waits this long for the drain's end (it has its own timeout)
         self._drain_wait_seconds = settings.drain_timeout_seconds + DRAIN_POINT_MARGIN_SECONDS
@@ -208,6 +213,9 @@ class LocalBackend:
         threads = self._registry.close()
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        if self._fork_server is not None:
+            # it exits after its last play, as that play's detach.py does
+            self._fork_server.close(max(0.0, deadline - time.monotonic()))
         if not any(thread.is_alive() for thread in threads):
             ssh.close_control_masters(self._runs_dir)  # a run still going needs its master
 
@@ -330,6 +338,7 @@ class LocalBackend:
             ansible_cfg=self._ansible_cfg,
             state_dir=self._runs_dir,
             wrapper=self._wrapper,
+            fork_server=self._fork_server,
             roles_paths=self._play.roles_paths,
             host_checks=self._play.host_checks,
             host_checks_timeout_seconds=self._host_checks_timeout,

@@ -26,6 +26,7 @@ from inplace_extension.inplace.capabilities import CAPABILITIES
 from inplace_extension.inplace.plan import step_fingerprints
 from inplace_extension.runs import ssh
 from inplace_extension.runs.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, drain_file, write_json
+from inplace_extension.runs.forkserver_process import FORK_SERVER_ENV, ForkServer
 from inplace_extension.runs.model import HostCheck
 from inplace_extension.runs.resolve import HostTarget
 from inplace_extension.runs.steps import JOINT_STEPS
@@ -92,6 +93,8 @@ class BatchSpec:
     role_vars: Mapping[str, Any] = field(default_factory=dict)  # capabilities file role_settings
     # the dry run (runs/dry_run.py): ansible-playbook --check --diff, which changes nothing on the host
     check: bool = False
+    # the service's fork server: ansible-playbook forked from a warm one (None: a new process per play)
+    fork_server: ForkServer | None = None
 
 
 TaskListener = Callable[[str, str | None, str], None]  # (host name, role or None, task) per task start
@@ -295,6 +298,12 @@ def _check_json(check: HostCheck) -> dict[str, Any]:
 PLAY_PYTHON_ENV: dict[str, str] = {"PYTHONWARNINGS": "ignore"}
 
 
+def play_python_env() -> dict[str, str]:
+    """The ``PYTHON*`` variables of ansible-playbook's interpreter: ours and detach.py's unbuffered output
+    (the fork server's interpreter starts with them: the fork server's children inherit what it read)."""
+    return {**PLAY_PYTHON_ENV, "PYTHONUNBUFFERED": "1"}
+
+
 def _envvars(spec: BatchSpec) -> dict[str, str]:
     cp_dir = ssh.control_path_dir(spec.state_dir)
     cp_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -315,6 +324,9 @@ def _envvars(spec: BatchSpec) -> dict[str, str]:
         "ANSIBLE_STRATEGY": "free",
         **PLAY_PYTHON_ENV,
     }
+    # the fork server, started (again) here when none is running
+    if spec.fork_server is not None and (socket := spec.fork_server.socket()) is not None:
+        env[FORK_SERVER_ENV] = socket
     if spec.ansible_cfg is not None:
         env["ANSIBLE_CONFIG"] = str(spec.ansible_cfg)
     if spec.roles_paths:

@@ -10,6 +10,14 @@ import pytest
 from hostlab.lab import Host, Lab
 
 from .standins import install_standins, lab_run_on_host
+from .support import WRAPPER
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_server() -> Iterator[None]:
+    """The plays of these tests run through one fork server, retired at the session's end."""
+    yield
+    WRAPPER.close()
 
 
 @pytest.fixture

@@ -2,9 +2,11 @@
 
 ``run_update`` drives the real playbook through ansible-runner exactly as inplace_extension.runs does (inputs
 JSON file + the four update_machine_* extra vars, ANSIBLE_CONFIG pointing at playbooks/ansible.cfg,
-host-key checking on with the lab's pinned known_hosts) and returns a :class:`RunResult` built from the
-job events. ``ReleaseServer`` serves stand-in "release binaries" on the lab gateway for the
-kubernetes_version role's binary download.
+host-key checking on with the lab's pinned known_hosts; ansible-playbook through detach.py and, as the
+service's local executor does by default, forked from a fork server: one for the test session, or a fresh
+process with ``RunSpec.fresh``) and returns a :class:`RunResult` built from the job events.
+``ReleaseServer`` serves stand-in "release binaries" on the lab gateway for the kubernetes_version role's
+binary download.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ import hashlib
 import http.server
 import json
 import re
+import shlex
+import shutil
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,7 +30,9 @@ import ansible_runner
 from hostlab.lab import Host, Lab
 
 from inplace_extension.inplace.plan import step_fingerprints
-from inplace_extension.runs.runner import PLAY_PYTHON_ENV
+from inplace_extension.runs.detach import FORK_SERVER_ENV
+from inplace_extension.runs.forkserver_process import ForkServer
+from inplace_extension.runs.runner import PLAY_PYTHON_ENV, install_wrapper, play_python_env
 from inplace_extension.runs.steps import JOINT_TASK
 
 from .standins import KUBERNETES_BINARIES, standin_binary
@@ -169,7 +176,9 @@ def inventory(lab: Lab, host: Host) -> dict[str, Any]:
 
 
 def envvars(lab: Lab, workdir: Path) -> dict[str, str]:
-    return {**lab.ansible_env(), **base_envvars(workdir)}
+    # ANSIBLE_HOME of the session, as the service's is of its runs dir: the fork server froze the first
+    # play's settings, and a play whose settings differ is a fresh ansible-playbook
+    return {**lab.ansible_env(), **base_envvars(workdir), "ANSIBLE_HOME": str(session_dir() / ".ansible")}
 
 
 def base_envvars(workdir: Path) -> dict[str, str]:
@@ -199,6 +208,8 @@ class RunSpec:
     # hold the host lock with a token of the caller's, as inplace_extension.runs does (the first step's
     # module then takes the lock when it can: update_machine_lock_rides_on)
     lock_token: bool = False
+    # a new ansible-playbook process (detach.py's own child) instead of a child of the fork server
+    fresh: bool = False
 
     @property
     def ident(self) -> str:
@@ -225,10 +236,13 @@ def start_update(
         sink.append(event)  # never raise here: it would kill runner's thread
         return True
 
+    server = None if spec.fresh else fork_server().socket()
     thread, runner = ansible_runner.run_async(
         private_data_dir=str(pdd),
         ident=spec.ident,
         playbook=str(PLAYBOOK),
+        # as the service starts it: detach.py, which leaves the playbook argument to cmdline
+        binary=str(WRAPPER.get()),
         inventory=inventory(spec.lab, spec.host),
         extravars={
             "update_machine_ident": spec.ident,
@@ -239,15 +253,62 @@ def start_update(
             **({"update_machine_lock_token": uuid.uuid4().hex} if spec.lock_token else {}),
             **spec.extravars,
         },
-        envvars=envvars(spec.lab, spec.workdir),
+        envvars={**envvars(spec.lab, spec.workdir), **({FORK_SERVER_ENV: server} if server else {})},
         quiet=True,
         suppress_env_files=True,
-        cmdline=spec.cmdline,
+        cmdline=" ".join([shlex.quote(str(PLAYBOOK)), spec.cmdline or ""]),
         event_handler=on_event,
         cancel_callback=lambda: False,  # without it runner installs its own signal handlers
         timeout=600,
     )
     return thread, runner, pdd
+
+
+class _Once:
+    """A directory of the test session for detach.py and the fork server (made at the first play)."""
+
+    def __init__(self) -> None:
+        self.root: Path | None = None
+        self.wrapper: Path | None = None
+        self.server: ForkServer | None = None
+
+    def get(self) -> Path:
+        """detach.py, installed in the session's directory."""
+        if self.wrapper is None:
+            self.root = Path(tempfile.mkdtemp(prefix="inplace-playbooks-"))
+            self.wrapper = install_wrapper(self.root)
+            self.server = ForkServer(self.root, play_python_env())
+        return self.wrapper
+
+    def close(self) -> None:
+        """Retire the fork server (it exits once its last play ends) and remove the directory."""
+        if self.server is not None:
+            self.server.close(30)
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+        self.root = self.wrapper = self.server = None
+
+
+WRAPPER = _Once()
+
+
+def session_dir() -> Path:
+    WRAPPER.get()
+    assert WRAPPER.root is not None
+    return WRAPPER.root
+
+
+def fresh_plays() -> int:
+    """How many plays the fork server sent to a fresh ansible-playbook (their settings differed)."""
+    log = session_dir() / ".bin" / "forkserver.log"
+    return log.read_text().count("fresh ansible-playbook") if log.exists() else 0
+
+
+def fork_server() -> ForkServer:
+    """The test session's fork server (conftest.py retires it at the session's end)."""
+    WRAPPER.get()
+    assert WRAPPER.server is not None
+    return WRAPPER.server
 
 
 # a line Python's warnings module prints ("/path/x.py:18: CryptographyDeprecationWarning: DSA is ...")
