@@ -44,6 +44,7 @@ import hashlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -201,9 +202,10 @@ def _child(warm: Warm, request: dict[str, Any], fds: list[int], others: list[int
         for fd in others:
             os.close(fd)
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as detach.py's own child inherits it
         stdin, out, *lease = fds
         os.dup2(stdin, 0)
         os.dup2(out, 1)
@@ -213,7 +215,8 @@ def _child(warm: Warm, request: dict[str, Any], fds: list[int], others: list[int
         for fd in lease:
             os.set_inheritable(fd, True)  # held by the play and its processes, as detach.py's pass_fds
         _enter(request)
-        program = str(Path(sys.executable).parent / "ansible-playbook")
+        # the ansible-playbook detach.py would start: the first on the play's PATH
+        program = shutil.which("ansible-playbook") or str(Path(sys.executable).parent / "ansible-playbook")
         argv = [program, *[str(arg) for arg in request["argv"]]]
         differ = _differences(warm, _python_env(dict(os.environ)), _settings())
         if differ:
