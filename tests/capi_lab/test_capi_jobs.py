@@ -504,6 +504,61 @@ def posted_once(cluster: Cluster, machine: str) -> bool:
     return True
 
 
+def test_status_reads_the_kubernetes_executors_record_as_a_rollout_moves_to_done(
+    module: Module, md: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``inplace-extension status md/NAME -o json`` polled while the real controllers roll the
+    MachineDeployment of 3 out again through the replicas' Jobs: each Machine is seen not done, then
+    done, its attempt and host read from the record annotation on the Machine, with the service's
+    message. Self-contained: a new template of the same file and user (in place), after the rollout
+    above."""
+    from inplace_extension.cli import main  # the command as a user runs it, in this process
+
+    names = sorted(md.identities(md.md_machines()))
+    md.ext.map_machines(names)
+    flags = [f"md/{md.md}", "-n", md.namespace, "--kubeconfig", str(md.lab.kubeconfig), "-o", "json"]
+
+    def status() -> dict[str, Any]:
+        assert main(["status", *flags]) == 0
+        document: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return document
+
+    seen: dict[str, list[str]] = {name: [] for name in names}
+    template = ""
+
+    def polled() -> bool:
+        for machine in status()["machines"]:
+            states = seen.setdefault(machine["name"].rpartition("/")[2], [])
+            if not states or states[-1] != machine["state"]:
+                states.append(machine["state"])
+        return rolled_out(md, template)
+
+    template = md.new_bootstrap_template(files_and_user("status of Jobs", "capijobs"))
+    wait(
+        polled,
+        JOBS_TIMEOUT,
+        "the rollout, polled with status",
+        lambda: f"{explain(module.replicas, md)()}\n{seen}",
+    )
+    last = status()
+    assert last["summary"]["done"] == 3, last
+    for machine in last["machines"]:
+        name = machine["name"].rpartition("/")[2]
+        found = record(md, name)
+        assert found is not None, name
+        attempt = found["attempts"][-1]
+        assert attempt["o"]["kind"] == "successful", found
+        # what status shows is the record's: the last attempt's number and host, done, the service's words
+        assert (machine["state"], machine["message"]) == ("done", "update applied"), machine
+        assert machine["attempt"] == len(found["attempts"]), (machine, found)
+        assert machine["host"] == attempt.get("a"), (machine, attempt)
+    for name in names:
+        states = seen[name]
+        if states[-1] != "done":
+            states.append("done")  # the last poll read it before it ended; `last` saw it done
+        assert set(states) - {"done"}, f"{name} was never seen updating: {states}"
+
+
 def replicas_node(module: Module) -> str:
     """The real node the Jobs' Pods run on (the Machines' Nodes have no capacity), by its name: other
     modules on the shared CAPI lab add kwok Nodes of their own, which report capacity."""
