@@ -467,7 +467,7 @@ def assert_one_service(replicas: Replicas, exchanges: list[Exchange], replaced: 
         for e in compared
         if not e.consistent()
     ]
-    assert differing == [], differing
+    assert differing == [], "\n".join(repr(d) for d in differing)  # whole: pytest's own diff cuts the bodies
     # the few not compared: the killed replica's last calls (its connection refused or cut)
     assert len(compared) >= len(updates) - 4, (len(compared), len(updates))
     for name in names:
