@@ -2,7 +2,7 @@
 
 The record is an annotation on the object the update is for (record.py), written only if that object
 is unchanged since it was read (Conflict: read again, decide again); the attempt in flight is its Job.
-A poll reads the record once (:meth:`JobBackend.in_flight` keeps what it read for the :meth:`~JobBackend.
+A poll reads the record once (:meth:`JobBackend.reconcile` keeps what it read for the :meth:`~JobBackend.
 load` that follows it when nothing is in flight); when its last attempt has no outcome it reads that
 attempt's Job:
 
@@ -131,13 +131,13 @@ class JobBackend:
         self._clock = clock
         # ident -> its attempts as last read, for the status board only (bounded: memo.py)
         self._cache: Recent[str, tuple[Attempt, ...]] = Recent()
-        # ident -> the record in_flight read and found nothing in flight in: the poll's load answers from
-        # it instead of reading the object again (taken once; bounded, as a poll may end before its load)
+        # ident -> the record reconcile read and found nothing in flight in: the poll's attempts() answers
+        # from it instead of reading the object again (taken once; bounded, as a poll may end before it)
         self._looked: Recent[str, Record] = Recent()
-        # ident -> the Job in_flight found running: the wait_end that follows it in the same poll looks at
+        # ident -> the Job reconcile found running: the wait_end that follows it in the same poll looks at
         # that Job alone (taken once; bounded as above)
         self._running: Recent[str, str] = Recent()
-        # ident -> whether the attempt in_flight last found had not begun its play (bounded as above)
+        # ident -> whether the attempt reconcile last found had not begun its play (bounded as above)
         self._pending: Recent[str, bool] = Recent()
 
     # the record
@@ -145,8 +145,8 @@ class JobBackend:
     def cached(self, ident: str) -> Sequence[Attempt]:
         return self._cache.get(ident) or ()
 
-    async def load(self, request: RunRequest) -> list[Attempt]:
-        """The record :meth:`in_flight` read just before, in the same poll; else read now."""
+    async def attempts(self, request: RunRequest) -> list[Attempt]:
+        """The record :meth:`reconcile` read just before, in the same poll; else read now."""
         record = self._looked.pop(request.ident)
         if record is None:
             record = (await anyio.to_thread.run_sync(self._look, request)).record
@@ -181,7 +181,7 @@ class JobBackend:
 
     # the launcher
 
-    async def in_flight(self, request: RunRequest) -> str | None:
+    async def reconcile(self, request: RunRequest) -> str | None:
         """Also in progress while the record cannot be written (the object changing under every write):
         no decision is made without it, and the next poll tries again. The API server away or busy
         raises (Unreachable): the service answers ``cluster API unavailable: ...``."""
@@ -223,11 +223,11 @@ class JobBackend:
     async def wait_end(self, request: RunRequest, seconds: float) -> bool:
         """Looks at the Job in flight alone every :data:`JOB_LOOK_SECONDS` (one read each) until it has
         finished or ``seconds`` passed; once it has (or is gone), one full look at the record, the Job and
-        its Pod copies its outcome into the record. The Job in flight is the one :meth:`in_flight` just
+        its Pod copies its outcome into the record. The Job in flight is the one :meth:`reconcile` just
         found (else a full look finds it). An API server away counts as still in flight."""
         deadline = anyio.current_time() + seconds
         job = self._running.pop(request.ident)
-        just_seen = job is not None  # in_flight saw it running a moment ago: the first look is a step later
+        just_seen = job is not None  # reconcile saw it running a moment ago: the first look is a step later
         while True:
             if just_seen:
                 just_seen = False

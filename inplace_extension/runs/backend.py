@@ -45,11 +45,12 @@ class AttemptRecord(Protocol):
     restarted one, another replica) answers a poll as the one that started the update would."""
 
     def cached(self, ident: str) -> Sequence[Attempt]:
-        """The attempts the last :meth:`load` of ``ident`` found (empty when none); never blocks."""
+        """The attempts the last :meth:`attempts` of ``ident`` found (empty when none); never blocks."""
         ...
 
-    async def load(self, request: RunRequest) -> list[Attempt]:
-        """The attempts of ``request``'s ident, oldest first (an attempt in flight has no outcome)."""
+    async def attempts(self, request: RunRequest) -> list[Attempt]:
+        """The attempts of ``request``'s ident, oldest first (an attempt in flight has no outcome), as the
+        :meth:`~Launcher.reconcile` of the same poll left them (else reconciled now)."""
         ...
 
     async def wait_began(self, request: RunRequest, check: str, token: str, now: float) -> float:
@@ -71,13 +72,15 @@ class AttemptRecord(Protocol):
 class Launcher(Protocol):
     """How an attempt is started and how far one in flight is."""
 
-    async def in_flight(self, request: RunRequest) -> str | None:
-        """The phase message of ``request``'s attempt in flight (``queued: ...``, ``running: ntp``), or
-        None when none is; answers at once."""
+    async def reconcile(self, request: RunRequest) -> str | None:
+        """Bring the record of ``request``'s attempts up to date with what ran them (``kubernetes``: a
+        finished Job's outcome is written into the record; ``local``: the runs directory is the record
+        already), then answer the phase message of its attempt in flight (``queued: ...``, ``running:
+        ntp``), or None when none is; answers at once. The first call of every poll."""
         ...
 
     def pending(self, ident: str) -> bool:
-        """Whether the attempt in flight that :meth:`in_flight` just found for ``ident`` has not begun its
+        """Whether the attempt in flight that :meth:`reconcile` just found for ``ident`` has not begun its
         play (waiting for a slot, or its Job's Pod not started) and is held to the start checks (it does
         not finish a play already begun); never blocks."""
         ...

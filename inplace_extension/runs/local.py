@@ -132,7 +132,7 @@ class LocalBackend:
     def cached(self, ident: str) -> Sequence[Attempt]:
         return self._attempts.get(ident) or ()
 
-    async def load(self, request: RunRequest) -> list[Attempt]:
+    async def attempts(self, request: RunRequest) -> list[Attempt]:
         cached = self._attempts.get(request.ident)
         if cached is not None:
             return list(cached)
@@ -161,7 +161,7 @@ class LocalBackend:
 
     # the launcher
 
-    async def in_flight(self, request: RunRequest) -> str | None:
+    async def reconcile(self, request: RunRequest) -> str | None:
         view = self._registry.view(request.ident)
         return None if view is None else view.message()
 

@@ -133,7 +133,7 @@ class RunService:
         return await self._backend.wait_end(request, seconds)
 
     async def _answer(self, request: RunRequest) -> Progress:
-        phase = await self._backend.in_flight(request)
+        phase = await self._backend.reconcile(request)
         if phase is not None and self._backend.pending(request.ident):
             # its play has not begun (waiting for a slot, its Job's Pod not started): it is checked as
             # a new start, and one that may no longer start is taken back and answers why
@@ -149,16 +149,16 @@ class RunService:
                     held.message,
                 )
                 return held
-            phase = await self._backend.in_flight(request)  # it began (or ended) meanwhile
+            phase = await self._backend.reconcile(request)  # it began (or ended) meanwhile
         if phase is not None:
             if self._remaining(request) > self._window(request):
                 return self._in_progress(request, phase)
             # in its end window (or past its expected end): wait for the end, then answer from the record
             if not await self._backend.wait_end(request, NEAR_END_SECONDS):
-                phase = await self._backend.in_flight(request)
+                phase = await self._backend.reconcile(request)
                 if phase is not None:
                     return self._in_progress(request, phase)
-        attempts = await self._backend.load(request)
+        attempts = await self._backend.attempts(request)
         self._play_times.learn(request, attempts)
         token = retry_token(request.annotations.get(RETRY_ANNOTATION))
         now = self._clock()

@@ -365,12 +365,12 @@ async def test_what_in_flight_read_is_the_next_loads_only(
     """The record in_flight kept is taken by the load that follows it, once: a later load (without an
     in_flight before it) reads the object again and sees what changed meanwhile."""
     backend = machine_backend(cluster, clock)
-    assert await backend.in_flight(req()) is None
-    assert await backend.load(req()) == []
+    assert await backend.reconcile(req()) is None
+    assert await backend.attempts(req()) == []
     other = replica(settings, cluster, clock)
     assert await other.poll(req()) == STARTING  # another replica launched meanwhile
     reads = cluster.calls.count["read"]
-    assert [a.number for a in await backend.load(req())] == [1]
+    assert [a.number for a in await backend.attempts(req())] == [1]
     assert cluster.calls.count["read"] == reads + 1
 
 
@@ -414,7 +414,7 @@ async def test_a_near_end_wait_reads_the_job_alone_once_a_second(
     JOB_LOOK_SECONDS), not the record, the Job and its Pods every 0.2 s (22 calls for 2 s before)."""
     assert await replica(settings, cluster, clock).poll(req()) == STARTING  # the Job launched
     backend = machine_backend(cluster, clock)
-    assert await backend.in_flight(req()) is not None
+    assert await backend.reconcile(req()) is not None
     before = cluster.calls.count.copy()
     started = time.monotonic()
     assert not await backend.wait_end(req(), 2.0)
@@ -422,12 +422,12 @@ async def test_a_near_end_wait_reads_the_job_alone_once_a_second(
     assert cluster.calls.count - before == Counter({"job_finished": 2})  # at t=1 s and t=2 s
 
     cluster.calls.failing.add("job_finished")  # the API server away: still in flight, no error
-    assert await backend.in_flight(req()) is not None
+    assert await backend.reconcile(req()) is not None
     assert not await backend.wait_end(req(), 1.0)
     cluster.calls.failing.clear()
 
     # the Job finishes during the wait: one more read of the Job, then one full look copies its outcome
-    assert await backend.in_flight(req()) is not None
+    assert await backend.reconcile(req()) is not None
     before = cluster.calls.count.copy()
     threading.Timer(0.3, cluster.finish, (job_of(cluster, 1), outcome(OutcomeKind.SUCCESSFUL, 1.0))).start()
     started = time.monotonic()
@@ -437,7 +437,7 @@ async def test_a_near_end_wait_reads_the_job_alone_once_a_second(
     assert (made["job_finished"], made["job_state"], made["write"]) == (1, 1, 1)
     assert record(cluster).attempts[0].outcome is not None
     reads = cluster.calls.count["read"]
-    assert [a.number for a in await backend.load(req())] == [1]
+    assert [a.number for a in await backend.attempts(req())] == [1]
     assert cluster.calls.count["read"] == reads, "load answers from the wait's look"
 
 
