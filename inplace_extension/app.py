@@ -28,7 +28,7 @@ from inplace_extension.hooks.context import HookContext, InfraTagsPoller
 from inplace_extension.hooks.table import HOOKS, Hook, hook_of_body
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
 from inplace_extension.metrics import HookStatus, Metrics
-from inplace_extension.runs.model import Executor
+from inplace_extension.runs.model import Runs
 from inplace_extension.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def http_error(hook_paths: list[str]) -> Callable[[Request, Exception], Awaitabl
 
 def create_app(
     settings: Settings,
-    executor: Executor | None = None,
+    runs: Runs | None = None,
     metrics: Metrics | None = None,
     custom: CustomTable = NO_CUSTOM,
     hosts_problem: Callable[[], str | None] = lambda: None,
@@ -153,9 +153,7 @@ def create_app(
     ``hosts_problem``: why UpdateMachine cannot reach any host now, if so (``/readyz`` says it).
     ``infra_tags``: the Kubernetes-aware mode's wait for provider-applied infrastructure tags.
     """
-    context = HookContext(
-        settings=settings, hooks=HOOKS, executor=executor, custom=custom, infra_tags=infra_tags
-    )
+    context = HookContext(settings=settings, hooks=HOOKS, runs=runs, custom=custom, infra_tags=infra_tags)
     metrics = metrics or Metrics()
     prefix = normalize_prefix(settings.path_prefix)
     hook_paths = [prefix + hook.path for hook in HOOKS]
@@ -166,8 +164,8 @@ def create_app(
     async def readyz(request: Request) -> Response:
         # CanUpdate* and Discovery need nothing beyond this process (ready, 200); report whether updates
         # can run, and why they cannot reach any host when that is so
-        ready: dict[str, Any] = {"status": "ready", "hooks": hook_paths, "executor": executor is not None}
-        problem = hosts_problem() if executor is not None else None
+        ready: dict[str, Any] = {"status": "ready", "hooks": hook_paths, "executor": runs is not None}
+        problem = hosts_problem() if runs is not None else None
         if problem is not None:
             ready["updates"] = problem
         return JSONResponse(ready)

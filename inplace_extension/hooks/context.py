@@ -16,7 +16,7 @@ from inplace_extension.settings import Settings
 
 if TYPE_CHECKING:
     from inplace_extension.hooks.table import Hook
-    from inplace_extension.runs.model import Executor, Progress, RunRequest
+    from inplace_extension.runs.model import Progress, RunRequest, Runs
 
 
 class InfraTagsPoller(Protocol):
@@ -36,7 +36,7 @@ class InfraTagsPoller(Protocol):
 class HookContext:
     settings: Settings
     hooks: tuple[Hook[Any, Any], ...]  # heterogeneous table: each row has its own models
-    executor: Executor | None
+    runs: Runs | None
     custom: CustomTable = NO_CUSTOM  # user-defined capabilities, loaded once at start-up by the CLI
     # the Kubernetes-aware mode's wait for provider-applied infrastructure tags; None without cluster access
     infra_tags: InfraTagsPoller | None = None

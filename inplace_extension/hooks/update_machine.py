@@ -1,7 +1,7 @@
 """UpdateMachine: validate, plan (pure core), hand the run to the executor, map its Progress to the answer.
 
 The executor (``inplace_extension.runs.service.RunService``) is injected and reached only through
-:class:`inplace_extension.runs.model.Executor`. Every answer is deterministic for the same desired spec
+:class:`inplace_extension.runs.model.Runs`. Every answer is deterministic for the same desired spec
 (docs/capi-hooks.md §3.2, §7.5). In the Kubernetes-aware mode, desired infrastructure tags that the
 provider applies itself (``inplace.infra_tags``) are waited for beside the host steps: the answer is done
 when both are, a Failure when either fails.
@@ -87,7 +87,7 @@ async def update_machine(request: UpdateMachineRequest, context: HookContext) ->
         logger.info("hook=UpdateMachine machine=%s decision=failure reason=disabled", machine)
         return UpdateMachineResponse(status=ResponseStatus.FAILURE, message=UNEXPECTED_CALL_MESSAGE)
     run = to_run_request(plan_request(request, context.custom), request)
-    if context.executor is None:
+    if context.runs is None:
         logger.warning(
             "hook=UpdateMachine machine=%s run=%s decision=failure reason=no-executor", machine, run.ident
         )
@@ -99,7 +99,7 @@ async def update_machine(request: UpdateMachineRequest, context: HookContext) ->
     # reports) but whose tags change is only the provider's work: no play, no SSH, no inventory entry
     idle = tags is not None and context.infra_tags is not None
     idle = idle and (not run.capabilities or await context.infra_tags.host_idle(run))  # type: ignore[union-attr]
-    host = None if idle else await context.executor.poll(run)
+    host = None if idle else await context.runs.poll(run)
     infrastructure = (
         await context.infra_tags.poll(tags, request.desired.machine.metadata.name)
         if context.infra_tags and tags

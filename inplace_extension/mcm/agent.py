@@ -61,7 +61,7 @@ from inplace_extension.mcm import node_state as ns
 from inplace_extension.mcm.desired import DesiredStateError
 from inplace_extension.mcm.metrics import AgentMetrics
 from inplace_extension.mcm.source import DesiredStates
-from inplace_extension.runs.model import EndWaitingExecutor, Progress, ProgressState, RunRequest, run_request
+from inplace_extension.runs.model import EndWaitingRuns, Progress, ProgressState, RunRequest, run_request
 from inplace_extension.runs.policy import BLOCKED_MESSAGE, RETRY_ANNOTATION
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Agent:
         options: AgentOptions,
         target: TargetCluster,
         control: ControlCluster,
-        executor: EndWaitingExecutor,
+        runs: EndWaitingRuns,
         metrics: AgentMetrics,
         custom: CustomTable = NO_CUSTOM,
     ) -> None:
@@ -99,7 +99,7 @@ class Agent:
         self._target = target
         self._control = control
         self._desired = DesiredStates(control, options.namespace, custom, self._deployment_changed)
-        self._executor = executor
+        self._runs = runs
         self._metrics = metrics
         self._custom = custom
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -207,7 +207,7 @@ class Agent:
     async def _until_end(self, request: RunRequest, wake: asyncio.Event, seconds: float) -> None:
         """Until the play of ``request`` in flight ends, the Node's task is woken, or ``seconds`` pass."""
         deadline = asyncio.get_running_loop().time() + seconds
-        end = asyncio.create_task(self._executor.wait_end(request, seconds))
+        end = asyncio.create_task(self._runs.wait_end(request, seconds))
         woken = asyncio.create_task(wake.wait())
         try:
             await asyncio.wait({end, woken}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
@@ -306,7 +306,7 @@ class Agent:
         if wanted is not None and aws_tags.last_applied(ns.node_annotations(node)) != dict(wanted.tags):
             # the tags obey every hold as a play does: applied before the play, once no cancel, pause,
             # closed window or health check keeps a new start back (else answered as the poll would)
-            held = await self._executor.held(request)
+            held = await self._runs.held(request)
             if held is None:
                 failed = await self._apply_tags(node, wanted, key)
                 node = self._nodes.get(name, node)
@@ -317,7 +317,7 @@ class Agent:
                         return True
                     await self._answer(node, successful=False, reason=reason, answered_key=key)
                     return False
-        progress = held or await self._executor.poll(request)
+        progress = held or await self._runs.poll(request)
         if progress.unavailable:
             # the API server away or busy: nothing was decided; no Event, no result, the resync asks again
             log.info("node %s: %s", name, progress.message)

@@ -65,7 +65,7 @@ async def serve(
     object_health: ObjectHealth = NO_OBJECT_HEALTH
     if objects is not None:
         object_health = ObjectChecks(custom.object_checks, lambda _request: objects)
-    executor = build_engine(
+    runs = build_engine(
         settings,
         config_file,
         metrics,
@@ -77,7 +77,7 @@ async def serve(
     )
     target = connect_target(clusters.target)
     control = connect_control(clusters.control or clusters.target)
-    agent = Agent(options, target, control, executor, AgentMetrics(metrics), custom)
+    agent = Agent(options, target, control, runs, AgentMetrics(metrics), custom)
     config = uvicorn.Config(http_app(agent, metrics), log_config=None, access_log=False)
     server = uvicorn.Server(config)
     watcher = asyncio.create_task(agent.run(), name="node watch")
@@ -94,7 +94,7 @@ async def serve(
         watcher.cancel()  # the agent stops: its Node tasks finish their step, then it closes both clients
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-        executor.close()
+        runs.close()
         if objects is not None:
             objects.close()
 

@@ -118,14 +118,14 @@ class Progress:
     # FAILED only: an operator's cancel (the pause annotation's ``cancel`` value) failed it before its
     # next attempt started; not remembered: once the annotation is gone, a later call starts it
     cancelled: bool = False
-    # IN_PROGRESS only: an attempt is in flight (queued or playing): Executor.wait_end waits for its end
+    # IN_PROGRESS only: an attempt is in flight (queued or playing): EndWaitingRuns.wait_end waits for its end
     in_flight: bool = False
     # IN_PROGRESS only: the cluster's API server was away or busy (no answer, 429, 5xx): nothing was
     # decided, charged or posted; the next call asks again
     unavailable: bool = False
 
 
-class Executor(Protocol):
+class Runs(Protocol):
     """What the engine's callers (the UpdateMachine hook, the MCM agent) need of the runs layer: where
     an update stands, starting it when new. Implemented by :class:`inplace_extension.runs.service.RunService`.
     """
@@ -136,8 +136,8 @@ class Executor(Protocol):
         ...
 
 
-class EndWaitingExecutor(Executor, Protocol):
-    """An :class:`Executor` that can also wait for the end of a play in flight: what the MCM agent needs,
+class EndWaitingRuns(Runs, Protocol):
+    """A :class:`Runs` that can also wait for the end of a play in flight: what the MCM agent needs,
     to poll again as the play ends rather than at its next tick. Implemented by ``RunService``."""
 
     async def held(self, request: RunRequest) -> Progress | None:

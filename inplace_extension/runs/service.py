@@ -76,7 +76,7 @@ class RunDeps:
 
 
 class RunService:
-    """The :class:`~inplace_extension.runs.model.Executor`: fast, durable, bounded."""
+    """The :class:`~inplace_extension.runs.model.Runs`: fast, durable, bounded."""
 
     def __init__(self, deps: RunDeps) -> None:
         settings = deps.settings

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from inplace_extension.app import create_app
-from inplace_extension.runs.model import Executor
+from inplace_extension.runs.model import Runs
 from inplace_extension.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "capi"
@@ -33,8 +33,8 @@ def fixture_json(name: str) -> dict[str, Any]:
     return data
 
 
-def client_for(settings: Settings, executor: Executor | None = None) -> httpx.AsyncClient:
-    app = create_app(settings, executor)
+def client_for(settings: Settings, runs: Runs | None = None) -> httpx.AsyncClient:
+    app = create_app(settings, runs)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://capi.test")
 
 

@@ -17,7 +17,7 @@ from kubefake import FakeControl, FakeTarget
 from kubelab.ports import free_port
 from mcm.test_agent_fake import (
     NS,
-    Executor,
+    Runs,
     annotate_deployment,
     done_after,
     pool,
@@ -67,10 +67,10 @@ async def test_the_agent_tags_the_instance_once_keeps_foreign_tags_and_answers_s
     caplog.set_level(logging.DEBUG)
     instance_id = instance(ec2_endpoint, {"Name": "n1", "owner": "someone"})
     target, control = FakeTarget(), FakeControl()
-    executor = Executor(target, done_after(1))
+    runs = Runs(target, done_after(1))
     aws_pool(control, instance_id, {"team": "blue", "cost": "42"})
     target.put_node(waiting_node())
-    async for _agent in running(target, control, executor):
+    async for _agent in running(target, control, runs):
         await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, 60)
     assert tags_of(ec2_endpoint, instance_id) == {
         "Name": "n1",
@@ -92,7 +92,7 @@ async def test_our_old_tags_in_the_record_are_removed_and_foreign_ones_kept(
     node = waiting_node()
     node["metadata"]["annotations"] = {LAST_APPLIED_ANNOTATION: '{"team":"blue","old":"x"}'}
     target.put_node(node)
-    async for _agent in running(target, control, Executor(target, done_after(1))):
+    async for _agent in running(target, control, Runs(target, done_after(1))):
         await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, 60)
     assert tags_of(ec2_endpoint, instance_id) == {"owner": "someone", "team": "green"}
 
@@ -106,7 +106,7 @@ async def test_an_outage_is_answered_failed_and_retried_until_the_api_is_back(
     target.put_node(waiting_node())
     monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", f"http://127.0.0.1:{free_port()}")  # the API is down
     # a budget that outlasts the outage (the next test spends one)
-    async for _agent in running(target, control, Executor(target, done_after(1)), max_failed_attempts=100):
+    async for _agent in running(target, control, Runs(target, done_after(1)), max_failed_attempts=100):
         await until(lambda: result(target) == ns.FAILED, target.activity, 60)
         reason = ns.node_annotations(target.nodes["n1"]).get(ns.FAILED_REASON_ANNOTATION, "")
         assert reason.startswith("AwsTagsRetriable: the AWS API could not be reached"), reason
@@ -120,15 +120,15 @@ async def test_a_terminal_error_is_a_final_failure(ec2_endpoint: str) -> None:
     target, control = FakeTarget(), FakeControl()
     aws_pool(control, "i-0123456789abcdef0", {"team": "blue"})  # no such instance
     target.put_node(waiting_node())
-    executor = Executor(target, done_after(1))
-    async for _agent in running(target, control, executor):
+    runs = Runs(target, done_after(1))
+    async for _agent in running(target, control, runs):
         await until(lambda: result(target) == ns.FAILED, target.activity, 60)
     annotations = ns.node_annotations(target.nodes["n1"])
     assert annotations[ns.FAILED_REASON_ANNOTATION] == (
         "AwsTagsFailed: AWS answered InvalidInstanceID.NotFound for instance i-0123456789abcdef0 in "
         f"{REGION}: terminal"
     )
-    assert ns.ANSWERED_ANNOTATION in annotations and executor.requests == []  # final, no play
+    assert ns.ANSWERED_ANNOTATION in annotations and runs.requests == []  # final, no play
 
 
 async def test_a_paused_node_gets_no_tags_until_the_pause_is_removed(ec2_endpoint: str) -> None:
@@ -140,7 +140,7 @@ async def test_a_paused_node_gets_no_tags_until_the_pause_is_removed(ec2_endpoin
     aws_pool(control, instance_id, {"team": "blue"})
     annotate_deployment(control, "true")
     target.put_node(waiting_node())
-    async for _agent in running(target, control, Executor(target, done_after(0))):
+    async for _agent in running(target, control, Runs(target, done_after(0))):
         await until(lambda: target.reasons("n1") == ["InPlaceUpdateWaiting"], target.activity, 60)
         assert tags_of(ec2_endpoint, instance_id) == {"owner": "someone"}, "no CreateTags while paused"
         assert result(target) is None
@@ -163,8 +163,8 @@ async def test_retriable_errors_count_against_the_retry_budget(
     aws_pool(control, instance_id, {"team": "blue"})
     target.put_node(waiting_node())
     monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", f"http://127.0.0.1:{free_port()}")  # the API is down
-    executor = Executor(target, done_after(0))
-    async for _agent in running(target, control, executor, max_failed_attempts=2):
+    runs = Runs(target, done_after(0))
+    async for _agent in running(target, control, runs, max_failed_attempts=2):
         await until(
             lambda: ns.ANSWERED_ANNOTATION in ns.node_annotations(target.nodes["n1"]), target.activity, 60
         )
@@ -197,7 +197,7 @@ async def test_a_node_changed_during_the_aws_call_keeps_the_count_the_record_and
 
     monkeypatch.setattr(agent_module, "apply_tags", changed_meanwhile)
     monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", f"http://127.0.0.1:{free_port()}")  # the API is down
-    async for _agent in running(target, control, Executor(target, done_after(0)), max_failed_attempts=100):
+    async for _agent in running(target, control, Runs(target, done_after(0)), max_failed_attempts=100):
         await until(lambda: result(target) == ns.FAILED, target.activity, 60)
         annotations = ns.node_annotations(target.nodes["n1"])
         assert annotations[ns.FAILED_REASON_ANNOTATION].startswith("AwsTagsRetriable: "), annotations

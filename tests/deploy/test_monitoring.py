@@ -107,9 +107,9 @@ def exposition(runs_dir: Path) -> str:
     """The text of the real service's ``/metrics`` (hooks app + run service, one registry), at rest."""
     settings = Settings(plain_http=True, runs_dir=runs_dir)
     metrics = Metrics()
-    executor = run_service(settings, metrics)
+    runs = run_service(settings, metrics)
     try:
-        app = create_app(settings, executor, metrics)
+        app = create_app(settings, runs, metrics)
         transport = httpx.ASGITransport(app=app)
 
         async def scrape() -> str:
@@ -118,7 +118,7 @@ def exposition(runs_dir: Path) -> str:
 
         return anyio.run(scrape)
     finally:
-        executor.close()
+        runs.close()
 
 
 @pytest.fixture(scope="module")

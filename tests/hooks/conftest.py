@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 
 from inplace_extension.app import create_app
 from inplace_extension.inplace.custom import NO_CUSTOM, CustomTable
-from inplace_extension.runs.model import Executor, Progress, ProgressState, RunRequest
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest, Runs
 from inplace_extension.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "capi"
@@ -28,10 +28,10 @@ def load(name: str) -> dict[str, Any]:
 
 
 async def post(
-    path: str, body: Any, executor: Executor | None = None, custom: CustomTable = NO_CUSTOM, **settings: Any
+    path: str, body: Any, runs: Runs | None = None, custom: CustomTable = NO_CUSTOM, **settings: Any
 ) -> dict[str, Any]:
     """POST ``body`` to the hook at ``path`` of the real app (over ASGI); the answer, which is an HTTP 200."""
-    app = create_app(Settings(plain_http=True, **settings), executor, custom=custom)
+    app = create_app(Settings(plain_http=True, **settings), runs, custom=custom)
     return await post_to(app, path, body)
 
 
@@ -46,7 +46,7 @@ async def post_to(app: Starlette, path: str, body: Any) -> dict[str, Any]:
     return answer
 
 
-class FakeExecutor:
+class FakeRuns:
     """Records every RunRequest and answers a fixed Progress."""
 
     def __init__(self, progress: Progress | None = None) -> None:

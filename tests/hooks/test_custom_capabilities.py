@@ -13,7 +13,7 @@ import pytest
 from inplace_extension.capabilities_file import load_capabilities
 from inplace_extension.inplace.custom import CustomTable
 
-from .conftest import CAN_UPDATE_MACHINE_SET, TOKEN, UPDATE_MACHINE, FakeExecutor, load, post
+from .conftest import CAN_UPDATE_MACHINE_SET, TOKEN, UPDATE_MACHINE, FakeRuns, load, post
 
 pytestmark = pytest.mark.anyio
 
@@ -70,7 +70,7 @@ async def test_without_the_file_the_same_request_is_a_rollout(custom: CustomTabl
 async def test_update_machine_runs_the_custom_role_last_with_the_desired_values(custom: CustomTable) -> None:
     request = load("update_machine/6B.request.json")
     metal3(request["desired"]["infrastructureMachine"], PAYLOAD, template=False)
-    executor = FakeExecutor()
+    executor = FakeRuns()
     answer = await post(UPDATE_MACHINE, request, executor, custom=custom)
     assert answer["status"] == "Success"
     [run] = executor.requests
@@ -85,7 +85,7 @@ async def test_update_machine_fingerprint_follows_the_custom_values(custom: Cust
     for url in (OLD_URL, PAYLOAD):
         request = load("update_machine/6B.request.json")
         metal3(request["desired"]["infrastructureMachine"], url, template=False)
-        executor = FakeExecutor()
+        executor = FakeRuns()
         await post(UPDATE_MACHINE, request, executor, custom=custom)
         runs.extend(executor.requests)
     assert runs[0].fingerprint != runs[1].fingerprint

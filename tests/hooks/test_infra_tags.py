@@ -13,10 +13,10 @@ import pytest
 
 from inplace_extension.app import create_app
 from inplace_extension.inplace.infra_tags import DesiredTags
-from inplace_extension.runs.model import Executor, Progress, ProgressState, RunRequest
+from inplace_extension.runs.model import Progress, ProgressState, RunRequest, Runs
 from inplace_extension.settings import Settings
 
-from .conftest import CAN_UPDATE_MACHINE, CAN_UPDATE_MACHINE_SET, UPDATE_MACHINE, FakeExecutor, load, post_to
+from .conftest import CAN_UPDATE_MACHINE, CAN_UPDATE_MACHINE_SET, UPDATE_MACHINE, FakeRuns, load, post_to
 
 pytestmark = pytest.mark.anyio
 
@@ -45,10 +45,10 @@ async def post(
     path: str,
     body: Any,
     kube: bool,
-    executor: Executor | None = None,
+    runs: Runs | None = None,
     infra_tags: FakeTagsWait | None = None,
 ) -> dict[str, Any]:
-    app = create_app(Settings(plain_http=True, kube=kube), executor, infra_tags=infra_tags)
+    app = create_app(Settings(plain_http=True, kube=kube), runs, infra_tags=infra_tags)
     return await post_to(app, path, body)
 
 
@@ -159,9 +159,9 @@ def update_request(tags: dict[str, str], with_bootstrap: bool = True) -> dict[st
 
 
 async def test_update_machine_waits_for_the_tags_beside_the_host_steps() -> None:
-    executor = FakeExecutor(Progress(ProgressState.DONE, "update applied"))
+    runs = FakeRuns(Progress(ProgressState.DONE, "update applied"))
     waiting = FakeTagsWait(Progress(ProgressState.IN_PROGRESS, "infrastructure: waiting for CAPA", 5))
-    answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}), True, executor, waiting)
+    answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}), True, runs, waiting)
     assert answer == {
         "apiVersion": answer["apiVersion"],
         "kind": "UpdateMachineResponse",
@@ -171,17 +171,17 @@ async def test_update_machine_waits_for_the_tags_beside_the_host_steps() -> None
     }
     [asked] = waiting.asked
     assert (asked.provider.provider, asked.name, dict(asked.tags)) == ("CAPA", asked.name, {"team": "blue"})
-    assert len(executor.requests) == 1  # the host steps run as for every update
+    assert len(runs.requests) == 1  # the host steps run as for every update
 
     waiting.progress = Progress(ProgressState.DONE, "infrastructure: CAPA applied the tags")
-    answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}), True, executor, waiting)
+    answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}), True, runs, waiting)
     assert (answer["status"], answer["retryAfterSeconds"]) == ("Success", 0)
     assert answer["message"] == "update applied; infrastructure: CAPA applied the tags"
 
     waiting.progress = Progress(
         ProgressState.FAILED, "InfrastructureTagsNotApplied: CAPA did not apply tags team"
     )
-    answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}), True, executor, waiting)
+    answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}), True, runs, waiting)
     assert (answer["status"], answer["message"]) == (
         "Failure",
         "InfrastructureTagsNotApplied: CAPA did not apply tags team",
@@ -189,23 +189,23 @@ async def test_update_machine_waits_for_the_tags_beside_the_host_steps() -> None
 
 
 async def test_a_host_failure_wins_over_waiting_tags() -> None:
-    executor = FakeExecutor(Progress(ProgressState.FAILED, "PlaybookFailed: role ntp"))
+    runs = FakeRuns(Progress(ProgressState.FAILED, "PlaybookFailed: role ntp"))
     waiting = FakeTagsWait(Progress(ProgressState.IN_PROGRESS, "infrastructure: waiting for CAPA", 5))
-    answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}), True, executor, waiting)
+    answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}), True, runs, waiting)
     assert (answer["status"], answer["message"]) == ("Failure", "PlaybookFailed: role ntp")
 
 
 async def test_with_no_host_step_no_play_runs() -> None:
-    executor = FakeExecutor(Progress(ProgressState.DONE, "update applied"))
+    runs = FakeRuns(Progress(ProgressState.DONE, "update applied"))
     waiting = FakeTagsWait(Progress(ProgressState.DONE, "infrastructure: CAPA applied the tags"))
-    answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}, False), True, executor, waiting)
+    answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}, False), True, runs, waiting)
     assert answer["message"] == "infrastructure: CAPA applied the tags"
-    assert executor.requests == []  # no SSH, no play
+    assert runs.requests == []  # no SSH, no play
 
 
 async def test_without_cluster_access_update_machine_does_not_wait_for_tags() -> None:
-    executor = FakeExecutor(Progress(ProgressState.DONE, "update applied"))
-    answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}), False, executor)
+    runs = FakeRuns(Progress(ProgressState.DONE, "update applied"))
+    answer = await post(UPDATE_MACHINE, update_request({"team": "blue"}), False, runs)
     assert answer["message"] == "update applied"
 
 
@@ -221,16 +221,16 @@ def version_only_request(tags: dict[str, str]) -> dict[str, Any]:
 async def test_a_tags_only_change_runs_nothing_on_the_host_when_the_node_has_the_version() -> None:
     """Issue 39: the plan's only host step is the Kubernetes version the Machine carries; the Node
     reports it already (host_idle): no play, no SSH, no inventory entry needed."""
-    executor = FakeExecutor(Progress(ProgressState.DONE, "update applied"))
+    runs = FakeRuns(Progress(ProgressState.DONE, "update applied"))
     waiting = FakeTagsWait(Progress(ProgressState.DONE, "infrastructure: CAPA applied the tags"), idle=True)
-    answer = await post(UPDATE_MACHINE, version_only_request({"team": "blue"}), True, executor, waiting)
+    answer = await post(UPDATE_MACHINE, version_only_request({"team": "blue"}), True, runs, waiting)
     assert (answer["status"], answer["retryAfterSeconds"]) == ("Success", 0)
     assert answer["message"] == "infrastructure: CAPA applied the tags"
-    assert executor.requests == []  # no play
+    assert runs.requests == []  # no play
     [run] = waiting.idle_asked
     assert run.capabilities == ("kubernetes_version",)
     # the Node does not report the version (yet): the play converges it, as for every update
     waiting.idle = False
-    answer = await post(UPDATE_MACHINE, version_only_request({"team": "blue"}), True, executor, waiting)
+    answer = await post(UPDATE_MACHINE, version_only_request({"team": "blue"}), True, runs, waiting)
     assert answer["message"] == "update applied; infrastructure: CAPA applied the tags"
-    assert len(executor.requests) == 1
+    assert len(runs.requests) == 1

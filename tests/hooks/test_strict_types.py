@@ -17,7 +17,7 @@ from .conftest import (
     CAN_UPDATE_MACHINE,
     CAN_UPDATE_MACHINE_SET,
     UPDATE_MACHINE,
-    FakeExecutor,
+    FakeRuns,
     load,
     post,
 )
@@ -54,7 +54,7 @@ async def test_a_request_for_another_hook_or_version_is_invalid(
 ) -> None:
     request = load(FIXTURES[path])
     request[field] = value
-    answer = await post(path, request, FakeExecutor())
+    answer = await post(path, request, FakeRuns())
     assert answer["status"] == "Failure"
     assert answer["message"].startswith(f"InvalidRequest: {problem}")
     assert value not in answer["message"]
@@ -68,7 +68,7 @@ async def test_another_hooks_kind_is_refused_even_with_a_fitting_shape(path: str
     request["kind"] = {CAN_UPDATE_MACHINE: "CanUpdateMachineRequest", UPDATE_MACHINE: "UpdateMachineRequest"}[
         other
     ]
-    answer = await post(path, request, FakeExecutor())
+    answer = await post(path, request, FakeRuns())
     assert answer["status"] == "Failure"
     # the answer names the hook the body was written for and where to post it
     assert answer["message"].startswith("InvalidRequest: kind: this is a")
@@ -115,7 +115,7 @@ async def test_a_value_of_another_go_type_is_invalid_naming_the_field(
 ) -> None:
     request = load(FIXTURES[path])
     _set(request, field, value)
-    executor = FakeExecutor()
+    executor = FakeRuns()
     answer = await post(path, request, executor)
     expected = field.replace(".0.", "[0].").replace(".0", "[0]") if ".0" in field else field
     assert answer == {**answer, "status": "Failure"}
@@ -144,7 +144,7 @@ async def test_feature_gates_are_a_map_of_booleans() -> None:
 async def test_a_bad_file_owner_fails_update_machine_before_any_host_is_contacted(owner: str) -> None:
     request = load(FIXTURES[UPDATE_MACHINE])
     request["desired"]["bootstrapConfig"]["spec"]["files"][0]["owner"] = owner
-    executor = FakeExecutor()
+    executor = FakeRuns()
     answer = await post(UPDATE_MACHINE, request, executor)
     assert answer["status"] == "Failure"
     assert answer["message"].startswith("InvalidRequest: desired.bootstrapConfig.spec.files[0].owner: must")
@@ -155,7 +155,7 @@ async def test_a_bad_file_owner_fails_update_machine_before_any_host_is_contacte
 async def test_good_file_owners_are_planned(owner: str) -> None:
     request = load(FIXTURES[UPDATE_MACHINE])
     request["desired"]["bootstrapConfig"]["spec"]["files"][0]["owner"] = owner
-    executor = FakeExecutor()
+    executor = FakeRuns()
     answer = await post(UPDATE_MACHINE, request, executor)
     assert answer["status"] == "Success"
     [run] = executor.requests

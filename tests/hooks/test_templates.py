@@ -20,7 +20,7 @@ from inplace_extension.inplace.custom import CustomCapability, CustomClaim, Cust
 from inplace_extension.inplace.decide import decide_can_update_machine
 from inplace_extension.inplace.plan import plan_update
 
-from .conftest import CAN_UPDATE_MACHINE, UPDATE_MACHINE, FakeExecutor, load, post
+from .conftest import CAN_UPDATE_MACHINE, UPDATE_MACHINE, FakeRuns, load, post
 
 pytestmark = pytest.mark.anyio
 
@@ -64,7 +64,7 @@ async def test_max_pods_change_beside_unchanged_templates_is_claimed_and_templat
     # UpdateMachine: the role writes only the plain argument; the templated ones stay as rendered at join
     update = load("update_machine/6B.request.json")
     update["desired"]["bootstrapConfig"]["spec"] = desired
-    executor = FakeExecutor()
+    executor = FakeRuns()
     assert (await post(UPDATE_MACHINE, update, executor))["status"] == "Success"
     [run] = executor.requests
     assert run.inputs["kubelet_args"] == {"kubelet_args_extra_args": [{"name": "max-pods", "value": "120"}]}

@@ -13,14 +13,14 @@ from inplace_extension.hooks.update_machine import NO_EXECUTOR_MESSAGE, UNEXPECT
 from inplace_extension.inplace.plan import plan_update
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 
-from .conftest import TOKEN, UPDATE_MACHINE, FakeExecutor, load, post
+from .conftest import TOKEN, UPDATE_MACHINE, FakeRuns, load, post
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_run_request_is_built_from_the_plan_and_machine_metadata() -> None:
     request = load("update_machine/6B.request.json")
-    executor = FakeExecutor()
+    executor = FakeRuns()
     await post(UPDATE_MACHINE, request, executor)
     [run] = executor.requests
     plan = plan_update(request["desired"])
@@ -60,7 +60,7 @@ async def test_run_request_is_built_from_the_plan_and_machine_metadata() -> None
     ],
 )
 async def test_progress_maps_to_the_answer(progress: Progress, expected: dict[str, Any]) -> None:
-    answer = await post(UPDATE_MACHINE, load("update_machine/6A.request.json"), FakeExecutor(progress))
+    answer = await post(UPDATE_MACHINE, load("update_machine/6A.request.json"), FakeRuns(progress))
     assert {k: answer[k] for k in expected} == expected
     assert answer["kind"] == "UpdateMachineResponse"
 
@@ -84,7 +84,7 @@ async def test_without_executor_the_answer_is_a_failure_not_a_fake_success() -> 
 async def test_disabled_in_place_updates_answer_like_capis_reference_extension() -> None:
     request = load("update_machine/6A.request.json")
     request["settings"]["disableInPlaceUpdates"] = "true"
-    executor = FakeExecutor()
+    executor = FakeRuns()
     answer = await post(UPDATE_MACHINE, request, executor)
     assert (answer["status"], answer["message"]) == ("Failure", UNEXPECTED_CALL_MESSAGE)
     assert executor.requests == []
@@ -93,7 +93,7 @@ async def test_disabled_in_place_updates_answer_like_capis_reference_extension()
 async def test_an_invalid_desired_value_is_a_failure_naming_its_path() -> None:
     request = load("update_machine/6A.request.json")
     request["desired"]["machine"]["spec"]["version"] = "latest-and-greatest"
-    executor = FakeExecutor()
+    executor = FakeRuns()
     answer = await post(UPDATE_MACHINE, request, executor)
     assert answer["status"] == "Failure"
     assert answer["message"].startswith("InvalidRequest: desired.machine.spec.version: ")
@@ -119,7 +119,7 @@ async def test_bootstrap_tokens_never_reach_answers_or_logs(
     caplog.set_level(logging.DEBUG)
     request = load(fixture)
     assert TOKEN in json.dumps(request)
-    for executor in (FakeExecutor(), None):
+    for executor in (FakeRuns(), None):
         answer = await post(UPDATE_MACHINE, request, executor, log_level="DEBUG")
         assert TOKEN not in json.dumps(answer)
     assert TOKEN not in caplog.text

@@ -17,7 +17,7 @@ from inplace_extension.metrics import Metrics
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 
 
-class ScriptedExecutor:
+class ScriptedRuns:
     """Answers polls with ``answer(request, calls so far for this ident)``; records every request."""
 
     def __init__(self, answer: Callable[[RunRequest, int], Progress]) -> None:
@@ -59,11 +59,11 @@ class ScriptedExecutor:
 class AgentThread:
     """The agent on its own loop in a thread; ``stop`` cancels it (and the agent closes its clients)."""
 
-    def __init__(self, kubeconfig: Path, options: AgentOptions, executor: ScriptedExecutor) -> None:
+    def __init__(self, kubeconfig: Path, options: AgentOptions, runs: ScriptedRuns) -> None:
         self.metrics = Metrics()
         self._kubeconfig = kubeconfig
         self._options = options
-        self._executor = executor
+        self._runs = runs
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self.agent: Agent | None = None
@@ -80,7 +80,7 @@ class AgentThread:
     async def _run(self) -> None:
         target = connect_target(self._kubeconfig)
         control = connect_control(self._kubeconfig)
-        self.agent = Agent(self._options, target, control, self._executor, AgentMetrics(self.metrics))
+        self.agent = Agent(self._options, target, control, self._runs, AgentMetrics(self.metrics))
         self._task = asyncio.create_task(self.agent.run())
         self._ready.set()
         with contextlib.suppress(asyncio.CancelledError):

@@ -19,9 +19,9 @@ from inplace_extension.mcm import node_state as ns
 from inplace_extension.mcm.agent import Agent, AgentOptions
 from inplace_extension.mcm.metrics import AgentMetrics
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs.model import EndWaitingExecutor, Progress, ProgressState, RunRequest
+from inplace_extension.runs.model import EndWaitingRuns, Progress, ProgressState, RunRequest
 
-from .support import ScriptedExecutor
+from .support import ScriptedRuns
 
 pytestmark = pytest.mark.anyio
 NS = "shoot--mcm"
@@ -101,7 +101,7 @@ def waiting_node(name: str = "n1", machine: str | None = "m1") -> dict[str, Any]
     }
 
 
-class Executor(ScriptedExecutor):
+class Runs(ScriptedRuns):
     """The scripted executor, announcing each poll on the target's ``activity``."""
 
     def __init__(self, target: FakeTarget, answer: Callable[[RunRequest, int], Progress]) -> None:
@@ -123,13 +123,13 @@ async def until(condition: Callable[[], bool], activity: asyncio.Event, seconds:
 
 
 async def running(
-    target: FakeTarget, control: FakeControl, executor: EndWaitingExecutor, **options: Any
+    target: FakeTarget, control: FakeControl, runs: EndWaitingRuns, **options: Any
 ) -> AsyncIterator[Agent]:
     agent = Agent(
         AgentOptions(**{"namespace": NS, "poll_seconds": 0.02, "resync_seconds": 3600, **options}),
         target,
         control,
-        executor,
+        runs,
         AgentMetrics(Metrics()),
     )
     before = asyncio.all_tasks()
@@ -160,12 +160,12 @@ def result(target: FakeTarget, name: str = "n1") -> str | None:
 
 async def test_a_waiting_node_is_updated_to_its_machine_class_and_answered_successful() -> None:
     target, control = FakeTarget(), FakeControl()
-    executor = Executor(target, done_after(2))
+    runs = Runs(target, done_after(2))
     pool(control)
     target.put_node(waiting_node())
-    async for _agent in running(target, control, executor):
+    async for _agent in running(target, control, runs):
         await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
-    first = executor.requests[0]
+    first = runs.requests[0]
     assert (first.namespace, first.name) == (NS, "n1")
     assert first.capabilities == ("ntp", "kubernetes_version")
     assert first.inputs["kubernetes_version"]["kubernetes_version_target"] == "v1.31.1"
@@ -174,7 +174,7 @@ async def test_a_waiting_node_is_updated_to_its_machine_class_and_answered_succe
     annotations = ns.node_annotations(target.nodes["n1"])
     assert ns.CLAIM_ANNOTATION not in annotations and ns.ANSWERED_ANNOTATION in annotations
     assert target.reasons("n1") == ["InPlaceUpdateStarted", "InPlaceUpdateSucceeded"]
-    assert len(executor.requests) == 3  # answered once, then left alone
+    assert len(runs.requests) == 3  # answered once, then left alone
 
 
 async def test_the_cluster_api_unavailable_writes_no_result_and_no_event_then_the_update_goes_on() -> None:
@@ -194,11 +194,11 @@ async def test_the_cluster_api_unavailable_writes_no_result_and_no_event_then_th
             return unavailable
         return done_after(1)(request, calls - 3)
 
-    executor = Executor(target, answer)
+    runs = Runs(target, answer)
     pool(control)
     target.put_node(waiting_node())
-    async for _agent in running(target, control, executor):
-        await until(lambda: len(executor.requests) >= 3, target.activity)
+    async for _agent in running(target, control, runs):
+        await until(lambda: len(runs.requests) >= 3, target.activity)
         assert target.reasons("n1") == [] and result(target) is None
         await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
     assert target.reasons("n1") == ["InPlaceUpdateStarted", "InPlaceUpdateSucceeded"]
@@ -206,49 +206,49 @@ async def test_the_cluster_api_unavailable_writes_no_result_and_no_event_then_th
 
 async def test_polls_of_a_running_update_read_nothing_from_the_control_cluster() -> None:
     target, control = FakeTarget(), FakeControl()
-    executor = Executor(target, done_after(20))
+    runs = Runs(target, done_after(20))
     pool(control)
     target.put_node(waiting_node())
-    async for _agent in running(target, control, executor):
-        await until(lambda: len(executor.requests) >= 20, target.activity)
+    async for _agent in running(target, control, runs):
+        await until(lambda: len(runs.requests) >= 20, target.activity)
     assert control.calls.count["watch"] == 4  # one list-then-watch per kind, at the start
     assert control.calls.count["get"] == 0 and control.calls.count["list_all"] == 0
 
 
 async def test_a_changed_machine_class_is_a_new_desired_state_without_a_read() -> None:
     target, control = FakeTarget(), FakeControl()
-    executor = Executor(target, lambda request, calls: Progress(ProgressState.IN_PROGRESS, "running", 1))
+    runs = Runs(target, lambda request, calls: Progress(ProgressState.IN_PROGRESS, "running", 1))
     pool(control)
     target.put_node(waiting_node())
-    async for _agent in running(target, control, executor):
-        await until(lambda: len(executor.requests) >= 2, target.activity)
+    async for _agent in running(target, control, runs):
+        await until(lambda: len(runs.requests) >= 2, target.activity)
         changed = copy.deepcopy(control.objects["MachineClass"]["pool-v2"])
         changed["providerSpec"]["inPlaceUpdate"] = {"kubernetesVersion": "v1.31.2"}
         control.put(changed)
-        await until(lambda: executor.requests[-1].capabilities == ("kubernetes_version",), target.activity)
-    assert executor.requests[-1].inputs["kubernetes_version"]["kubernetes_version_target"] == "v1.31.2"
+        await until(lambda: runs.requests[-1].capabilities == ("kubernetes_version",), target.activity)
+    assert runs.requests[-1].inputs["kubernetes_version"]["kubernetes_version_target"] == "v1.31.2"
     assert control.calls.count["get"] == 0 and control.calls.count["list_all"] == 0
 
 
 async def test_a_node_without_a_desired_state_is_answered_failed_once() -> None:
     target, control = FakeTarget(), FakeControl()
-    executor = Executor(target, done_after(0))
+    runs = Runs(target, done_after(0))
     pool(control)
     target.put_node(waiting_node(machine=None))
-    async for _agent in running(target, control, executor):
+    async for _agent in running(target, control, runs):
         await until(lambda: result(target) == ns.FAILED, target.activity)
     reason = ns.node_annotations(target.nodes["n1"])[ns.FAILED_REASON_ANNOTATION]
     assert reason == "NoDesiredState: Node n1 has no label node.gardener.cloud/machine-name"
-    assert executor.requests == [] and target.reasons("n1") == ["InPlaceUpdateFailed"]
+    assert runs.requests == [] and target.reasons("n1") == ["InPlaceUpdateFailed"]
     assert target.calls.count["patch_node_metadata"] == 1
 
 
 async def test_an_invalid_desired_state_names_the_provider_spec_path() -> None:
     target, control = FakeTarget(), FakeControl()
-    executor = Executor(target, done_after(0))
+    runs = Runs(target, done_after(0))
     pool(control, {"kubernetesVersion": "1.31"})
     target.put_node(waiting_node())
-    async for _agent in running(target, control, executor):
+    async for _agent in running(target, control, runs):
         await until(lambda: result(target) == ns.FAILED, target.activity)
     reason = ns.node_annotations(target.nodes["n1"])[ns.FAILED_REASON_ANNOTATION]
     assert reason.startswith("InvalidDesiredState: providerSpec.inPlaceUpdate.kubernetesVersion: ")
@@ -264,10 +264,10 @@ async def test_a_retriable_failure_is_answered_failed_and_then_successful() -> N
             )
         return Progress(ProgressState.DONE, "update applied")
 
-    executor = Executor(target, answer)
+    runs = Runs(target, answer)
     pool(control)
     target.put_node(waiting_node())
-    async for _agent in running(target, control, executor):
+    async for _agent in running(target, control, runs):
         await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
     assert target.reasons("n1") == ["InPlaceUpdateStarted", "InPlaceUpdateFailed", "InPlaceUpdateSucceeded"]
     assert ns.FAILED_REASON_ANNOTATION not in ns.node_annotations(target.nodes["n1"])
@@ -275,24 +275,24 @@ async def test_a_retriable_failure_is_answered_failed_and_then_successful() -> N
 
 async def test_the_critical_components_taint_is_removed_once_mcm_is_done() -> None:
     target, control = FakeTarget(), FakeControl()
-    executor = Executor(target, done_after(0))
+    runs = Runs(target, done_after(0))
     node = waiting_node()
     del node["metadata"]["labels"][ns.CANDIDATE_LABEL]
     key, effect = ns.CRITICAL_TAINT
     node["spec"] = {"taints": [{"key": key, "effect": effect}, {"key": "other", "effect": "NoSchedule"}]}
     target.put_node(node)
-    async for _agent in running(target, control, executor):
+    async for _agent in running(target, control, runs):
         await until(lambda: len(target.nodes["n1"]["spec"]["taints"]) == 1, target.activity)
     assert target.nodes["n1"]["spec"]["taints"] == [{"key": "other", "effect": "NoSchedule"}]
-    assert executor.requests == []
+    assert runs.requests == []
 
 
 async def test_an_object_whose_watch_event_is_still_on_its_way_is_read_once() -> None:
     target = FakeTarget()
     control = FakeControl(target.activity)
-    executor = Executor(target, done_after(0))
+    runs = Runs(target, done_after(0))
     pool(control)
-    async for _agent in running(target, control, executor):
+    async for _agent in running(target, control, runs):
         await until(lambda: control.calls.count["watch"] == 4, target.activity)
         # then MCM points the pool at a new MachineClass: the MachineDeployment's change arrives by
         # watch, the MachineSets' and the MachineClass's are still on their way (written behind the
@@ -310,7 +310,7 @@ async def test_an_object_whose_watch_event_is_still_on_its_way_is_read_once() ->
         await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
     # the copy had the old MachineSets: they were listed once, and the MachineClass read once
     assert (control.calls.count["list_all"], control.calls.count["get"]) == (1, 1)
-    assert executor.requests[0].inputs["kubernetes_version"]["kubernetes_version_target"] == "v1.31.3"
+    assert runs.requests[0].inputs["kubernetes_version"]["kubernetes_version_target"] == "v1.31.3"
 
 
 async def test_the_agent_reads_no_node_it_watches_however_often_it_polls_or_resyncs() -> None:
@@ -318,16 +318,16 @@ async def test_the_agent_reads_no_node_it_watches_however_often_it_polls_or_resy
     polled 20 times and resyncs every 10 ms send the target cluster no read, only the writes of the
     update (claim, result) and its Events. 50 idle Nodes in the pool cost nothing either."""
     target, control = FakeTarget(), FakeControl()
-    executor = Executor(target, done_after(20))
+    runs = Runs(target, done_after(20))
     pool(control)
     target.put_node(waiting_node())
     for i in range(50):
         idle = waiting_node(f"idle-{i}", machine=None)
         del idle["metadata"]["labels"][ns.CANDIDATE_LABEL]
         target.put_node(idle)
-    async for _agent in running(target, control, executor, resync_seconds=0.01):
+    async for _agent in running(target, control, runs, resync_seconds=0.01):
         await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
-    assert len(executor.requests) == 21
+    assert len(runs.requests) == 21
     assert set(target.calls.count) == {"watch_nodes", "patch_node_metadata", "post_event"}
     assert target.calls.count["watch_nodes"] == 1
     assert target.calls.count["patch_node_metadata"] == 2, "the claim and the final result"
@@ -336,19 +336,19 @@ async def test_the_agent_reads_no_node_it_watches_however_often_it_polls_or_resy
 async def test_a_node_deleted_while_its_update_runs_ends_its_task() -> None:
     """The watch reports it gone: the agent stops polling for it and writes nothing more."""
     target, control = FakeTarget(), FakeControl()
-    executor = Executor(target, lambda request, calls: Progress(ProgressState.IN_PROGRESS, "running", 1))
+    runs = Runs(target, lambda request, calls: Progress(ProgressState.IN_PROGRESS, "running", 1))
     pool(control)
     target.put_node(waiting_node())
-    async for agent in running(target, control, executor):
-        await until(lambda: len(executor.requests) >= 3, target.activity)
+    async for agent in running(target, control, runs):
+        await until(lambda: len(runs.requests) >= 3, target.activity)
         task = agent._tasks["n1"]  # the Node's task, polling every 20 ms
         target.delete_node("n1")
         async with asyncio.timeout(5):
             await task  # it ends by itself
-        polls, writes = len(executor.requests), target.calls.count["patch_node_metadata"]
+        polls, writes = len(runs.requests), target.calls.count["patch_node_metadata"]
         target.put_node(waiting_node("other", machine=None))  # later activity: n1 is still left alone
         await until(lambda: result(target, "other") == ns.FAILED, target.activity)
-        assert (len(executor.requests), target.calls.count["patch_node_metadata"]) == (polls, writes + 1)
+        assert (len(runs.requests), target.calls.count["patch_node_metadata"]) == (polls, writes + 1)
 
 
 def like_the_service(request: RunRequest, calls: int) -> Progress:
@@ -373,16 +373,16 @@ def annotate_deployment(control: FakeControl, value: str | None) -> None:
 async def test_the_pause_annotation_on_the_deployment_holds_cancels_and_resumes_the_node() -> None:
     """Resync is an hour here: each step is woken by the MachineDeployment's watch event alone."""
     target, control = FakeTarget(), FakeControl()
-    executor = Executor(target, like_the_service)
+    runs = Runs(target, like_the_service)
     pool(control)
     annotate_deployment(control, "true")
     target.put_node(waiting_node())
     paused = f"paused by MachineDeployment {NS}/pool (annotation inplace-extension.io/pause)"
     cancelled = f"cancelled by MachineDeployment {NS}/pool (annotation inplace-extension.io/pause=cancel)"
-    async for _agent in running(target, control, executor):
+    async for _agent in running(target, control, runs):
         await until(lambda: target.reasons("n1") == ["InPlaceUpdateWaiting"], target.activity)
-        assert executor.requests[-1].hold is not None
-        assert executor.requests[-1].hold.message == paused
+        assert runs.requests[-1].hold is not None
+        assert runs.requests[-1].hold.message == paused
         assert result(target) is None, "a paused Node gets no result: MCM keeps it waiting"
         annotate_deployment(control, "cancel")
         await until(lambda: result(target) == ns.FAILED, target.activity)
@@ -393,7 +393,7 @@ async def test_the_pause_annotation_on_the_deployment_holds_cancels_and_resumes_
         await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
     assert target.reasons("n1") == ["InPlaceUpdateWaiting", "InPlaceUpdateFailed", "InPlaceUpdateSucceeded"]
     assert [e.message for e in target.events if e.reason != "InPlaceUpdateSucceeded"] == [paused, cancelled]
-    assert executor.requests[-1].hold is None
+    assert runs.requests[-1].hold is None
 
 
 TIMED_OUT = 'health check "ceph" did not hold within 2h before the update (object.ok on CephCluster r/ceph)'
@@ -405,21 +405,21 @@ async def test_a_health_check_past_its_timeout_fails_the_node_until_it_holds_the
     target, control = FakeTarget(), FakeControl()
 
     def health(request: RunRequest, calls: int) -> Progress:
-        if not executor.released:
+        if not runs.released:
             return Progress(ProgressState.FAILED, TIMED_OUT, transient=True)
         return Progress(ProgressState.DONE, "update applied")
 
-    executor = Executor(target, health)
+    runs = Runs(target, health)
     pool(control)
     target.put_node(waiting_node())
-    async for _agent in running(target, control, executor, resync_seconds=0.05):
+    async for _agent in running(target, control, runs, resync_seconds=0.05):
         await until(lambda: result(target) == ns.FAILED, target.activity)
         annotations = ns.node_annotations(target.nodes["n1"])
         assert annotations[ns.FAILED_REASON_ANNOTATION] == TIMED_OUT
         assert ns.ANSWERED_ANNOTATION not in annotations, "not final: the Node is looked at again"
-        await until(lambda: len(executor.requests) >= 4, target.activity)  # the resync looks again
+        await until(lambda: len(runs.requests) >= 4, target.activity)  # the resync looks again
         assert result(target) == ns.FAILED
-        executor.released.add("n1")  # the check holds
+        runs.released.add("n1")  # the check holds
         await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
     assert target.reasons("n1") == ["InPlaceUpdateFailed", "InPlaceUpdateSucceeded"], "one Event each"
     assert ns.ANSWERED_ANNOTATION in ns.node_annotations(target.nodes["n1"])
@@ -430,10 +430,10 @@ OURS = {ns.ANSWERED_ANNOTATION, ns.CLAIM_ANNOTATION}
 
 async def test_our_annotations_are_removed_once_mcm_is_done_with_the_node() -> None:
     target, control = FakeTarget(), FakeControl()
-    executor = Executor(target, done_after(0))
+    runs = Runs(target, done_after(0))
     pool(control)
     target.put_node(waiting_node())
-    async for _agent in running(target, control, executor):
+    async for _agent in running(target, control, runs):
         await until(lambda: result(target) == ns.SUCCESSFUL, target.activity)
         kept = ns.node_annotations(target.nodes["n1"])
         assert ns.ANSWERED_ANNOTATION in kept, "kept while MCM has not consumed the result"
@@ -445,10 +445,10 @@ async def test_our_annotations_are_removed_once_mcm_is_done_with_the_node() -> N
         target.put_node(done)
         await until(lambda: not OURS & set(ns.node_annotations(target.nodes["n1"])), target.activity)
     assert ns.node_labels(target.nodes["n1"])["keep"] == "me"
-    assert len(executor.requests) == 1, "no second update"
+    assert len(runs.requests) == 1, "no second update"
 
 
-class PlayingExecutor(Executor):
+class PlayingRuns(Runs):
     """A play in flight until the test ends it: polls answer ``running`` (in flight) until then, and
     ``wait_end`` waits for that end as the run service does."""
 
@@ -472,26 +472,26 @@ class PlayingExecutor(Executor):
         self.ended.set()
 
 
-async def end_to_answer(target: FakeTarget, executor: PlayingExecutor) -> float:
+async def end_to_answer(target: FakeTarget, runs: PlayingRuns) -> float:
     """Seconds from the play's end to the Node's successful result, the agent polling every 30 s; fails
     after 5 s."""
     control = FakeControl()
     pool(control)
     target.put_node(waiting_node())
-    async for _agent in running(target, control, executor, poll_seconds=30.0):
-        await until(lambda: len(executor.requests) >= 1, target.activity)
+    async for _agent in running(target, control, runs, poll_seconds=30.0):
+        await until(lambda: len(runs.requests) >= 1, target.activity)
         assert result(target) is None
-        executor.end()
+        runs.end()
         await until(lambda: result(target) == ns.SUCCESSFUL, target.activity, seconds=5.0)
         answered = asyncio.get_running_loop().time()
-    return answered - executor.ended_at
+    return answered - runs.ended_at
 
 
 async def test_the_agent_answers_as_the_play_ends_not_at_its_next_tick() -> None:
     """With a poll every 30 s, the Node's result follows the play's end at once: the agent waits for the
     end (wait_end) between its polls, and polls again when it comes."""
     target = FakeTarget()
-    assert await end_to_answer(target, PlayingExecutor(target)) < 0.3
+    assert await end_to_answer(target, PlayingRuns(target)) < 0.3
 
 
 class WatchedTarget(FakeTarget):
@@ -514,7 +514,7 @@ class WatchedTarget(FakeTarget):
         return nodes()
 
 
-class KubeletRestartExecutor(PlayingExecutor):
+class KubeletRestartExecutor(PlayingRuns):
     """A real play's end on a real node: the kubelet the play restarted writes its Node while the poll
     that answers done is on its way, and the watch event of that write reaches the agent before the poll
     returns. The agent's answer, guarded by the resourceVersion it last saw, meets a Conflict."""
@@ -542,7 +542,7 @@ async def test_a_wake_during_a_step_is_not_lost() -> None:
     step's answer a Conflict) wakes the next wait at once: the answer follows the play's end, not the
     next tick 30 s later."""
     target = WatchedTarget()
-    executor = KubeletRestartExecutor(target)
-    assert await end_to_answer(target, executor) < 0.3
-    assert executor.done_answers == 2, "the first answer met the Conflict, the second one was written"
+    runs = KubeletRestartExecutor(target)
+    assert await end_to_answer(target, runs) < 0.3
+    assert runs.done_answers == 2, "the first answer met the Conflict, the second one was written"
     assert {"type": "MemoryPressure", "status": "False"} in target.nodes["n1"]["status"]["conditions"]

@@ -29,46 +29,44 @@ from inplace_extension.mcm.desired import parse_spec, plan_for
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 
 from .lab_objects import NAMESPACE, NEW, WAIT, done_after_two, label, make_node, make_pool, node, unique
-from .support import AgentThread, ScriptedExecutor, StallingForwarder
+from .support import AgentThread, ScriptedRuns, StallingForwarder
 
 pytestmark = pytest.mark.kube
 WINDOW_MESSAGE = 'waiting for maintenance window "nights" (opens 2026-12-01T22:00Z)'
 
 
 @pytest.fixture
-def agent(kube: Lab) -> Iterator[tuple[AgentThread, ScriptedExecutor]]:
+def agent(kube: Lab) -> Iterator[tuple[AgentThread, ScriptedRuns]]:
     def answer(request: RunRequest, calls: int) -> Progress:
         if request.name.startswith("fail"):
             return Progress(ProgressState.FAILED, 'ntp: task "configure" failed on host')
-        if request.name.startswith("flaky") and request.name not in executor.released:
+        if request.name.startswith("flaky") and request.name not in runs.released:
             return Progress(
                 ProgressState.IN_PROGRESS, "host unreachable, retrying (attempt 2)", 1, retrying=True
             )
-        if request.name.startswith("held") and request.name not in executor.released:
+        if request.name.startswith("held") and request.name not in runs.released:
             return Progress(ProgressState.IN_PROGRESS, WINDOW_MESSAGE, 1, waiting="window")
         return done_after_two(request, calls)
 
-    executor = ScriptedExecutor(answer)
+    runs = ScriptedRuns(answer)
     options = AgentOptions(namespace=NAMESPACE, poll_seconds=0.2, resync_seconds=1.0, claim_seconds=60)
-    thread = AgentThread(kube.kubeconfig, options, executor)
+    thread = AgentThread(kube.kubeconfig, options, runs)
     assert wait_until(lambda: thread.connected, WAIT, 0.1), "the agent lists and watches Nodes"
-    yield thread, executor
+    yield thread, runs
     thread.stop()
 
 
 def test_ready_node_is_updated_to_the_new_machine_sets_class(
-    kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]
+    kube: Lab, agent: tuple[AgentThread, ScriptedRuns]
 ) -> None:
-    _, executor = agent
+    _, runs = agent
     pool, machine = unique("pool"), unique("m")
     make_pool(kube, pool, machine)
     name = unique("ok")
     make_node(kube, name, machine, ns.READY_FOR_UPDATE, annotations={ns.FAILED_REASON_ANNOTATION: "old"})
     assert wait_until(lambda: label(kube, name) == ns.SUCCESSFUL, WAIT, 0.2)
     expected = plan_for(parse_spec({"providerSpec": {"inPlaceUpdate": NEW}}), NAMESPACE, name)
-    assert {r.fingerprint for r in executor.seen(name)} == {expected.fingerprint}, (
-        "the NEW MachineSet's class"
-    )
+    assert {r.fingerprint for r in runs.seen(name)} == {expected.fingerprint}, "the NEW MachineSet's class"
     after = node(kube, name)
     annotations = ns.node_annotations(after)
     assert ns.FAILED_REASON_ANNOTATION not in annotations and ns.CLAIM_ANNOTATION not in annotations
@@ -88,7 +86,7 @@ def _events(kube: Lab, node_name: str) -> set[str]:
 
 
 def test_task_failure_is_answered_failed_with_the_message(
-    kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]
+    kube: Lab, agent: tuple[AgentThread, ScriptedRuns]
 ) -> None:
     pool, machine = unique("pool"), unique("m")
     make_pool(kube, pool, machine)
@@ -101,9 +99,9 @@ def test_task_failure_is_answered_failed_with_the_message(
 
 
 def test_retriable_failure_says_failed_then_recovers(
-    kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]
+    kube: Lab, agent: tuple[AgentThread, ScriptedRuns]
 ) -> None:
-    _, executor = agent
+    _, runs = agent
     pool, machine = unique("pool"), unique("m")
     make_pool(kube, pool, machine)
     name = unique("flaky")
@@ -112,29 +110,29 @@ def test_retriable_failure_says_failed_then_recovers(
     assert "host unreachable" in ns.node_annotations(node(kube, name))[ns.FAILED_REASON_ANNOTATION]
     # MCM would now set UpdateFailed; the agent keeps going and, the host back, turns it successful
     make_node(kube, name, machine, ns.UPDATE_FAILED)
-    executor.released.add(name)
+    runs.released.add(name)
     assert wait_until(lambda: label(kube, name) == ns.SUCCESSFUL, WAIT, 0.2)
     assert ns.FAILED_REASON_ANNOTATION not in ns.node_annotations(node(kube, name))
 
 
 def test_outside_its_window_a_node_is_left_waiting_without_a_result(
-    kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]
+    kube: Lab, agent: tuple[AgentThread, ScriptedRuns]
 ) -> None:
-    _, executor = agent
+    _, runs = agent
     pool, machine = unique("pool"), unique("m")
     make_pool(kube, pool, machine)
     name = unique("held")
     make_node(kube, name, machine, ns.READY_FOR_UPDATE)
     assert wait_until(lambda: "InPlaceUpdateWaiting" in _events(kube, name), WAIT, 0.2)
-    assert wait_until(lambda: len(executor.seen(name)) >= 3, WAIT, 0.1), "asked again after retryAfter"
+    assert wait_until(lambda: len(runs.seen(name)) >= 3, WAIT, 0.1), "asked again after retryAfter"
     assert label(kube, name) is None, "no result: MCM keeps the Node waiting"
     assert "InPlaceUpdateStarted" not in _events(kube, name)
-    executor.released.add(name)  # the window opened
+    runs.released.add(name)  # the window opened
     assert wait_until(lambda: label(kube, name) == ns.SUCCESSFUL, WAIT, 0.2)
 
 
 def test_missing_desired_state_is_a_failure_naming_the_object(
-    kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]
+    kube: Lab, agent: tuple[AgentThread, ScriptedRuns]
 ) -> None:
     name = unique("orphan")
     make_node(kube, name, "no-such-machine", ns.READY_FOR_UPDATE)
@@ -142,8 +140,8 @@ def test_missing_desired_state_is_a_failure_naming_the_object(
     assert "no-such-machine" in ns.node_annotations(node(kube, name))[ns.FAILED_REASON_ANNOTATION]
 
 
-def test_another_replicas_claim_is_respected(kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]) -> None:
-    thread, executor = agent
+def test_another_replicas_claim_is_respected(kube: Lab, agent: tuple[AgentThread, ScriptedRuns]) -> None:
+    thread, runs = agent
     pool, machine = unique("pool"), unique("m")
     make_pool(kube, pool, machine)
     name = unique("claimed")
@@ -153,13 +151,11 @@ def test_another_replicas_claim_is_respected(kube: Lab, agent: tuple[AgentThread
     make_node(kube, other, machine, ns.READY_FOR_UPDATE)
     assert wait_until(lambda: label(kube, other) == ns.SUCCESSFUL, WAIT, 0.2), "the agent is working"
     assert wait_until(lambda: thread.agent is not None, WAIT, 0.1)
-    assert label(kube, name) is None and not executor.seen(name)
+    assert label(kube, name) is None and not runs.seen(name)
     assert ns.node_annotations(node(kube, name))[ns.CLAIM_ANNOTATION] == claim
 
 
-def test_critical_taint_removed_once_mcm_is_done(
-    kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]
-) -> None:
+def test_critical_taint_removed_once_mcm_is_done(kube: Lab, agent: tuple[AgentThread, ScriptedRuns]) -> None:
     name = unique("done")
     taints = [
         {"key": ns.CRITICAL_TAINT[0], "effect": "NoSchedule"},
@@ -185,7 +181,7 @@ def test_critical_taint_removed_once_mcm_is_done(
     assert wait_until(lambda: kept() == ["someone.else/taint"], WAIT, 0.2)
 
 
-def test_watch_recovers_from_an_api_outage(kube: Lab, agent: tuple[AgentThread, ScriptedExecutor]) -> None:
+def test_watch_recovers_from_an_api_outage(kube: Lab, agent: tuple[AgentThread, ScriptedRuns]) -> None:
     thread, _ = agent
     pool, machine = unique("pool"), unique("m")
     make_pool(kube, pool, machine)
@@ -201,9 +197,9 @@ def test_watch_recovers_from_an_api_outage(kube: Lab, agent: tuple[AgentThread, 
 
 
 def test_delete_pods_flag_deletes_the_pods_left_on_an_updated_node(kube: Lab) -> None:
-    executor = ScriptedExecutor(done_after_two)
+    runs = ScriptedRuns(done_after_two)
     options = AgentOptions(namespace=NAMESPACE, poll_seconds=0.2, resync_seconds=1.0, delete_pods=True)
-    thread = AgentThread(kube.kubeconfig, options, executor)
+    thread = AgentThread(kube.kubeconfig, options, runs)
     try:
         assert wait_until(lambda: thread.connected, WAIT, 0.1)
         pool, machine = unique("pool"), unique("m")
@@ -249,7 +245,7 @@ def test_an_agent_stopped_while_its_requests_connect_leaves_no_socket_open(kube:
         kube.kubeconfig.read_text().replace(kube.server, f"https://127.0.0.1:{forwarder.port}")
     )
     options = AgentOptions(namespace=NAMESPACE, poll_seconds=0.2, resync_seconds=0.05)
-    thread = AgentThread(kubeconfig, options, ScriptedExecutor(done_after_two))
+    thread = AgentThread(kubeconfig, options, ScriptedRuns(done_after_two))
     try:
         assert wait_until(lambda: thread.connected, WAIT, 0.1), "the agent lists and watches Nodes"
         forwarder.stall()

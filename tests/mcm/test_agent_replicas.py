@@ -23,7 +23,7 @@ from inplace_extension.mcm.agent import AgentOptions
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 
 from .lab_objects import NAMESPACE, WAIT, label, make_node, make_pool, node, unique
-from .support import AgentThread, ScriptedExecutor
+from .support import AgentThread, ScriptedRuns
 
 pytestmark = pytest.mark.kube
 
@@ -37,7 +37,7 @@ class Replica:
 
     ident: str
     thread: AgentThread
-    executor: ScriptedExecutor
+    runs: ScriptedRuns
     polls: list[tuple[str, str, float]] = field(default_factory=list)
     stopped: bool = False
 
@@ -48,7 +48,7 @@ class Replica:
             self.thread.stop()
 
     def applied(self) -> set[str]:
-        return self.executor.nodes()
+        return self.runs.nodes()
 
     def holders(self) -> set[str]:
         """The replicas the Node's claim named whenever this replica's executor was polled."""
@@ -76,8 +76,8 @@ def start_replica(kube: Lab) -> Iterator[StartReplica]:
             claim_seconds=claim_seconds,
             agent_id=ident,
         )
-        executor = ScriptedExecutor(recorded)
-        replica = Replica(ident, AgentThread(kube.kubeconfig, options, executor), executor)
+        runs = ScriptedRuns(recorded)
+        replica = Replica(ident, AgentThread(kube.kubeconfig, options, runs), runs)
         started.append(replica)
         return replica
 
@@ -172,7 +172,7 @@ def test_dead_replicas_claim_is_taken_over_once_it_expires(kube: Lab, start_repl
         f"taken over {claim.expires - first_poll:.1f} s before the claim expired"
     )
     assert survivor.holders() == {survivor.ident}, "the survivor applied under its own claim"
-    assert len({r.ident for r in survivor.executor.seen(name)}) == 1, "one run, polled until done"
+    assert len({r.ident for r in survivor.runs.seen(name)}) == 1, "one run, polled until done"
     assert len(victim.polls) == victim_polls, "a stopped replica does nothing more"
     assert ns.CLAIM_ANNOTATION not in ns.node_annotations(node(kube, name))
 
