@@ -183,13 +183,7 @@ def kubernetes_backend(
         jobs=jobs,
         records=store,
         where=where,
-        config=JobConfig(
-            namespace=settings.job_namespace,
-            image=image,
-            service_account=settings.job_service_account,
-            deadline_seconds=settings.job_deadline_seconds,
-            ttl_seconds=settings.job_ttl_seconds,
-        ),
+        config=JobConfig.of(settings, image),
         play=play,
         job_settings=job_settings(settings),
         capabilities_file=None

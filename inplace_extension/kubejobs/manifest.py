@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from inplace_extension.runs.model import RunRequest
+from inplace_extension.settings import Settings
 
 APP: Final = "inplace-extension"
 COMPONENT: Final = "attempt"
@@ -75,6 +76,17 @@ class JobConfig:
     service_account: str
     deadline_seconds: int
     ttl_seconds: int  # how long a finished Job is kept once its outcome is in the record
+
+    @classmethod
+    def of(cls, settings: Settings, image: str) -> JobConfig:
+        """The ``--job-*`` settings, for Jobs of ``image``."""
+        return cls(
+            namespace=settings.job_namespace,
+            image=image,
+            service_account=settings.job_service_account,
+            deadline_seconds=settings.job_deadline_seconds,
+            ttl_seconds=settings.job_ttl_seconds,
+        )
 
 
 def job_name(ident: str, attempt: int, *, episode: str) -> str:

@@ -72,13 +72,7 @@ def job_checker(settings: Settings, play: PlayConfig, jobs: JobCluster, image: s
     as the service would run its attempts."""
     where = DryRunJobs(
         jobs=jobs,
-        config=JobConfig(
-            namespace=settings.job_namespace,
-            image=image,
-            service_account=settings.job_service_account,
-            deadline_seconds=settings.job_deadline_seconds,
-            ttl_seconds=settings.job_ttl_seconds,
-        ),
+        config=JobConfig.of(settings, image),
         settings=job_settings(settings),
         play=play,
         start_seconds=settings.job_start_timeout_seconds,
