@@ -40,6 +40,8 @@ from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 from playbooks.standins import install_standins, lab_run_on_host
 
+from inplace_extension.runs.policy import BACKOFF_CAP_SECONDS
+
 from .conftest import unique_namespace
 from .kube_aware import MACHINES, KubeExtension, Worker, create_worker, run_attempts, serving
 from .rollout import CAPI_FAILURE, CP_MACHINE_HEALTH_CONDITIONS, KCP, KCP_HEALTH_CONDITIONS, wait
@@ -334,7 +336,14 @@ def test_a_retry_after_an_unreachable_host_meets_a_closed_window_and_a_failing_c
             worker.change(add_user("opsevery"))
             wait(lambda: bool(run_attempts(ext, machine)), 240, "the first attempt", worker.explain)
             assert datetime.now(UTC) < closes, "the first attempt came after its window: raise the lead"
-            wait(lambda: closed in worker.events().get("Waiting", []), 240, closed, worker.explain)
+            # the retry due after the window closed comes after its backoff, which the retries inside the
+            # window may have raised to its cap (a whole run: attempt 9 in the window, 256 s to wait)
+            wait(
+                lambda: closed in worker.events().get("Waiting", []),
+                BACKOFF_CAP_SECONDS + 120,
+                closed,
+                worker.explain,
+            )
             tried = run_attempts(ext, machine)
             assert tried and all(a["outcome"] == "unreachable" for a in tried), tried
             faults.sshd(lab, host, running=True)  # the host is back: the window alone holds the retry
