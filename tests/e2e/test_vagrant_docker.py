@@ -128,7 +128,9 @@ def machines(podman_api: dict[str, str], tmp_path_factory: pytest.TempPathFactor
         _run(["vagrant", "up", "--provider=docker"], env, directory, timeout=900)
         yield Machines(directory, env)
     finally:
-        subprocess.run(["vagrant", "destroy", "-f"], cwd=directory, env=env, capture_output=True, timeout=300)
+        destroyed = subprocess.run(
+            ["vagrant", "destroy", "-f"], cwd=directory, env=env, capture_output=True, text=True, timeout=300
+        )
         ids = [p.read_text().strip() for p in directory.glob(".vagrant/machines/*/docker/id")]
         left = [
             i
@@ -137,7 +139,9 @@ def machines(podman_api: dict[str, str], tmp_path_factory: pytest.TempPathFactor
         ]
         for container in left:  # vagrant destroy failed: never leave a container behind
             subprocess.run(["docker", "rm", "-f", container], env=env, capture_output=True, check=False)
-        assert left == [], f"vagrant destroy left containers {left}"
+        # with what vagrant said: a whole run's teardown met a container left once, for a cause not known
+        said = (destroyed.stdout + destroyed.stderr)[-3000:]
+        assert left == [], f"vagrant destroy (exit {destroyed.returncode}) left containers {left}: {said}"
 
 
 def test_the_vagrant_machines_boot_systemd_and_are_updated_by_the_service(
