@@ -319,7 +319,12 @@ def test_a_retry_after_an_unreachable_host_meets_a_closed_window_and_a_failing_c
     first_opened = _minute(now)
     minutes = math.ceil((now + FIRST_ATTEMPT_LEAD - first_opened).total_seconds() / 60)
     closes = first_opened + timedelta(minutes=minutes)
-    opens = closes + timedelta(minutes=1)
+    # the retry due after the close must fall in the gap: its backoff is at most the window's length (the
+    # backoffs double from 1 s, so the last is about the sum of those before it); with a gap of one minute,
+    # fast failures of the host had the window's retries reach attempt 9 and the retry due after the close
+    # fall past the gap, into the next window (two runs)
+    gap = timedelta(minutes=minutes + 1)
+    opens = closes + gap
     scope = f"    labels: {{cluster.x-k8s.io/cluster-name: {worker.cluster}}}\n"
     windows = (
         "maintenance_windows:\n"
@@ -336,8 +341,7 @@ def test_a_retry_after_an_unreachable_host_meets_a_closed_window_and_a_failing_c
             worker.change(add_user("opsevery"))
             wait(lambda: bool(run_attempts(ext, machine)), 240, "the first attempt", worker.explain)
             assert datetime.now(UTC) < closes, "the first attempt came after its window: raise the lead"
-            # the retry due after the window closed comes after its backoff, which the retries inside the
-            # window may have raised to its cap (a whole run: attempt 9 in the window, 256 s to wait)
+            # the retry due after the window closed comes after its backoff (at most the window's length)
             wait(
                 lambda: closed in worker.events().get("Waiting", []),
                 BACKOFF_CAP_SECONDS + 120,
@@ -348,7 +352,12 @@ def test_a_retry_after_an_unreachable_host_meets_a_closed_window_and_a_failing_c
             assert tried and all(a["outcome"] == "unreachable" for a in tried), tried
             faults.sshd(lab, host, running=True)  # the host is back: the window alone holds the retry
             ceph.set("HEALTH_WARN")  # and when it opens, the check
-            wait(lambda: checking in worker.events().get("Waiting", []), 150, checking, worker.explain)
+            wait(
+                lambda: checking in worker.events().get("Waiting", []),
+                gap.total_seconds() + 150,
+                checking,
+                worker.explain,
+            )
             assert datetime.now(UTC) >= opens
             assert run_attempts(ext, machine) == tried, "no attempt while the window was closed"
             assert stamp_writes(lab, host) == []
