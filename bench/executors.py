@@ -82,7 +82,7 @@ from playbooks.standins import install_standins, lab_run_on_host  # noqa: E402
 
 from bench.procs import Sampler, TreeSampler, cpu_seconds, peak_rss_mb, tree_pss_kb  # noqa: E402
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION  # noqa: E402
-from inplace_extension.runs.ssh import close_control_masters  # noqa: E402
+from inplace_extension.plays.ssh import close_control_masters  # noqa: E402
 
 VERSION = "v1.30.2"  # the stand-ins' kubelet on the hosts, and what their kwok Nodes report
 NAMESPACE = "e2e"  # tests/e2e/capi.py's UpdateMachine requests name this namespace

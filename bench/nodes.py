@@ -62,7 +62,7 @@ from mcm_lab.agentproc import AgentProcess  # noqa: E402
 
 from bench import plays  # noqa: E402
 from inplace_extension.mcm import node_state as ns  # noqa: E402
-from inplace_extension.runs.ssh import close_control_masters  # noqa: E402
+from inplace_extension.plays.ssh import close_control_masters  # noqa: E402
 
 VERSION = nodes_flavour.START_VERSION
 FILES = ("a", "b", "c")

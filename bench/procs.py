@@ -132,7 +132,7 @@ def hosts_in(inventory: str) -> int:
 
 def children_cpu_seconds(pid: int) -> float:
     """CPU time (user + system) of the waited-for descendants of ``pid``: the plays it ran, on this side.
-    A play forked from the service's fork server (runs/forkserver.py) is the server's child, not the
+    A play forked from the service's fork server (plays/forkserver.py) is the server's child, not the
     service's: the servers still running count whole (their import of ansible-core and their reaped
     plays; one that has ended was waited for by the service, so it is in the service's own figure)."""
     fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()

@@ -46,7 +46,7 @@ from playbooks.standins import install_standins, lab_run_on_host  # noqa: E402
 from bench import nodes, plays  # noqa: E402
 from bench.procs import MemorySampler, children_cpu_seconds, hosts_in, peak_rss_mb  # noqa: E402
 from inplace_extension.inplace.plan import step_fingerprints  # noqa: E402
-from inplace_extension.runs.ssh import close_control_masters  # noqa: E402
+from inplace_extension.plays.ssh import close_control_masters  # noqa: E402
 
 VERSION = "v1.30.2"
 
@@ -154,7 +154,7 @@ class Bench:
         extravars = {
             "update_machine_ident": f"raw.{name}.{fingerprint[:12]}",
             "update_machine_fingerprint": fingerprint,
-            # as the service passes them (inplace_extension.runs.runner.run_parameters)
+            # as the service passes them (inplace_extension.plays.runner.run_parameters)
             "update_machine_step_fingerprints": step_fingerprints(inputs),
             "update_machine_capabilities": list(inputs),
             "update_machine_inputs_file": str(inputs_file),

@@ -23,9 +23,10 @@ from inplace_extension.kube.port import JobCluster, RecordRef
 from inplace_extension.kubejobs.backend import JobBackend
 from inplace_extension.kubejobs.manifest import JobConfig
 from inplace_extension.kubejobs.spec import JOB_SETTINGS
+from inplace_extension.local.backend import LocalBackend
 from inplace_extension.metrics import Metrics
+from inplace_extension.plays.batch import PlayConfig
 from inplace_extension.runs.backend import Backend
-from inplace_extension.runs.local import LocalBackend, PlayConfig
 from inplace_extension.runs.model import (
     ClusterSide,
     HostCheck,

@@ -28,11 +28,11 @@ ValueError                configuration refused at start-up, the message says wh
 ├── CapabilitiesFileError capabilities_file
 ├── InventoryError        runs.inventory
 ├── PlanInputError        preview.inputs: a file ``plan --old/--new`` cannot read or compare
-└── RunConfigError        runs.runner
+└── RunConfigError        plays.runner
 Exception                 control flow, caught by the next layer up and turned into an answer:
 ├── EntrySkipped          inplace.entries: an entry that is not ours to carry out
 ├── DrainError            kube.port: the drain did not finish (kubeaware turns it into a Blocked)
-└── RunStartError         runs.runner: ansible-runner refused to start a play
+└── RunStartError         plays.runner: ansible-runner refused to start a play
 anything else             a bug: logged with its traceback -> 200 Failure "InternalError: see extension logs"
 ```
 

@@ -26,7 +26,7 @@ HookStatus = Literal["Success", "Failure"]
 """The ``status`` of a hook answer as CAPI reads it (docs/capi-hooks.md §3.2)."""
 
 RunOutcome = Literal["successful", "task_failed", "unreachable", "host_busy", "interrupted", "withdrawn"]
-"""How a run ended: the values of ``inplace_extension.runs.artifacts.OutcomeKind`` (successful; a task failed;
+"""How a run ended: the values of ``inplace_extension.runs.attempts.OutcomeKind`` (successful; a task failed;
 SSH never connected; the host lock was held by another run; killed or no proof of completion; taken
 back by a hold before its play began)."""
 

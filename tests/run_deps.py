@@ -9,9 +9,10 @@ import time
 from collections.abc import Callable
 from typing import TypedDict, Unpack
 
+from inplace_extension.local.backend import LocalBackend
 from inplace_extension.metrics import Metrics
+from inplace_extension.plays.batch import NO_PLAY_CONFIG, PlayConfig
 from inplace_extension.runs.backend import Backend
-from inplace_extension.runs.local import NO_PLAY_CONFIG, LocalBackend, PlayConfig
 from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, ClusterSide, ObjectHealth
 from inplace_extension.runs.service import RunDeps, RunService
 from inplace_extension.runs.windows import NO_WINDOWS, Schedule

@@ -161,7 +161,7 @@ def test_bad_values_are_refused_precisely(call: object, message: str) -> None:
 
 def test_run_outcomes_are_the_run_engine_outcome_kinds() -> None:
     # run_finished(outcome.kind.value, ...) must be accepted for every outcome the run engine records
-    from inplace_extension.runs.artifacts import OutcomeKind
+    from inplace_extension.runs.attempts import OutcomeKind
 
     assert {kind.value for kind in OutcomeKind} == RUN_OUTCOMES
     metrics = Metrics()

@@ -29,7 +29,7 @@ from inplace_extension.kubejobs.attempt import (
 from inplace_extension.kubejobs.manifest import TERMINATION_LOG
 from inplace_extension.kubejobs.spec import AttemptSpec
 from inplace_extension.logs import configure_logging
-from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.attempts import OutcomeKind
 from inplace_extension.runs.model import NO_CLUSTER_SIDE, ClusterSide
 from inplace_extension.settings import Settings
 

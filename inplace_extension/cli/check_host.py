@@ -2,7 +2,7 @@
 
 Internal: ``plan --hosts`` with ``--executor kubernetes`` creates the Job, with the spec in a Secret the
 Job owns (``--spec``; kubejobs/dry_run.py). The command plays the update in Ansible check mode with diff
-against that one host, as the ``local`` executor's dry run does (runs/dry_run.py: it changes nothing,
+against that one host, as the ``local`` executor's dry run does (plays/dry_run.py: it changes nothing,
 takes no lock), and writes the check as the container's termination message. Its exit status is 0
 whenever a check was written (a host that would change, or could not be reached, is a check).
 """
@@ -18,8 +18,8 @@ from inplace_extension.kubejobs.dry_run import CHECK_COMMAND, encode_check
 from inplace_extension.kubejobs.manifest import TERMINATION_LOG
 from inplace_extension.kubejobs.spec import AttemptSpec
 from inplace_extension.logs import configure_logging
-from inplace_extension.runs.dry_run import DryRun, check_hosts
-from inplace_extension.runs.local import PlayConfig
+from inplace_extension.plays.batch import PlayConfig
+from inplace_extension.plays.dry_run import DryRun, check_hosts
 from inplace_extension.settings import Settings
 
 OPTIONS = (

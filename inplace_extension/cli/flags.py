@@ -374,7 +374,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 # INPLACE_* variables that are no command's: other tools' of the project (scripts/release and
 # clusterctl's INPLACE_NAMESPACE and INPLACE_IMAGE, the tests' INPLACE_TEST_WORKERS and caches) and the
-# one the service sets for its own plays (runs/artifacts.py): neither refused nor warned about
+# one the service sets for its own plays (plays/artifacts.py): neither refused nor warned about
 OTHER_VARIABLES: frozenset[str] = frozenset(
     {
         "INPLACE_NAMESPACE",

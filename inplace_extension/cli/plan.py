@@ -21,9 +21,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from inplace_extension.capabilities_file import FileConfig
+    from inplace_extension.plays.dry_run import DryRun, HostCheck
     from inplace_extension.preview.hosts import Checker
     from inplace_extension.preview.inputs import Machine
-    from inplace_extension.runs.dry_run import DryRun, HostCheck
     from inplace_extension.settings import Settings
 
 # the settings that change what the service would do with an update (the rest only say how it serves)

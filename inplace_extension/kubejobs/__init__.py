@@ -6,5 +6,5 @@ the MCM agent, the Node), so any replica answers any poll.
 - ``spec.py``: what a Job is told (its Secret) and what it answers (its termination message), pure;
 - ``manifest.py``: the Job and Secret manifests (pure);
 - ``backend.py``: :class:`~inplace_extension.runs.backend.Backend` over the ``kube`` ports;
-- ``attempt.py``: one attempt inside the Job, with the ``local`` backend's plumbing.
+- ``attempt.py``: one attempt inside the Job: a batch play of one (``plays/batch.py``).
 """

@@ -1,12 +1,12 @@
-"""One attempt inside its Job: the ``local`` backend's plumbing (the same playbook, host lock and stamp,
-drain point, outcome classification) for the one attempt the service decided, played at once in the
-calling thread (no queue, batch window or worker thread), then its outcome as the container's
-termination message. The phase is published as it changes (the Pod's own annotation), so a poll to any
-replica answers ``running: <phase>`` without reading logs. A deleted or evicted Pod (SIGTERM) or the
-attempt's own deadline stops the play (:class:`PlayStop`): the outcome is then interrupted, written
-within the Pod's grace period, and says whether the play had passed its drain point (by its own events,
-as the ``local`` executor tells of a play whose process died), so that the next attempt resumes it
-unchecked, or is a new start.
+"""One attempt inside its Job: the batch play the ``local`` backend's worker threads run (plays/batch.py: the
+same playbook, host lock and stamp, drain point, outcome classification) for the one attempt the service
+decided, played at once in the calling thread (no queue, batch window or worker thread), then its outcome
+as the container's termination message. The phase is published as it changes (the Pod's own annotation),
+so a poll to any replica answers ``running: <phase>`` without reading logs. A deleted or evicted Pod
+(SIGTERM) or the attempt's own deadline stops the play (:class:`PlayStop`): the outcome is then
+interrupted, written within the Pod's grace period, and says whether the play had passed its drain point
+(by its own events, as the ``local`` executor tells of a play whose process died), so that the next
+attempt resumes it unchecked, or is a new start.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from inplace_extension.kube.errors import KubeError
 from inplace_extension.kube.jobs import PHASE_ANNOTATION
 from inplace_extension.kube.port import JobCluster
 from inplace_extension.kubejobs.spec import AttemptSpec, interrupted, termination_message
-from inplace_extension.runs.artifacts import Attempt, Outcome, OutcomeKind, read_json, stop_play
+from inplace_extension.plays.artifacts import read_json, stop_play
+from inplace_extension.plays.batch import BatchAttempt, BatchPlayer, HostLock, PlayConfig
+from inplace_extension.plays.outcomes import load_attempts, past_drain_point
+from inplace_extension.runs.attempts import Attempt, Outcome, OutcomeKind
 from inplace_extension.runs.backend import Launch
-from inplace_extension.runs.local import HostLock, LocalBackend, PlayConfig
 from inplace_extension.runs.model import ClusterSide
-from inplace_extension.runs.outcomes import load_attempts, past_drain_point
 from inplace_extension.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -149,13 +150,16 @@ def run_attempt(
         host_checks=spec.host_checks,
         role_vars=spec.role_vars,
     )
-    backend = LocalBackend(
+    player = BatchPlayer(
         settings,
         cluster=cluster,
         play=play,
         metrics=None,
         clock=clock,
-        on_phase=lambda _, phase: publish(phase),
+        set_phase=lambda _, phase: publish(phase),
+        # the Job's own runs dir holds this one attempt: the episodes are the record's (record.py)
+        episode=lambda _: "",
+        finished=lambda _: None,
     )
     runs_dir = settings.runs_dir.expanduser().resolve()
     stop = stop or PlayStop(runs_dir / ".batches")
@@ -165,9 +169,13 @@ def run_attempt(
     log.info("machine=%s run=%s attempt=%d: playing", request.machine, request.ident, spec.number)
     deadline.start()
     try:
-        backend.play(
-            Launch(request, spec.target, spec.token, resumes=spec.resumes),
-            HostLock(spec.lock_token, spec.takeover_tokens),
+        player.play(
+            [
+                BatchAttempt(
+                    Launch(request, spec.target, spec.token, resumes=spec.resumes),
+                    HostLock(spec.lock_token, spec.takeover_tokens),
+                )
+            ]
         )
     finally:
         deadline.cancel()

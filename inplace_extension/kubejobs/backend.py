@@ -61,10 +61,10 @@ from inplace_extension.kubejobs.manifest import (
 )
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record, Recorded, WaitClock
 from inplace_extension.kubejobs.spec import AttemptSpec, interrupted, outcome_of
+from inplace_extension.plays.batch import PlayConfig
 from inplace_extension.runs import progress
-from inplace_extension.runs.artifacts import Attempt, Outcome, OutcomeKind
+from inplace_extension.runs.attempts import Attempt, Outcome, OutcomeKind
 from inplace_extension.runs.backend import Launch
-from inplace_extension.runs.local import PlayConfig
 from inplace_extension.runs.memo import Recent
 from inplace_extension.runs.model import ClusterSide, RunRequest
 from inplace_extension.runs.resolve import HostTarget, ResolveError

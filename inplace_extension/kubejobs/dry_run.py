@@ -1,4 +1,4 @@
-"""The host dry run through the ``kubernetes`` executor: each Machine's check (:mod:`runs.dry_run`, the
+"""The host dry run through the ``kubernetes`` executor: each Machine's check (:mod:`plays.dry_run`, the
 update playbook in Ansible check mode with diff) played in a Job of its own, as an attempt would be.
 
 The Job is the attempt Job's shape (manifest.py: the service's image, its ServiceAccount, the
@@ -50,8 +50,8 @@ from inplace_extension.kubejobs.manifest import (
     secret_manifest,
 )
 from inplace_extension.kubejobs.spec import SPEC_KEY, TERMINATION_MESSAGE_LIMIT, AttemptSpec
-from inplace_extension.runs.dry_run import ERROR, DryRun, HostCheck, StepCheck
-from inplace_extension.runs.local import PlayConfig
+from inplace_extension.plays.batch import PlayConfig
+from inplace_extension.plays.dry_run import ERROR, DryRun, HostCheck, StepCheck
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from inplace_extension.runs.artifacts import Attempt, Outcome
+from inplace_extension.runs.attempts import Attempt, Outcome
 
 RECORD_ANNOTATION: Final = "inplace-extension.io/attempts"
 MAX_ATTEMPTS: Final = 200

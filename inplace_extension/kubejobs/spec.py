@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from inplace_extension.runs.artifacts import Outcome, OutcomeKind
+from inplace_extension.runs.attempts import Outcome, OutcomeKind
 from inplace_extension.runs.model import HostCheck, RunRequest
 from inplace_extension.runs.resolve import HostTarget
 

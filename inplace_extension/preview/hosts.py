@@ -1,7 +1,7 @@
 """``plan --hosts``: the host dry run of a preview. Each previewed Machine whose update runs in place and
 whose host resolved (as UpdateMachine resolves it: :mod:`preview.judge`) is checked on its host with the
 update playbook in check mode, through the configured executor (``local``: a play in this process,
-:mod:`runs.dry_run`; ``kubernetes``: a Job per host, :mod:`kubejobs.dry_run`); a Machine whose host did
+:mod:`plays.dry_run`; ``kubernetes``: a Job per host, :mod:`kubejobs.dry_run`); a Machine whose host did
 not resolve is an error of its own, and the others go on. The exit code follows ``terraform plan
 -detailed-exitcode`` (:func:`exit_code`).
 """
@@ -17,16 +17,9 @@ from inplace_extension.engine import job_settings
 from inplace_extension.kube.port import JobCluster
 from inplace_extension.kubejobs.dry_run import DryRunJobs, check_hosts_in_jobs
 from inplace_extension.kubejobs.manifest import JobConfig
+from inplace_extension.plays.batch import PlayConfig
+from inplace_extension.plays.dry_run import CANNOT_TELL, ERROR, WOULD_CHANGE, DryRun, HostCheck, check_hosts
 from inplace_extension.preview.model import MachinePreview, Preview
-from inplace_extension.runs.dry_run import (
-    CANNOT_TELL,
-    ERROR,
-    WOULD_CHANGE,
-    DryRun,
-    HostCheck,
-    check_hosts,
-)
-from inplace_extension.runs.local import PlayConfig
 from inplace_extension.settings import Settings
 
 NOTHING_TO_DO: Final = 0
@@ -48,7 +41,7 @@ class Checked:
 
 
 # checks the runs' hosts (in their order), telling each check as it ends: the local executor's plays
-# (runs.dry_run.check_hosts) or the kubernetes executor's Jobs (kubejobs.dry_run.check_hosts_in_jobs)
+# (plays.dry_run.check_hosts) or the kubernetes executor's Jobs (kubejobs.dry_run.check_hosts_in_jobs)
 Checker = Callable[[Sequence[DryRun], Callable[[HostCheck], None]], list[HostCheck]]
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
+from inplace_extension.plays.dry_run import HostCheck
 from inplace_extension.preview.hosts import Checked
 from inplace_extension.preview.model import Host, Preview, Window
-from inplace_extension.runs.dry_run import HostCheck
 
 OUTCOMES = {
     "in-place": "in place",

@@ -23,7 +23,7 @@ from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
 from inplace_extension.rollout.model import MachineStatus, Rollout, State
 from inplace_extension.rollout.standing import begun, ended_status
 from inplace_extension.runs import progress
-from inplace_extension.runs.artifacts import Attempt, OutcomeKind
+from inplace_extension.runs.attempts import Attempt, OutcomeKind
 from inplace_extension.runs.policy import BLOCKED_MESSAGE, Verdict, decide
 
 UPDATING: Final = "Updating"  # CAPI's Machine condition: an in-place update is under way

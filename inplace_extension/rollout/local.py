@@ -1,5 +1,5 @@
 """A rollout as the ``local`` executor's runs dir records it: each machine's current episode
-(runs/episode.py), its attempts there with their outcomes (runs/outcomes.py), judged by the service's
+(local/episode.py), its attempts there with their outcomes (plays/outcomes.py), judged by the service's
 own state machine (runs/policy.py) with the retry settings the service runs with; a running attempt's
 step from its play's events so far.
 
@@ -14,15 +14,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from inplace_extension.local import episode
+from inplace_extension.plays.artifacts import BatchRef, play_ended, read_json
+from inplace_extension.plays.outcomes import current_task, load_attempts
+from inplace_extension.plays.steps import DRAIN_TASK, HEALTH_TASK, JOINT_STEPS, JOINT_TASK
 from inplace_extension.rollout.model import MachineStatus, Rollout, State
 from inplace_extension.rollout.standing import begun, ended_status
-from inplace_extension.runs import episode, progress
-from inplace_extension.runs.artifacts import Attempt, BatchRef, OutcomeKind, play_ended, read_json
-from inplace_extension.runs.outcomes import current_task, load_attempts
+from inplace_extension.runs import progress
+from inplace_extension.runs.attempts import Attempt, OutcomeKind
 from inplace_extension.runs.policy import Verdict, decide
-from inplace_extension.runs.steps import DRAIN_TASK, HEALTH_TASK, JOINT_STEPS, JOINT_TASK
 
-# the local executor's summary of an ended attempt (runs/local.py writes it as the attempt ends): an
+# the local executor's summary of an ended attempt (local/backend.py writes it as the attempt ends): an
 # attempt without it whose play has a final status ended a moment ago and is being summarised (the full
 # fingerprint that classifying it needs is not on disk, so it is not classified here)
 SUMMARY: Final = "outcome.json"
@@ -106,7 +108,7 @@ def machine_status(
 
 def step_of(task: tuple[str, str] | None) -> str:
     """The step of a play's current ``(role, task)``: its role (a built-in step's role is the step; a
-    user-defined step's is its own), or the play's own tasks around them (runs/steps.py)."""
+    user-defined step's is its own), or the play's own tasks around them (plays/steps.py)."""
     if task is None:
         return progress.STARTING
     role, name = task

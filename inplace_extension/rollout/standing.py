@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inplace_extension.rollout.model import MachineStatus, State
-from inplace_extension.runs.artifacts import Attempt, OutcomeKind
+from inplace_extension.runs.attempts import Attempt, OutcomeKind
 from inplace_extension.runs.policy import Standing, Verdict
 
 

@@ -3,7 +3,7 @@ and how an attempt's play is launched and watched (:class:`Launcher`); a :class:
 
 The decisions (the retry policy, holds, windows, health checks, the health gate) are one piece of code,
 :class:`~inplace_extension.runs.service.RunService`, whatever the backend. Two backends exist:
-``local`` (:mod:`inplace_extension.runs.local`: the runs directory on disk, plays in worker threads of
+``local`` (:mod:`inplace_extension.local.backend`: the runs directory on disk, plays in worker threads of
 this process) and ``kubernetes`` (:mod:`inplace_extension.kubejobs`: the record on the object the update
 is for, one Kubernetes Job per attempt).
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from inplace_extension.runs.artifacts import Attempt
+from inplace_extension.runs.attempts import Attempt
 from inplace_extension.runs.model import RunRequest
 from inplace_extension.runs.resolve import HostTarget
 
@@ -64,7 +64,7 @@ class AttemptRecord(Protocol):
 
     async def gate_passed(self, request: RunRequest, number: int) -> None:
         """The health gate passed after attempt ``number``: recorded where any replica reads it (its
-        :attr:`~inplace_extension.runs.artifacts.Attempt.gate_passed`), or nothing where the process that
+        :attr:`~inplace_extension.runs.attempts.Attempt.gate_passed`), or nothing where the process that
         saw it is the only one to answer (``local``: its memory)."""
         ...
 

@@ -35,7 +35,7 @@ import math
 from collections.abc import Sequence
 from typing import Final
 
-from inplace_extension.runs.artifacts import Attempt, OutcomeKind
+from inplace_extension.runs.attempts import Attempt, OutcomeKind
 from inplace_extension.runs.memo import Recent
 from inplace_extension.runs.model import RunRequest
 

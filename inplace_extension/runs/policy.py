@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inplace_extension.runs import progress
-from inplace_extension.runs.artifacts import RETRIABLE, Attempt, Outcome, OutcomeKind
+from inplace_extension.runs.attempts import RETRIABLE, Attempt, Outcome, OutcomeKind
 
 RETRY_ANNOTATION = "inplace-extension.io/retry"
 BACKOFF_CAP_SECONDS = 300
@@ -43,7 +43,7 @@ class Standing:
     next_attempt: int = 1
     blocked: bool = False  # FAILED: the retry budget is spent (not a task failure)
     # START: the last attempt has no outcome (the process running it died mid-play) and its play had
-    # passed its drain point (artifacts.Attempt.past_drain_point), or (``kubernetes``) its Job died
+    # passed its drain point (attempts.Attempt.past_drain_point), or (``kubernetes``) its Job died
     # mid-play past it (Outcome.died_past_drain_point): this one resumes what it began, so it finishes
     # like a play in flight; any other START is a new attempt. WAIT: the attempt after the backoff resumes
     # so (nothing holds it back, not even a cancel)

@@ -13,7 +13,7 @@ import re
 import string
 from collections.abc import Iterable
 
-from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.attempts import OutcomeKind
 
 # the steps of a run besides its capabilities: before the first capability's task and after the last
 STARTING = "starting"

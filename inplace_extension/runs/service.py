@@ -23,10 +23,7 @@ import anyio.to_thread
 from inplace_extension.errors import Unavailable
 from inplace_extension.metrics import Metrics, WaitReason
 from inplace_extension.runs import progress, validate
-from inplace_extension.runs.artifacts import (
-    Attempt,
-    OutcomeKind,
-)
+from inplace_extension.runs.attempts import Attempt, OutcomeKind
 from inplace_extension.runs.backend import Backend, Launch
 from inplace_extension.runs.inventory import InventorySource
 from inplace_extension.runs.memo import Memo, Recent
@@ -72,7 +69,7 @@ class RunDeps:
     object_health: ObjectHealth  # checks of cluster objects around each update; NO_OBJECT_HEALTH: none
     windows: Schedule  # when a new update may start; NO_WINDOWS: any time
     clock: Callable[[], float]  # wall-clock seconds (time.time; tests pass their own)
-    backend: Backend  # where attempts are recorded and how they run: runs/local.py or kubejobs/
+    backend: Backend  # where attempts are recorded and how they run: local/backend.py or kubejobs/
 
 
 class RunService:

@@ -59,7 +59,7 @@ def running_service(inventory: Path, lab: Lab, workdir: Path, retry_after: int) 
 def _close_run_ssh_masters(runs_dir: Path) -> None:
     """End the service's ControlPersist ssh masters (they would linger for a minute after the runs)."""
     try:
-        from inplace_extension.runs.ssh import close_control_masters
+        from inplace_extension.plays.ssh import close_control_masters
     except ImportError:  # hostlab runs without the service installed too
         return
     close_control_masters(runs_dir)

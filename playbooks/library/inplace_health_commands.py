@@ -12,7 +12,7 @@ Why one module and not a ``command`` task per check: one SSH round trip for all 
 (each module execution costs about half a second over SSH), and the result holds no command output. stdin,
 stdout and stderr go to /dev/null: output may hold secrets and would land in the job events. The failure
 message is stable and value-free (``health gate: check <name>: exit status <N>``, ``...: timed out``, ``...:
-cannot start (FileNotFoundError)``); inplace_extension.runs.outcomes shows it to CAPI as the Failure message.
+cannot start (FileNotFoundError)``); inplace_extension.plays.outcomes shows it to CAPI as the Failure message.
 """
 
 from __future__ import annotations

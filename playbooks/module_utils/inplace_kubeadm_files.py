@@ -192,7 +192,7 @@ def file_diff(
     and its content before and after when the file is world-readable now and after (else the content is
     redacted: it may be a secret). The content goes base64-encoded: the module's ``content`` argument is
     ``no_log``, and Ansible masks such a value wherever it finds it in a result, which would leave a diff
-    of stars; the dry run decodes it (runs/dry_run.py)."""
+    of stars; the dry run decodes it (plays/dry_run.py)."""
     after_meta = f"{entry['uid']}:{entry['gid']} {entry['mode']:04o}"
     diff: dict[str, Any] = {
         "path": path,

@@ -87,7 +87,7 @@ def apply(p: dict[str, Any], path: Path, mode: int, check: bool) -> dict[str, An
         "restarted": False,
     }
     if check:
-        if written:  # the dry run's diff (runs/dry_run.py): a service's configuration, no secret
+        if written:  # the dry run's diff (plays/dry_run.py): a service's configuration, no secret
             result["inplace_diff"] = [_diff(path, p["content"] if p["state"] == "present" else None, mode)]
         return result
     if written and marker is not None and p["restart"]:

@@ -35,7 +35,7 @@ from kubelab import objects
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 
-from inplace_extension.runs.ssh import close_control_masters
+from inplace_extension.plays.ssh import close_control_masters
 
 from .conftest import registered, serve_argv, unique_namespace
 from .rollout import wait

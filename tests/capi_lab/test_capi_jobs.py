@@ -63,7 +63,7 @@ from inplace_extension.kubejobs.manifest import (
     NAMESPACE_LABEL,
 )
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION
-from inplace_extension.runs.ssh import close_control_masters
+from inplace_extension.plays.ssh import close_control_masters
 from inplace_extension.runs.windows import WINDOW_RETRY_CAP_SECONDS
 
 from .conftest import SELECTOR_KEY, Extension, registered, serve_argv, worker_id

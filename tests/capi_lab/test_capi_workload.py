@@ -155,7 +155,7 @@ KUBEADM_MODES = ["kubeadm upgrade node"] * CONTROL_PLANES
 # seconds the workload API may go unanswered through the controlPlaneEndpoint (the first node's own
 # apiserver, restarted by its upgrade): generous, the measured figure is in docs/development.md
 API_GAP_LIMIT = 300.0
-# the service's log of its plays: one "started" and one end per play (inplace_extension/runs/local.py)
+# the service's log of its plays: one "started" and one end per play (inplace_extension/local/backend.py)
 RUN_STATE = re.compile(
     r"machine=(\S+) run=\S+ state=(started|successful|task_failed|unreachable|interrupted)"
 )

@@ -1,5 +1,5 @@
 """``plan --hosts``, lab-free: how a check play's job events become each step's verdict
-(``runs.dry_run.read_check``), the table and the JSON/YAML document (golden files in
+(``plays.dry_run.read_check``), the table and the JSON/YAML document (golden files in
 tests/fixtures/plan_hosts/; ``UPDATE_GOLDEN=1`` rewrites them), and the exit codes of
 ``terraform plan -detailed-exitcode``. The play itself is replaced by job events written here; the real
 play on lab hosts is tests/playbooks/test_dry_run.py.
@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from inplace_extension.cli import main
-from inplace_extension.runs import dry_run
-from inplace_extension.runs.dry_run import DryRun, HostCheck, read_check
+from inplace_extension.plays import dry_run
+from inplace_extension.plays.dry_run import DryRun, HostCheck, read_check
 from inplace_extension.runs.model import RunRequest
 from inplace_extension.runs.resolve import HostTarget
 

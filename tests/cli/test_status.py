@@ -27,10 +27,10 @@ from inplace_extension.cli import status as status_cli
 from inplace_extension.kube.events import machine_event, to_event
 from inplace_extension.kube.rollout import Owner, Snapshot
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record, Recorded
+from inplace_extension.plays import runner as runner_mod
 from inplace_extension.rollout.cluster import REASONS
 from inplace_extension.rollout.model import timestamp
-from inplace_extension.runs import runner as runner_mod
-from inplace_extension.runs.artifacts import Outcome, OutcomeKind
+from inplace_extension.runs.attempts import Outcome, OutcomeKind
 from inplace_extension.runs.model import Progress, RunRequest
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
@@ -399,8 +399,9 @@ def test_the_walk_through_shows_the_table_status_draws() -> None:
 def test_a_play_that_died_unsummarised_and_one_being_summarised(tmp_path: Path) -> None:
     """Attempts without ``outcome.json``: a play whose processes are gone (its lease free: the service
     died with it) is retried at the next poll; a play with a final status is being summarised."""
+    from inplace_extension.plays.artifacts import PLAY_LEASE, BatchRef, write_json
     from inplace_extension.rollout.local import INTERRUPTED, NOT_SUMMARISED, machine_status
-    from inplace_extension.runs.artifacts import PLAY_LEASE, Attempt, BatchRef, write_json
+    from inplace_extension.runs.attempts import Attempt
 
     batch = tmp_path / "batch-1"
     batch.mkdir()

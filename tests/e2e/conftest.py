@@ -17,7 +17,7 @@ from hostlab.lab import Host, Lab
 from playbooks.standins import install_standins, lab_run_on_host
 from playbooks.support import ReleaseServer
 
-from inplace_extension.runs.ssh import close_control_masters
+from inplace_extension.plays.ssh import close_control_masters
 
 from .service import Service, serve_argv
 

@@ -24,7 +24,7 @@ from hostlab.node_base import ensure_node_base
 from hostlab.proc import file_lock
 from hostlab.pytest_plugin import unavailable
 
-from inplace_extension.runs.ssh import close_control_masters
+from inplace_extension.plays.ssh import close_control_masters
 
 from .capi import NodeSpec, update_machine_request
 from .service import Service, serve_argv

@@ -15,7 +15,7 @@ from kubelab.lab import Lab
 from runs.fakes import FakeRunner
 
 from inplace_extension.kube.client import connect
-from inplace_extension.runs import runner as runner_mod
+from inplace_extension.plays import runner as runner_mod
 
 MACHINES_CRD = "cluster.x-k8s.io_machines.yaml"
 

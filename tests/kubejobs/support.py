@@ -15,8 +15,8 @@ from inplace_extension.kube.port import JobCluster, RecordRef, RecordStore
 from inplace_extension.kubejobs.backend import JobBackend
 from inplace_extension.kubejobs.manifest import JobConfig
 from inplace_extension.kubejobs.spec import termination_message
-from inplace_extension.runs.artifacts import Outcome, OutcomeKind
-from inplace_extension.runs.local import NO_PLAY_CONFIG
+from inplace_extension.plays.batch import NO_PLAY_CONFIG
+from inplace_extension.runs.attempts import Outcome, OutcomeKind
 from inplace_extension.runs.model import NO_CLUSTER_SIDE, ClusterSide, RunRequest
 from inplace_extension.settings import Settings
 

@@ -21,10 +21,10 @@ from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kubejobs.attempt import PlayStop, run_attempt
 from inplace_extension.kubejobs.spec import AttemptSpec, outcome_of, termination_message
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs import runner as runner_mod
-from inplace_extension.runs.artifacts import Outcome, OutcomeKind
+from inplace_extension.plays import runner as runner_mod
+from inplace_extension.plays.steps import DRAIN_TASK
+from inplace_extension.runs.attempts import Outcome, OutcomeKind
 from inplace_extension.runs.model import NO_CLUSTER_SIDE, NO_OBJECT_HEALTH, NoClusterSide, RunRequest
-from inplace_extension.runs.steps import DRAIN_TASK
 from inplace_extension.settings import Settings
 
 from .test_manifest import request, target

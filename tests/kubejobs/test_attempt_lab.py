@@ -16,7 +16,7 @@ from hostlab.lab import Host, Lab
 from hostlab.pytest_plugin import WriteInventory
 
 from inplace_extension.kubejobs.spec import AttemptSpec, outcome_of
-from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.attempts import OutcomeKind
 from inplace_extension.runs.inventory import InventorySource
 from inplace_extension.runs.model import RunRequest
 from inplace_extension.runs.resolve import parse_cidrs, resolve_host

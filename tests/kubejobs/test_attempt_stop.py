@@ -26,7 +26,8 @@ import pytest
 from inplace_extension.kubejobs.attempt import STOPPED_EXIT_STATUS
 from inplace_extension.kubejobs.manifest import STOP_GRACE_SECONDS
 from inplace_extension.kubejobs.spec import AttemptSpec, outcome_of
-from inplace_extension.runs.artifacts import OutcomeKind, play_ended
+from inplace_extension.plays.artifacts import play_ended
+from inplace_extension.runs.attempts import OutcomeKind
 from inplace_extension.runs.resolve import HostTarget
 
 from .test_manifest import request

@@ -32,7 +32,7 @@ from inplace_extension.kubejobs.manifest import (
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
 from inplace_extension.kubejobs.spec import AttemptSpec
 from inplace_extension.runs import progress
-from inplace_extension.runs.artifacts import Outcome, OutcomeKind
+from inplace_extension.runs.attempts import Outcome, OutcomeKind
 from inplace_extension.runs.model import (
     NO_OBJECT_HEALTH,
     Hold,

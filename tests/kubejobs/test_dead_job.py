@@ -16,7 +16,7 @@ from run_deps import run_service
 from runs.test_service import Clock, utc
 
 from inplace_extension.kubejobs.spec import termination_message
-from inplace_extension.runs.artifacts import Outcome, OutcomeKind
+from inplace_extension.runs.attempts import Outcome, OutcomeKind
 from inplace_extension.runs.model import Hold, Progress, ProgressState, RunRequest
 from inplace_extension.runs.service import RunService
 from inplace_extension.runs.windows import MaintenanceWindow, Schedule

@@ -26,8 +26,8 @@ from inplace_extension.kubejobs.dry_run import (
 )
 from inplace_extension.kubejobs.manifest import ATTEMPT_KEY_FILE, JobConfig
 from inplace_extension.kubejobs.spec import TERMINATION_MESSAGE_LIMIT, AttemptSpec
-from inplace_extension.runs.dry_run import ERROR, UNCHANGED, WOULD_CHANGE, DryRun, HostCheck, StepCheck
-from inplace_extension.runs.local import PlayConfig
+from inplace_extension.plays.batch import PlayConfig
+from inplace_extension.plays.dry_run import ERROR, UNCHANGED, WOULD_CHANGE, DryRun, HostCheck, StepCheck
 from inplace_extension.runs.model import RunRequest
 from inplace_extension.runs.resolve import HostTarget
 

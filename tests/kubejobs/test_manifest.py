@@ -24,7 +24,7 @@ from inplace_extension.kubejobs.spec import (
     outcome_of,
     termination_message,
 )
-from inplace_extension.runs.artifacts import Outcome, OutcomeKind
+from inplace_extension.runs.attempts import Outcome, OutcomeKind
 from inplace_extension.runs.model import HostCheck, RunRequest
 from inplace_extension.runs.resolve import HostTarget
 from kubejobs import support

@@ -15,7 +15,7 @@ from inplace_extension.inplace.custom import NO_CUSTOM
 from inplace_extension.kubeaware.cluster_side import KubeClusterSide
 from inplace_extension.kubejobs.manifest import JOB_TTL_BACKSTOP_SECONDS, MACHINE_LABEL
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
-from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.attempts import OutcomeKind
 from inplace_extension.runs.holds import PAUSE_ANNOTATION
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.play_time import known_cost

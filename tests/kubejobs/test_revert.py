@@ -16,7 +16,7 @@ from runs.test_service import Clock, utc
 from inplace_extension.kube.port import Annotation, RecordRef
 from inplace_extension.kubejobs.manifest import EPISODE_LABEL
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record
-from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.attempts import OutcomeKind
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings

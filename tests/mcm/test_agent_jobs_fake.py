@@ -21,7 +21,7 @@ from inplace_extension.kube.errors import Conflict
 from inplace_extension.kube.port import Annotation, RecordRef
 from inplace_extension.kubejobs.backend import JOB_LOOK_SECONDS
 from inplace_extension.mcm import node_state as ns
-from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.attempts import OutcomeKind
 from inplace_extension.runs.model import Progress, RunRequest
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings

@@ -16,7 +16,7 @@ from runs.fakes import FakeRunner
 from runs.test_service import KEY
 
 from inplace_extension.mcm import node_state as ns
-from inplace_extension.runs import runner as runner_mod
+from inplace_extension.plays import runner as runner_mod
 from inplace_extension.runs.service import RunService
 from inplace_extension.settings import Settings
 

@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 
 from inplace_extension import cli
-from inplace_extension.runs import runner
+from inplace_extension.plays import runner
 from inplace_extension.runs.model import HostCheck, RunRequest
 from inplace_extension.runs.service import RunService
 

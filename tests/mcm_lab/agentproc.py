@@ -22,8 +22,8 @@ from kubelab.flavours import mcm, mcm_objects
 from kubelab.lab import Lab
 
 from inplace_extension.mcm import node_state as ns
-from inplace_extension.runs.artifacts import Attempt
-from inplace_extension.runs.outcomes import load_attempts
+from inplace_extension.plays.outcomes import load_attempts
+from inplace_extension.runs.attempts import Attempt
 
 REPO = Path(__file__).resolve().parents[2]
 HOST_LABEL = "static-hosts.inplace-extension.io/host"

@@ -14,7 +14,7 @@ from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from kubelab.lab import Lab
 
-from inplace_extension.runs.ssh import close_control_masters
+from inplace_extension.plays.ssh import close_control_masters
 
 from .agentproc import AgentProcess, agent_argv, write_inventory
 

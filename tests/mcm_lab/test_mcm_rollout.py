@@ -30,7 +30,7 @@ from kubelab.lab import Lab
 
 from inplace_extension.mcm import node_state as ns
 from inplace_extension.mcm.desired import InPlaceUpdateSpec, plan_for
-from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.attempts import OutcomeKind
 from inplace_extension.runs.policy import backoff_seconds, retry_token
 from inplace_extension.runs.resolve import ADDRESS_ANNOTATION
 

@@ -40,7 +40,7 @@ from kubelab.lab import Lab as KubeLab
 from playbooks.shipped import CAPABILITIES_FILE
 from playbooks.support import ReleaseServer
 
-from inplace_extension.runs.ssh import close_control_masters
+from inplace_extension.plays.ssh import close_control_masters
 
 from .images import import_pause
 

@@ -45,7 +45,7 @@ from inplace_extension.kubejobs.manifest import (
     STOP_GRACE_SECONDS,
 )
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION
-from inplace_extension.runs.ssh import close_control_masters
+from inplace_extension.plays.ssh import close_control_masters
 
 from .conftest import (
     MACHINES_NAMESPACE,

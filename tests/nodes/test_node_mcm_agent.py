@@ -29,7 +29,7 @@ from mcm.lab_objects import NAMESPACE, make_pool, mcm_state, unique
 from mcm_lab.agentproc import AgentProcess
 
 from inplace_extension.mcm import node_state as ns
-from inplace_extension.runs.ssh import close_control_masters
+from inplace_extension.plays.ssh import close_control_masters
 
 from .conftest import REPO, Cluster, capabilities
 from .test_node_capabilities import kubelet_pid, node, on_node, ready

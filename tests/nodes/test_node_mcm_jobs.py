@@ -44,7 +44,7 @@ from inplace_extension.kube.jobs import PHASE_ANNOTATION
 from inplace_extension.kubejobs.manifest import MACHINE_LABEL
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION
 from inplace_extension.mcm import node_state as ns
-from inplace_extension.runs.ssh import close_control_masters
+from inplace_extension.plays.ssh import close_control_masters
 
 from .conftest import REPO, Cluster, capabilities
 from .images import node_image

@@ -30,10 +30,10 @@ import ansible_runner
 from hostlab.lab import Host, Lab
 
 from inplace_extension.inplace.plan import step_fingerprints
-from inplace_extension.runs.detach import FORK_SERVER_ENV
-from inplace_extension.runs.forkserver_process import ForkServer
-from inplace_extension.runs.runner import PLAY_PYTHON_ENV, install_wrapper, play_python_env
-from inplace_extension.runs.steps import JOINT_TASK
+from inplace_extension.plays.detach import FORK_SERVER_ENV
+from inplace_extension.plays.forkserver_process import ForkServer
+from inplace_extension.plays.runner import PLAY_PYTHON_ENV, install_wrapper, play_python_env
+from inplace_extension.plays.steps import JOINT_TASK
 
 from .standins import KUBERNETES_BINARIES, standin_binary
 
@@ -316,7 +316,7 @@ PYTHON_WARNING = re.compile(r"\.py:\d+: \w*Warning: ")
 
 
 def event_data(event: Mapping[str, Any]) -> dict[str, Any]:
-    """An event's data, as the service reads it (runs/outcomes.py): ansible-runner records a line of
+    """An event's data, as the service reads it (plays/outcomes.py): ansible-runner records a line of
     output that is no job event (a library's warning, a traceback) as an event without ``event_data``."""
     return dict(event.get("event_data") or {})
 

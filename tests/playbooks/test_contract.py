@@ -15,7 +15,7 @@ import yaml
 
 from inplace_extension.inplace.capabilities import CAPABILITIES
 from inplace_extension.inplace.shipped import SHIPPED
-from inplace_extension.runs.steps import HEALTH_TASK, JOINT_STEPS, JOINT_TASK
+from inplace_extension.plays.steps import HEALTH_TASK, JOINT_STEPS, JOINT_TASK
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 SPEC_KEYS = ("type", "required", "elements", "options", "no_log")
@@ -136,7 +136,7 @@ def test_user_defined_roles_run_after_the_built_ins_with_inputs_from_the_inputs_
     # built-ins, then the custom steps, then the health gate's command checks, then the stamp: neither a
     # custom role nor a check may run after the stamp
     assert names[-3:] == ["ansible.builtin.include_tasks", "inplace_health_commands", "inplace_host_state"]
-    # the service names the phase by this task (inplace_extension/runs/steps.py)
+    # the service names the phase by this task (inplace_extension/plays/steps.py)
     assert block["block"][-2]["name"] == HEALTH_TASK
     checks = block["block"][-2]["inplace_health_commands"]
     # the argv lists are read out of a file (lookup + from_json: untrusted, never templated)

@@ -1,5 +1,5 @@
 """The project's own update_machine.yml, once as a fresh ansible-playbook and once forked from the fork
-server (runs/forkserver.py), on two lab hosts in the same state: the same job events (kind, task, role,
+server (plays/forkserver.py), on two lab hosts in the same state: the same job events (kind, task, role,
 changed, rc, in order) and the same end state of the host."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .support import (
 
 pytestmark = pytest.mark.lab
 
-# as the service runs the play (runs/runner.py): its re-checks and the lock task left out, its lock token
+# as the service runs the play (plays/runner.py): its re-checks and the lock task left out, its lock token
 SERVICE = "--skip-tags update_machine_recheck,update_machine_lock"
 CAPS = ("kubeadm_files", "kubelet_args", "kubernetes_version")
 

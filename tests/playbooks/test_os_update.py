@@ -12,7 +12,7 @@ import pytest
 from hostlab.hosts import boot_id
 from hostlab.lab import Host, Lab
 
-from inplace_extension.runs.outcomes import task_label
+from inplace_extension.plays.outcomes import task_label
 
 from .shipped import (
     desired,

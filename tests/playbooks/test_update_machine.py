@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from hostlab.lab import Host, Lab
 
-from inplace_extension.runs.steps import JOINT_TASK
+from inplace_extension.plays.steps import JOINT_TASK
 
 from .inputs import inputs
 from .support import (
@@ -377,7 +377,7 @@ def test_a_failing_role_releases_the_lock_and_writes_no_stamp(
 def test_the_service_skip_tags_leave_a_whole_update_but_a_needed_step_skipped_writes_no_stamp(
     lab: Lab, host: Host, tmp_path: Path
 ) -> None:
-    # what runs.runner.skip_tags gives for one Machine with these two steps: the re-checks made in Python
+    # what plays.runner.skip_tags gives for one Machine with these two steps: the re-checks made in Python
     # and every part of the play this Machine does not have are never queued, and the play still stamps
     service = ",".join(
         [

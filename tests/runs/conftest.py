@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inplace_extension.runs import runner as runner_mod
+from inplace_extension.plays import runner as runner_mod
 
 from .fakes import FakeRunner
 

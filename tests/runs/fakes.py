@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inplace_extension.runs import runner
-from inplace_extension.runs.artifacts import drain_file
-from inplace_extension.runs.steps import DRAIN_TASK
+from inplace_extension.plays import runner
+from inplace_extension.plays.artifacts import drain_file
+from inplace_extension.plays.steps import DRAIN_TASK
 
 FP = "ab" * 32
 

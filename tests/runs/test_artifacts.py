@@ -9,17 +9,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from inplace_extension.runs.artifacts import (
+from inplace_extension.plays.artifacts import (
     PLAY_LEASE,
     BatchRef,
-    Outcome,
-    OutcomeKind,
     ended_lock_tokens,
     new_attempt_dir,
     prune_batches,
     write_json,
 )
-from inplace_extension.runs.outcomes import classify, load_attempts, task_label
+from inplace_extension.plays.outcomes import classify, load_attempts, task_label
+from inplace_extension.runs.attempts import Outcome, OutcomeKind
 
 from .fakes import FP, failed_events, ok_events, unreachable_events, write_artifacts
 

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from inplace_extension.runs.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, play_ended
-from inplace_extension.runs.runner import install_wrapper
+from inplace_extension.plays.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, play_ended
+from inplace_extension.plays.runner import install_wrapper
 
 
 def fake_playbook(bin_dir: Path, done: Path) -> None:

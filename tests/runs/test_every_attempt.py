@@ -16,11 +16,11 @@ import pytest
 from hostlab.proc import wait_until
 from run_deps import run_service
 
+from inplace_extension.plays.steps import DRAIN_TASK
 from inplace_extension.runs import holds
 from inplace_extension.runs.model import Hold, Progress, ProgressState, RunRequest
 from inplace_extension.runs.policy import RETRY_ANNOTATION
 from inplace_extension.runs.service import RunService
-from inplace_extension.runs.steps import DRAIN_TASK
 from inplace_extension.runs.windows import MaintenanceWindow, Schedule
 from inplace_extension.settings import Settings
 

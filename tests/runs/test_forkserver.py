@@ -1,4 +1,4 @@
-"""The fork server (runs/forkserver.py, forkserver_process.py, detach.py's client): a play forked from a
+"""The fork server (plays/forkserver.py, forkserver_process.py, detach.py's client): a play forked from a
 warm ansible-playbook is the play a fresh one would be.
 
 Each play is a real ``ansible-playbook`` through the real ansible-runner and detach.py (runner.start), of
@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from inplace_extension.runs import runner, ssh
-from inplace_extension.runs.artifacts import play_ended, stop_play
-from inplace_extension.runs.detach import FORK_SERVER_ENV
-from inplace_extension.runs.forkserver_process import ForkServer
+from inplace_extension.plays import runner, ssh
+from inplace_extension.plays.artifacts import play_ended, stop_play
+from inplace_extension.plays.detach import FORK_SERVER_ENV
+from inplace_extension.plays.forkserver_process import ForkServer
 from inplace_extension.runs.resolve import HostTarget
 
 STANDIN_PLAYBOOK = """\

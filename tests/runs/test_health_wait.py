@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from run_deps import run_service
 
+from inplace_extension.local import health_wait
 from inplace_extension.metrics import Metrics
-from inplace_extension.runs import health_wait
-from inplace_extension.runs.artifacts import attempt_dirs, write_json
+from inplace_extension.plays.artifacts import attempt_dirs, write_json
 from inplace_extension.runs.model import Hold, Progress, ProgressState
 from inplace_extension.runs.policy import RETRY_ANNOTATION, retry_token
 from inplace_extension.runs.service import RunService

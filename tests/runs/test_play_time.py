@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from inplace_extension.runs import play_time
-from inplace_extension.runs.artifacts import Attempt, Outcome, OutcomeKind
+from inplace_extension.runs.attempts import Attempt, Outcome, OutcomeKind
 from inplace_extension.runs.memo import DEFAULT_BOUND
 from inplace_extension.runs.play_time import PlayTimes, end_window, known_cost, retry_after
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inplace_extension.runs.artifacts import Attempt, Outcome, OutcomeKind
+from inplace_extension.runs.attempts import Attempt, Outcome, OutcomeKind
 from inplace_extension.runs.policy import Verdict, backoff_seconds, decide, retry_token
 
 NOW = 1000.0

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from inplace_extension.local.registry import EntryState, EntryView
+from inplace_extension.plays.steps import HEALTH_TASK, StepTracker
 from inplace_extension.runs import progress
-from inplace_extension.runs.artifacts import OutcomeKind
+from inplace_extension.runs.attempts import OutcomeKind
 from inplace_extension.runs.model import NO_CLUSTER_SIDE, RunRequest
 from inplace_extension.runs.policy import Verdict, decide
-from inplace_extension.runs.registry import EntryState, EntryView
-from inplace_extension.runs.steps import HEALTH_TASK, StepTracker
 
 from .test_policy import att
 

@@ -6,7 +6,7 @@ import threading
 
 from hostlab.proc import wait_until
 
-from inplace_extension.runs.registry import Entry, EntryState, RunRegistry
+from inplace_extension.local.registry import Entry, EntryState, RunRegistry
 
 
 class Gates:

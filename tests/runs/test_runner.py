@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from inplace_extension.inplace.plan import step_fingerprints
-from inplace_extension.runs import runner, ssh
+from inplace_extension.plays import runner, ssh
 from inplace_extension.runs.model import HostCheck
 from inplace_extension.runs.resolve import HostTarget
 

@@ -15,16 +15,16 @@ import pytest
 from hostlab.proc import wait_until
 from run_deps import run_service
 
+from inplace_extension.local.backend import LocalBackend
 from inplace_extension.metrics import Metrics
+from inplace_extension.plays import runner as runner_mod
+from inplace_extension.plays.runner import RunConfigError
 from inplace_extension.runs import holds, memo
-from inplace_extension.runs import runner as runner_mod
 from inplace_extension.runs.inventory import InventoryError
-from inplace_extension.runs.local import LocalBackend
 from inplace_extension.runs.model import Progress, ProgressState, RunRequest, Unhealthy
 from inplace_extension.runs.play_time import NEAR_END_SECONDS, known_cost
 from inplace_extension.runs.policy import RETRY_ANNOTATION
 from inplace_extension.runs.resolve import ADDRESS_ANNOTATION
-from inplace_extension.runs.runner import RunConfigError
 from inplace_extension.runs.service import RunService
 from inplace_extension.runs.windows import MaintenanceWindow, Schedule
 from inplace_extension.settings import Settings

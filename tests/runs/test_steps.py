@@ -1,11 +1,11 @@
-"""The phase a poll answers while the play runs, from the play's task events (runs/steps.py)."""
+"""The phase a poll answers while the play runs, from the play's task events (plays/steps.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from inplace_extension.plays.steps import HEALTH_TASK, JOINT_TASK, StepTracker
 from inplace_extension.runs.model import NO_CLUSTER_SIDE, RunRequest
-from inplace_extension.runs.steps import HEALTH_TASK, JOINT_TASK, StepTracker
 
 FP = "ab" * 32
 

@@ -1,6 +1,6 @@
 """How a run reaches its host over SSH: the connection's Ansible host variables (address, port, user, key,
 host keys pinned in the attempt's own known_hosts), and the directory of ssh's ControlPersist sockets
-that plays share and the service closes on shutdown. Used by :mod:`inplace_extension.runs.runner`.
+that plays share and the service closes on shutdown. Used by :mod:`inplace_extension.plays.runner`.
 """
 
 from __future__ import annotations

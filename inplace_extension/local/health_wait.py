@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 from typing import Final
 
-from inplace_extension.runs.artifacts import read_json, write_json
+from inplace_extension.plays.artifacts import read_json, write_json
 
 log = logging.getLogger(__name__)
 

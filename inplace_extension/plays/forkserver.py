@@ -2,7 +2,7 @@
 
 ansible-core spends most of a play's controller start-up importing itself and parsing the documentation
 of its connection, shell and become plugins (bench/README.md, issue 40). This program, started once by
-exec (:mod:`inplace_extension.runs.forkserver_process`), does that once, single-threaded, and then forks
+exec (:mod:`inplace_extension.plays.forkserver_process`), does that once, single-threaded, and then forks
 one child per request that runs ansible-core's public console entry point (``ansible.cli.playbook:main``,
 the ``ansible-playbook`` script) with the request's argv, environment, cwd and umask, on the stdin and
 output pipe the request passed: each attempt is still one ansible-playbook run, through ansible-runner

@@ -38,7 +38,6 @@ class Entry(Generic[P]):
     payload: P
     state: EntryState = EntryState.QUEUED
     phase: str = progress.STARTING
-    attempt: int = 0  # set by the worker once its attempt directory exists
     on_done: Callable[[], None] | None = None  # called once the entry has left the registry
     thread: threading.Thread | None = field(default=None, repr=False)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from inplace_extension.runs.artifacts import read_json, write_json
+from inplace_extension.plays.artifacts import read_json, write_json
 from inplace_extension.runs.model import RunRequest
 
 NOTES_DIR: Final = ".machines"

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from inplace_extension.plays.artifacts import drain_failure_file, read_json
 from inplace_extension.runs import progress
-from inplace_extension.runs.artifacts import Outcome, OutcomeKind, drain_failure_file, read_json
+from inplace_extension.runs.attempts import Outcome, OutcomeKind
 from inplace_extension.runs.model import Blocked, ClusterSide, RunRequest
 
 # the name of update_machine.yml's task that runs the health gate's command checks (before the stamp)
@@ -21,7 +22,7 @@ DRAIN_TASK = "Drain point, wait for the service to drain the Node"
 # the name of update_machine.yml's task that does JOINT_STEPS' host work in one module execution
 # (inplace_joint_steps): not in a role, so its events name none; both steps start with it
 JOINT_TASK = "Apply kubeadm_files and kubelet_args in one module execution"
-# the steps that task does, in the play's order (also what runs.runner's skip tags decide the joint
+# the steps that task does, in the play's order (also what plays.runner's skip tags decide the joint
 # execution by)
 JOINT_STEPS = ("kubeadm_files", "kubelet_args")
 

@@ -3,7 +3,7 @@
 It prepares a fresh private data dir for one batch of Machine attempts (per Machine: inputs file,
 host variables with the SSH settings of ssh.py), starts ``update_machine.yml`` once for all of them with
 ``run_async`` and reports live task starts per host. It never decides what an
-outcome means (that is :mod:`inplace_extension.runs.outcomes`); ansible-runner exceptions become
+outcome means (that is :mod:`inplace_extension.plays.outcomes`); ansible-runner exceptions become
 :class:`RunStartError` here. Used by :mod:`inplace_extension.runs.service` from worker threads only.
 """
 
@@ -24,12 +24,12 @@ import ansible_runner
 import inplace_extension
 from inplace_extension.inplace.capabilities import CAPABILITIES
 from inplace_extension.inplace.plan import step_fingerprints
-from inplace_extension.runs import ssh
-from inplace_extension.runs.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, drain_file, write_json
-from inplace_extension.runs.forkserver_process import FORK_SERVER_ENV, ForkServer
+from inplace_extension.plays import ssh
+from inplace_extension.plays.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, drain_file, write_json
+from inplace_extension.plays.forkserver_process import FORK_SERVER_ENV, ForkServer
+from inplace_extension.plays.steps import JOINT_STEPS
 from inplace_extension.runs.model import HostCheck
 from inplace_extension.runs.resolve import HostTarget
-from inplace_extension.runs.steps import JOINT_STEPS
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class BatchSpec:
     host_checks: tuple[HostCheck, ...] = ()  # the health gate's command checks, run before the stamp
     host_checks_timeout_seconds: int = 300  # --health-gate-timeout-seconds: until they must pass
     role_vars: Mapping[str, Any] = field(default_factory=dict)  # capabilities file role_settings
-    # the dry run (runs/dry_run.py): ansible-playbook --check --diff, which changes nothing on the host
+    # the dry run (plays/dry_run.py): ansible-playbook --check --diff, which changes nothing on the host
     check: bool = False
     # the service's fork server: ansible-playbook forked from a warm one (None: a new process per play)
     fork_server: ForkServer | None = None

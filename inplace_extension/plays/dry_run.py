@@ -1,5 +1,5 @@
 """The host dry run: the update playbook played in Ansible check mode with diff (``--check --diff``)
-through the ``local`` executor's play machinery (:mod:`runs.runner`), and what each Machine's host would
+through the ``local`` executor's play machinery (:mod:`plays.runner`), and what each Machine's host would
 get, step by step, read from the play's job events.
 
 Check mode changes nothing on the host: the lock task only reads the stamp (no lock is taken: the run
@@ -29,11 +29,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from inplace_extension.runs import runner, ssh
-from inplace_extension.runs.local import PlayConfig
+from inplace_extension.plays import runner, ssh
+from inplace_extension.plays.batch import PlayConfig
+from inplace_extension.plays.steps import JOINT_TASK
 from inplace_extension.runs.model import RunRequest
 from inplace_extension.runs.resolve import HostTarget
-from inplace_extension.runs.steps import JOINT_TASK
 
 WOULD_CHANGE: Final = "would change"
 UNCHANGED: Final = "unchanged"

@@ -11,17 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from inplace_extension.runs.artifacts import (
-    Attempt,
-    BatchRef,
-    Outcome,
-    OutcomeKind,
-    attempt_dirs,
-    mtime,
-    read_json,
-    runner_status,
-)
-from inplace_extension.runs.steps import DRAIN_TASK, JOINT_TASK
+from inplace_extension.plays.artifacts import BatchRef, attempt_dirs, mtime, read_json, runner_status
+from inplace_extension.plays.steps import DRAIN_TASK, JOINT_TASK
+from inplace_extension.runs.attempts import Attempt, Outcome, OutcomeKind
 
 # ansible-playbook exit codes for "could not even start": error, parser error, bad options, unexpected error
 PLAYBOOK_ERROR_RCS = frozenset({1, 4, 5, 250})
@@ -240,7 +232,7 @@ def _started(meta: dict[str, Any], path: Path) -> float:
 
 
 def load_attempts(ident_dir: Path, fingerprint: str, episode: str | None) -> list[Attempt]:
-    """The attempts of one ident in ``episode`` (runs/episode.py; None: of every episode), oldest first.
+    """The attempts of one ident in ``episode`` (local/episode.py; None: of every episode), oldest first.
     Attempts without ``outcome.json`` are classified from their batch's ansible-runner artifacts when
     those are final, else left with ``outcome=None``."""
     attempts = []

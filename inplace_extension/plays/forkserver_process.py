@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from inplace_extension.runs.detach import FORK_SERVER_ENV
+from inplace_extension.plays.detach import FORK_SERVER_ENV
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import anyio
 
-from inplace_extension.runs.registry import EntryView
+from inplace_extension.local.registry import EntryView
 
 
 class EndWaiters:
