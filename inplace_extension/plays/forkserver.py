@@ -57,7 +57,7 @@ from typing import Any
 # base settings that ansible-runner sets per run and ansible-core reads only where they are used, after
 # the child has its own environment: the fact cache's directory (the ``jsonfile`` cache plugin's
 # ``_uri`` option, read when the play's variable manager loads the plugin; ``C.CACHE_PLUGIN_CONNECTION``
-# is used nowhere). tests/runs/test_forkserver.py checks that a child's facts land in its own run's dir.
+# is used nowhere). tests/plays/test_forkserver.py checks that a child's facts land in its own run's dir.
 SETTINGS_READ_WHEN_USED = frozenset({"CACHE_PLUGIN_CONNECTION"})
 # environment variables ansible-core's defaults are made from (``~``, the user, the temporary directory)
 DEFAULTS_FROM = ("HOME", "USER", "LOGNAME", "TMPDIR")
