@@ -29,7 +29,7 @@ from inplace_extension.plays.batch import PlayConfig
 from inplace_extension.runs.backend import Backend
 from inplace_extension.runs.model import (
     ClusterSide,
-    HostCheck,
+    CommandCheck,
     ObjectHealth,
     RunRequest,
 )
@@ -66,9 +66,9 @@ def refuse_url_checks(config: FileConfig, path: Path | None, mode: str) -> None:
         )
 
 
-def host_checks(custom: CustomTable) -> tuple[HostCheck, ...]:
+def host_checks(custom: CustomTable) -> tuple[CommandCheck, ...]:
     """The health gate's command checks, which the play runs on the host before it writes the stamp."""
-    return tuple(HostCheck(c.name, c.command, c.timeout_seconds) for c in custom.command_checks)
+    return tuple(CommandCheck(c.name, c.command, c.timeout_seconds) for c in custom.command_checks)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from inplace_extension.runs.attempts import Outcome, OutcomeKind
-from inplace_extension.runs.model import HostCheck, RunRequest
+from inplace_extension.runs.model import CommandCheck, RunRequest
 from inplace_extension.runs.resolve import HostTarget
 
 SPEC_KEY: Final = "attempt.json"
@@ -51,7 +51,7 @@ class AttemptSpec:
     token: str
     lock_token: str
     takeover_tokens: tuple[str, ...]
-    host_checks: tuple[HostCheck, ...]
+    host_checks: tuple[CommandCheck, ...]
     role_vars: Mapping[str, Any]
     roles_paths: tuple[str, ...]
     settings: Mapping[str, Any] = field(default_factory=dict)  # JOB_SETTINGS' values
@@ -142,7 +142,9 @@ class AttemptSpec:
                 lock_token=str(data["lock_token"]),
                 takeover_tokens=tuple(str(x) for x in data["takeover_tokens"]),
                 host_checks=tuple(
-                    HostCheck(str(c["name"]), tuple(str(a) for a in c["argv"]), float(c["timeout_seconds"]))
+                    CommandCheck(
+                        str(c["name"]), tuple(str(a) for a in c["argv"]), float(c["timeout_seconds"])
+                    )
                     for c in data["host_checks"]
                 ),
                 role_vars=dict(data["role_vars"]),

@@ -42,7 +42,7 @@ from inplace_extension.plays.outcomes import classify
 from inplace_extension.plays.steps import StepTracker, blocked_outcome, drain_outcome
 from inplace_extension.runs.attempts import Outcome, OutcomeKind
 from inplace_extension.runs.backend import Launch
-from inplace_extension.runs.model import Blocked, ClusterSide, HostCheck, RunRequest
+from inplace_extension.runs.model import Blocked, ClusterSide, CommandCheck, RunRequest
 from inplace_extension.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class PlayConfig:
     command checks (run on the host before the stamp) and the roles' settings (extra vars)."""
 
     roles_paths: tuple[Path, ...]
-    host_checks: tuple[HostCheck, ...]
+    host_checks: tuple[CommandCheck, ...]
     role_vars: Mapping[str, Any]
 
 

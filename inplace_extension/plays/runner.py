@@ -28,7 +28,7 @@ from inplace_extension.plays import ssh
 from inplace_extension.plays.artifacts import PLAY_LEASE, PLAY_LEASE_ENV, drain_file, write_json
 from inplace_extension.plays.forkserver_process import FORK_SERVER_ENV, ForkServer
 from inplace_extension.plays.steps import JOINT_STEPS
-from inplace_extension.runs.model import HostCheck
+from inplace_extension.runs.model import CommandCheck
 from inplace_extension.runs.resolve import HostTarget
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class BatchSpec:
     state_dir: Path  # the runs dir: ANSIBLE_HOME and the ssh control sockets live below it
     wrapper: Path  # from install_wrapper()
     roles_paths: tuple[Path, ...] = ()  # user roles directories (--capabilities-file), searched after ours
-    host_checks: tuple[HostCheck, ...] = ()  # the health gate's command checks, run before the stamp
+    host_checks: tuple[CommandCheck, ...] = ()  # the health gate's command checks, run before the stamp
     host_checks_timeout_seconds: int = 300  # --health-gate-timeout-seconds: until they must pass
     role_vars: Mapping[str, Any] = field(default_factory=dict)  # capabilities file role_settings
     # the dry run (plays/dry_run.py): ansible-playbook --check --diff, which changes nothing on the host
@@ -286,7 +286,7 @@ def run_parameters(run: HostRun, inputs_file: Path) -> dict[str, Any]:
     }
 
 
-def _check_json(check: HostCheck) -> dict[str, Any]:
+def _check_json(check: CommandCheck) -> dict[str, Any]:
     return {"name": check.name, "argv": list(check.argv), "timeout_seconds": check.timeout_seconds}
 
 

@@ -86,7 +86,7 @@ def run_request(
 
 
 @dataclass(frozen=True)
-class HostCheck:
+class CommandCheck:
     """A health gate check the play runs on the host before its stamp: ``argv`` (no shell) must exit 0
     within ``timeout_seconds`` per try. From the capabilities file (``health_checks`` with ``command``)."""
 

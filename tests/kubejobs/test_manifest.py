@@ -25,7 +25,7 @@ from inplace_extension.kubejobs.spec import (
     termination_message,
 )
 from inplace_extension.runs.attempts import Outcome, OutcomeKind
-from inplace_extension.runs.model import HostCheck, RunRequest
+from inplace_extension.runs.model import CommandCheck, RunRequest
 from inplace_extension.runs.resolve import HostTarget
 from kubejobs import support
 
@@ -157,7 +157,7 @@ def test_request_data_is_only_in_the_secret() -> None:
         token="",
         lock_token="lock-1",
         takeover_tokens=(),
-        host_checks=(HostCheck("app", ("true",), 5.0),),
+        host_checks=(CommandCheck("app", ("true",), 5.0),),
         role_vars={"x": 1},
         roles_paths=(),
     )

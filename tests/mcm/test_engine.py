@@ -18,7 +18,7 @@ import uvicorn
 
 from inplace_extension import cli
 from inplace_extension.plays import runner
-from inplace_extension.runs.model import HostCheck, RunRequest
+from inplace_extension.runs.model import CommandCheck, RunRequest
 from inplace_extension.runs.service import RunService
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
@@ -103,7 +103,7 @@ def test_mcm_agent_runs_the_command_checks_of_the_capabilities_file_and_finds_ho
     )
     assert code == 0
     (batch,) = started
-    assert batch.host_checks == (HostCheck("app", ("/usr/local/bin/app-check", "--quick"), 7),)
+    assert batch.host_checks == (CommandCheck("app", ("/usr/local/bin/app-check", "--quick"), 7),)
     (host,) = batch.hosts
     assert (host.target.address, host.target.source) == ("10.79.9.22", "machine status"), "--address-types"
     assert host.target.host_keys == (KEY,), "pinned by the inventory's defaults"

@@ -15,7 +15,7 @@ import pytest
 
 from inplace_extension.inplace.plan import step_fingerprints
 from inplace_extension.plays import runner, ssh
-from inplace_extension.runs.model import HostCheck
+from inplace_extension.runs.model import CommandCheck
 from inplace_extension.runs.resolve import HostTarget
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJAm/+qD5i6Qm8kDm+Qr9ygOJL1jDRtSlh6jlxmhLn0T"
@@ -241,7 +241,7 @@ def test_the_play_leaves_out_by_tag_only_what_python_checked_and_what_no_machine
         drain_before="os_image",
         drain_wait_seconds=60,
     )
-    check = HostCheck("app", ("/bin/true",), 5)
+    check = CommandCheck("app", ("/bin/true",), 5)
     both = runner.BatchSpec(
         "b", tmp_path, (one, other), PLAYBOOK, None, tmp_path, tmp_path / "w", host_checks=(check,)
     )
