@@ -51,13 +51,13 @@ from inplace_extension.kube.errors import Conflict, KubeError, NotFound
 from inplace_extension.kube.port import JobCluster, JobState, RecordRef, RecordStore
 from inplace_extension.kube.workload import FROM_MANAGEMENT, FROM_SECRET, secret_name
 from inplace_extension.kubejobs.manifest import (
-    ATTEMPT_KEY_FILE,
     WORKLOAD_KUBECONFIG_FILE,
     JobConfig,
     job_manifest,
     job_name,
     labels,
     secret_manifest,
+    target_in_job,
 )
 from inplace_extension.kubejobs.record import RECORD_ANNOTATION, Record, Recorded, WaitClock
 from inplace_extension.kubejobs.spec import AttemptSpec, interrupted, outcome_of
@@ -487,9 +487,7 @@ class JobBackend:
             return progress.running(progress.STARTING)
         attempt, takeover, episode = begun[0]
         _record, _version, node, _value = self._read(request)
-        target = launch.target
-        if private_key is not None:  # the play in the Job reads its copy, in the attempt's own Secret
-            target = replace(target, private_key_file=Path(ATTEMPT_KEY_FILE))
+        target = target_in_job(launch.target, private_key)
         spec = AttemptSpec(
             request=request,
             target=target,

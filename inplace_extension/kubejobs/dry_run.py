@@ -31,14 +31,12 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Final
 
 from inplace_extension.kube.errors import KubeError
 from inplace_extension.kube.port import JobCluster
 from inplace_extension.kubejobs.manifest import (
     APP,
-    ATTEMPT_KEY_FILE,
     MACHINE_LABEL,
     NAMESPACE_LABEL,
     RUN_LABEL,
@@ -48,6 +46,7 @@ from inplace_extension.kubejobs.manifest import (
     label_value,
     run_label,
     secret_manifest,
+    target_in_job,
 )
 from inplace_extension.kubejobs.spec import SPEC_KEY, TERMINATION_MESSAGE_LIMIT, AttemptSpec
 from inplace_extension.plays.batch import PlayConfig
@@ -101,9 +100,7 @@ def dry_run_manifests(
     request = run.request
     name = job_name(request.ident)
     job_labels = dry_run_labels(run)
-    target = run.target
-    if private_key is not None:  # the play in the Job reads its copy, in the Job's own Secret
-        target = replace(target, private_key_file=Path(ATTEMPT_KEY_FILE))
+    target = target_in_job(run.target, private_key)
     spec = AttemptSpec(
         request=request,
         target=target,

@@ -15,10 +15,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Final
 
 from inplace_extension.runs.model import RunRequest
+from inplace_extension.runs.resolve import HostTarget
 from inplace_extension.settings import Settings
 
 APP: Final = "inplace-extension"
@@ -87,6 +89,12 @@ class JobConfig:
             deadline_seconds=settings.job_deadline_seconds,
             ttl_seconds=settings.job_ttl_seconds,
         )
+
+
+def target_in_job(target: HostTarget, private_key: bytes | None) -> HostTarget:
+    """``target`` as the play in a Job reaches it: with a private key, the Job's own copy of it, mounted
+    from the Job's own Secret (the service's path does not exist in the Pod)."""
+    return target if private_key is None else replace(target, private_key_file=Path(ATTEMPT_KEY_FILE))
 
 
 def job_name(ident: str, attempt: int, *, episode: str) -> str:
