@@ -1,6 +1,6 @@
 """Helpers for the playbook tests: run playbooks/update_machine.yml on one lab host, read results.
 
-``run_update`` drives the real playbook through ansible-runner exactly as inplace_extension.runs does (inputs
+``run_update`` drives the real playbook through ansible-runner exactly as inplace_extension.plays does (inputs
 JSON file + the four update_machine_* extra vars, ANSIBLE_CONFIG pointing at playbooks/ansible.cfg,
 host-key checking on with the lab's pinned known_hosts; ansible-playbook through detach.py and, as the
 service's local executor does by default, forked from a fork server: one for the test session, or a fresh
@@ -201,11 +201,11 @@ class RunSpec:
     capabilities: Sequence[str] | None = None  # default: the keys of inputs, in the fixed order
     fingerprint: str = field(default_factory=new_fingerprint)
     extravars: Mapping[str, Any] = field(default_factory=dict)
-    # pass the per-step fingerprints as inplace_extension.runs does (False: a caller from before them)
+    # pass the per-step fingerprints as inplace_extension.plays does (False: a caller from before them)
     step_fingerprints: bool = False
     # ansible-playbook options after the playbook (ansible-runner's cmdline), e.g. the service's --skip-tags
     cmdline: str | None = None
-    # hold the host lock with a token of the caller's, as inplace_extension.runs does (the first step's
+    # hold the host lock with a token of the caller's, as inplace_extension.plays does (the first step's
     # module then takes the lock when it can: update_machine_lock_rides_on)
     lock_token: bool = False
     # a new ansible-playbook process (detach.py's own child) instead of a child of the fork server
