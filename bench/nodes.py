@@ -18,7 +18,8 @@ too (the kubelet's own status update, the same for both). Medians, and the servi
 For each service round also the time from the play's end (the attempt's outcome in the record:
 ``outcome.json``'s ``finished``; and, for information, the play's last job event) to the answer that
 said done, taken when the client received it; and, from the last round's record and job events,
-whether the unchanged Kubernetes version step touched the host (issue 31's four targets: ``main``).
+whether the unchanged Kubernetes version step touched the host (issue 31's four targets, with issue 40's
+limits where it set them: ``main``).
 Needs root and the node lab's prerequisites (docs/development.md); everything is stopped at the end.
 
     .venv/bin/python bench/update.py --real-nodes [--rounds 3]
@@ -292,7 +293,7 @@ def node_lab(retry_after: int | None) -> Iterator[NodeBench]:
 
 @dataclass(frozen=True)
 class Verdict:
-    """One of issue 31's targets: the line that says what was measured, and whether it held."""
+    """One of the targets: the line that says what was measured, and whether it held."""
 
     label: str
     value: str
@@ -303,13 +304,18 @@ class Verdict:
 
 
 def ratio_limit(load: float) -> tuple[float, str]:
-    """Issue 31's ratio target for the measured load average: 2.5x on a quiet machine (load < 2), 3.5x at
-    load 5-8; between and above, the issue sets none, and 3.5x is the one judged against (said so)."""
+    """The ratio target for the measured load average: issue 40's on a quiet machine (load < 2: must be
+    <= 2.5x, the goal <= 2.0x, said on the line), issue 31's 3.5x at load 5-8; between and above, no
+    issue sets one, and 3.5x is the one judged against (said so)."""
     if load < 2:
-        return 2.5, "quiet machine (load < 2): <= 2.5x"
+        return 2.5, "quiet machine (load < 2): must <= 2.5x, goal <= 2.0x"
     if 5 <= load <= 8:
         return 3.5, "load 5-8: <= 3.5x"
-    return 3.5, f"load {load:.1f} (the issue sets a target for < 2 and 5-8 only): judged against <= 3.5x"
+    return 3.5, f"load {load:.1f} (the issues set a target for < 2 and 5-8 only): judged against <= 3.5x"
+
+
+# issue 40's controller CPU per updated host in a batch of 10 (issue 31's was 0.5 s)
+CPU_PER_HOST_LIMIT = 0.15
 
 
 def main(rounds: int, batch_cpu: Callable[[], float], retry_after: int | None = None) -> int:
@@ -391,7 +397,8 @@ def main(rounds: int, batch_cpu: Callable[[], float], retry_after: int | None = 
     verdicts = [
         Verdict(
             "target 1: service / floor (median of rounds)",
-            f"{svc_done / floor_done:6.2f}x  {which}",
+            f"{svc_done / floor_done:6.2f}x  {which}"
+            + (" (goal met)" if load < 2 and svc_done / floor_done <= 2.0 else ""),
             svc_done / floor_done <= limit,
         ),
         Verdict(
@@ -406,8 +413,8 @@ def main(rounds: int, batch_cpu: Callable[[], float], retry_after: int | None = 
         ),
         Verdict(
             "target 3: controller CPU per host, batch of 10",
-            f"{cpu_per_host:6.2f} s  <= 0.5 s (lab hosts)",
-            cpu_per_host <= 0.5,
+            f"{cpu_per_host:6.2f} s  <= {CPU_PER_HOST_LIMIT} s (lab hosts)",
+            cpu_per_host <= CPU_PER_HOST_LIMIT,
         ),
         Verdict(
             "target 4: unchanged Kubernetes version step",

@@ -41,6 +41,7 @@ from __future__ import annotations
 import array
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import selectors
@@ -50,6 +51,7 @@ import socket
 import struct
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -81,12 +83,8 @@ class Warm:
     def __init__(self, request: dict[str, Any], python: dict[str, str]) -> None:
         _enter(request)
         from ansible.cli.playbook import main  # imports ansible-core and loads its configuration
-        from ansible.plugins.loader import become_loader, connection_loader, shell_loader
 
-        # what PlaybookExecutor.run primes in every run: the plugins' documentation parsed into the
-        # configuration's definitions, once for all children
-        for loader in (connection_loader, shell_loader, become_loader):
-            list(loader.all(class_only=True))
+        _preload()
         self.main: Callable[[], None] = main
         self.settings = _settings()
         self.python = python  # what this interpreter read when it started
@@ -96,6 +94,59 @@ class Warm:
 
     def unchanged(self) -> bool:
         return self.files is not None and _fingerprint(self.trees) == self.files
+
+
+def _preload() -> None:
+    """Do once, in the server, what every ``ansible-playbook`` run does first with the same settings: its
+    children find it done (about 0.1 s of each play's CPU and wall time, bench/README.md, issue 40).
+
+    - The collection loader, as ``CLI.run`` installs it (``init_plugin_loader``: ansible-playbook has no
+      collections path argument, so the child's own call would install the same one; it finds this one
+      and leaves it, with a Python warning :func:`_child` silences), and ``ansible.builtin``'s routing
+      metadata, which the first plugin a run loads through it parses (``ansible_builtin_runtime.yml``).
+    - The documentation of the plugins a play loads by name, parsed into the configuration's definitions
+      (``PlaybookExecutor.run`` primes every connection, shell and become plugin; the inventory manager
+      loads the enabled inventory plugins, the task queue manager every callback, the variable manager
+      the fact cache; the strategy, the ``file`` lookup and the ``normal`` action every play of ours
+      uses). Only ansible-core's own: a plugin of a configured directory is not among the files the
+      server watches (:func:`_trees`), and ansible-runner's callback reads the run's data dir when it is
+      imported, so a name that finds another plugin first is left to the child.
+    """
+    import ansible
+    from ansible import constants
+    from ansible.plugins import callback
+    from ansible.plugins.loader import (
+        action_loader,
+        become_loader,
+        cache_loader,
+        callback_loader,
+        connection_loader,
+        init_plugin_loader,
+        inventory_loader,
+        lookup_loader,
+        shell_loader,
+        strategy_loader,
+    )
+
+    init_plugin_loader()
+    importlib.import_module("ansible_collections.ansible.builtin")
+    for loader in (connection_loader, shell_loader, become_loader):
+        list(loader.all(class_only=True))
+    core = Path(ansible.__file__).parent
+    callbacks = sorted(path.stem for path in Path(callback.__file__).parent.glob("*.py"))
+    for loader, names in (
+        (inventory_loader, list(constants.INVENTORY_ENABLED)),
+        (callback_loader, [name for name in callbacks if name != "__init__"]),
+        (cache_loader, [constants.CACHE_PLUGIN]),
+        (strategy_loader, [constants.DEFAULT_STRATEGY]),
+        (lookup_loader, ["ansible.builtin.file"]),
+        (action_loader, ["ansible.legacy.normal"]),
+    ):
+        for name in names:
+            found = loader.find_plugin_with_context(name)
+            path = found.plugin_resolved_path if found.resolved else None
+            if path and Path(path).resolve().is_relative_to(core):
+                loader.get(name, class_only=True)
 
 
 def _enter(request: dict[str, Any]) -> None:
@@ -224,6 +275,8 @@ def _child(warm: Warm, request: dict[str, Any], fds: list[int], others: list[int
             os.write(log, f"forkserver: pid {os.getpid()} runs a fresh ansible-playbook: {differ}\n".encode())
             os.execve(program, argv, dict(os.environ))  # noqa: S606 - ansible-playbook's argv, no shell
         sys.argv = argv
+        # CLI.run installs the collection loader, which the server did (_preload): it says so, and leaves it
+        warnings.filterwarnings("ignore", message="AnsibleCollectionFinder has already been configured")
         try:
             warm.main()
             status = 0

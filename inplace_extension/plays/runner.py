@@ -156,6 +156,7 @@ def start(spec: BatchSpec, on_task: TaskListener) -> RunHandle:
             write_json(checks_file, [_check_json(check) for check in spec.host_checks])
             hosts[run.host_name]["update_machine_health_file"] = str(checks_file)
             hosts[run.host_name]["update_machine_health_timeout_seconds"] = spec.host_checks_timeout_seconds
+        hosts[run.host_name]["update_machine_decided"] = decided(spec, run)
 
     def event_handler(event: dict[str, Any]) -> bool:
         # an exception here would kill runner's thread and leave status "running" for ever, rc None
@@ -244,6 +245,42 @@ def lock_rides_on_first_step(run: HostRun) -> bool:
         and run.capabilities[0] in LOCK_RIDERS
         and run.drain_before is None
     )
+
+
+def tags_not_needed(spec: BatchSpec, run: HostRun) -> set[str]:
+    """update_machine.yml's ``update_machine_tags_not_needed`` for ``run`` in a run of the service: the
+    play's tags whose leaving out does not keep the run from being the host's whole update."""
+    tags = {RECHECK_TAG, *(STEP_TAG.format(c.name) for c in CAPABILITIES if c.name not in run.capabilities)}
+    if lock_rides_on_first_step(run):
+        tags.add(LOCK_TAG)
+    if run.drain_before is None:
+        tags.add(DRAIN_TAG)
+    if not any(cap in run.roles for cap in run.capabilities):
+        tags.add(CUSTOM_TAG)
+    if not spec.host_checks:
+        tags.add(HEALTH_TAG)
+    tags.add(APART_TAG if joint_steps(run) else JOINT_TAG)
+    if not set(JOINT_STEPS) & set(run.capabilities):
+        tags.add(APART_TAG)  # the two roles' tag, which a batch whose other hosts do both in one leaves out
+    return tags
+
+
+def decided(spec: BatchSpec, run: HostRun) -> dict[str, Any]:
+    """update_machine.yml's ``update_machine_decided`` for ``run``: three of the play's decisions, made here
+    by the play's own rules for a run of the service (no ``--tags``, the roles' input checks left out):
+    ansible-core compiles a template again wherever a variable is used, and the play's rules for them are
+    its biggest templates, used about twenty times per host (bench/README.md, issue 40). The play makes
+    them itself without it (a play run by hand); tests/playbooks/test_decided.py holds the two equal.
+
+    - ``lock_rides_on``: the first step when its module takes the host lock (``..._lock_rides_on``);
+    - ``joint``: kubeadm_files and kubelet_args in one module execution (``update_machine_joint``);
+    - ``whole_run``: the run is the host's whole update, so that it may stamp (``update_machine_whole_run``):
+      the batch leaves out no tag this host needs."""
+    return {
+        "lock_rides_on": run.capabilities[0] if lock_rides_on_first_step(run) else "",
+        "joint": joint_steps(run),
+        "whole_run": set(skip_tags(spec)) <= tags_not_needed(spec, run),
+    }
 
 
 def _role_vars_args(spec: BatchSpec) -> list[str]:

@@ -9,6 +9,7 @@ the test, with a module of their own in ``library/`` (a payload ansible-core cac
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -348,3 +349,65 @@ def test_a_child_whose_settings_differ_runs_a_fresh_ansible_playbook(
     assert log.count("fresh ansible-playbook") == 1, log
     assert "DEFAULT_FORKS" in log
     assert all(b"ok=3" in out for out in seen)
+
+
+PRELOAD_PROBE = """\
+import json, sys
+from inplace_extension.plays import forkserver
+forkserver._preload()
+from ansible import constants as C
+from ansible.utils.collection_loader import AnsibleCollectionConfig
+asked = [("inventory", "yaml"), ("inventory", "script"), ("callback", "default"), ("callback", "junit"),
+         ("callback", "tree"), ("callback", "minimal"), ("callback", "awx_display"), ("cache", "jsonfile"),
+         ("lookup", "ansible_collections.ansible.builtin.plugins.lookup.file")]
+files = sorted(str(getattr(m, "__file__", "") or "") for m in list(sys.modules.values()))
+defined = sorted(f"{k}/{n}" for k, n in asked if C.config.has_configuration_definition(k, n))
+print(json.dumps({"finder": AnsibleCollectionConfig.collection_finder is not None,
+                  "builtin": "ansible_collections.ansible.builtin" in sys.modules,
+                  "defined": defined, "files": files}))
+"""
+
+
+def test_the_server_preloads_only_ansible_cores_own_plugins(tmp_path: Path) -> None:
+    """What every play loads first is loaded once in the server (forkserver._preload): the collection
+    loader with ansible.builtin's routing, and the documentation of ansible-core's inventory, callback,
+    cache, strategy and lookup plugins the play loads by name. A plugin of a configured directory is never
+    loaded there (the server does not watch its files), nor ansible-runner's callback (it reads the
+    run's data dir when imported): here a callback of a configured directory named as one of ansible-core's
+    (``minimal``) and ansible-runner's ``awx_display`` are on the callback path, and stay the child's."""
+    import ansible_runner
+
+    own = tmp_path / "callbacks"
+    own.mkdir()
+    (own / "minimal.py").write_text("raise SystemExit('the server loaded a configured callback')\n")
+    runner_callbacks = Path(ansible_runner.__file__).parent / "display_callback" / "callback"
+    env = {
+        **os.environ,
+        "ANSIBLE_CALLBACK_PLUGINS": os.pathsep.join([str(own), str(runner_callbacks)]),
+        "ANSIBLE_CACHE_PLUGIN": "jsonfile",
+        "ANSIBLE_STRATEGY": "free",
+        "ANSIBLE_HOME": str(tmp_path / "home"),
+        "PYTHONWARNINGS": "ignore",
+    }
+    probe = subprocess.run(
+        [sys.executable, "-c", PRELOAD_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert probe.returncode == 0, probe.stderr
+    seen = json.loads(probe.stdout.splitlines()[-1])
+    assert seen["finder"] and seen["builtin"]
+    # minimal: found in the configured directory first; awx_display: ansible-runner's
+    assert seen["defined"] == [
+        "cache/jsonfile",
+        "callback/default",
+        "callback/junit",
+        "callback/tree",
+        "inventory/script",
+        "inventory/yaml",
+        "lookup/ansible_collections.ansible.builtin.plugins.lookup.file",
+    ]
+    assert not [f for f in seen["files"] if f.startswith((str(own), str(runner_callbacks)))]
