@@ -149,6 +149,8 @@ def test_the_first_step_takes_the_lock_in_its_own_execution(lab: Lab, host: Host
     assert not second.ran(STAMP_TASK) and STAMP_TASK in second.changed_tasks
     assert "systemctl restart kubelet" in calls(lab, host)[calls_before:]
     assert not any(" --version" in line for line in calls(lab, host)[calls_before:])
+    # the play ended after the joint execution that stamped: nothing after it was even queued
+    assert queued_after_joint(second) == set()
     assert lab.read_file(host, "/etc/inplace-test/nested/whole.conf") == "whole file\nnew line two\n"
     assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] == second.fingerprint
 
@@ -157,6 +159,7 @@ def test_the_first_step_takes_the_lock_in_its_own_execution(lab: Lab, host: Host
     assert third.lock_answer["up_to_date"] is True
     assert (third.changed_tasks, host_executions(third)) == ([], 1)
     assert third.roles_run == []  # the joint execution took the lock, and left both steps out
+    assert queued_after_joint(third) == set()  # it found the whole update there: the play ended
     # the same inputs under a new fingerprint: every step unchanged, the files left alone, one new stamp,
     # written by the first step's module as well (every step after it unchanged)
     fourth = run(changed)
@@ -164,6 +167,7 @@ def test_the_first_step_takes_the_lock_in_its_own_execution(lab: Lab, host: Host
     assert fourth.changed_tasks == [STAMP_TASK] and not fourth.ran(STAMP_TASK)
     assert host_executions(fourth) == 1 and fourth.roles_run == []
     assert json.loads(lab.read_file(host, f"{STATE_DIR}/stamp.json"))["fingerprint"] == fourth.fingerprint
+    assert queued_after_joint(fourth) == set()
     lock_events = host_json_lines(lab, host, f"{STATE_DIR}/lock.log")
     assert [(e["event"], e["ident"], e.get("reason")) for e in lock_events][-6:] == [
         ("acquired", second.ident, None),
@@ -297,6 +301,14 @@ def test_the_first_step_that_took_the_lock_stamps_when_every_later_step_is_uncha
         ("released", second.ident),
     ]
     assert not host_exists(lab, host, f"{STATE_DIR}/lock")
+
+
+def queued_after_joint(result: RunResult) -> set[str]:
+    """The tasks the play queued for the host after the joint execution's end point (which ends the play
+    for the host when that execution stamped or found the whole update on the host)."""
+    tasks = [str(event_data(e).get("task")) for e in result.events if e["event"] == "playbook_on_task_start"]
+    end = "End here, the host has the whole update (after kubeadm_files and kubelet_args)"
+    return set(tasks[tasks.index(end) + 1 :]) if end in tasks else {"(no end point)"}
 
 
 def host_executions(result: RunResult) -> int:
