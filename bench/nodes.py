@@ -413,7 +413,7 @@ def main(rounds: int, batch_cpu: Callable[[], float], retry_after: int | None = 
         ),
         Verdict(
             "target 3: controller CPU per host, batch of 10",
-            f"{cpu_per_host:6.2f} s  <= {CPU_PER_HOST_LIMIT} s (lab hosts)",
+            f"{cpu_per_host:6.3f} s  <= {CPU_PER_HOST_LIMIT} s (lab hosts)",
             cpu_per_host <= CPU_PER_HOST_LIMIT,
         ),
         Verdict(
