@@ -84,7 +84,7 @@ class Warm:
         _enter(request)
         from ansible.cli.playbook import main  # imports ansible-core and loads its configuration
 
-        _preload()
+        _preload(request)
         self.main: Callable[[], None] = main
         self.settings = _settings()
         self.python = python  # what this interpreter read when it started
@@ -96,7 +96,7 @@ class Warm:
         return self.files is not None and _fingerprint(self.trees) == self.files
 
 
-def _preload() -> None:
+def _preload(request: dict[str, Any]) -> None:
     """Do once, in the server, what every ``ansible-playbook`` run does first with the same settings: its
     children find it done (about 0.1 s of each play's CPU and wall time, bench/README.md, issue 40).
 
@@ -110,7 +110,9 @@ def _preload() -> None:
       the fact cache; the strategy, the ``file`` lookup and the ``normal`` action every play of ours
       uses). Only ansible-core's own: a plugin of a configured directory is not among the files the
       server watches (:func:`_trees`), and ansible-runner's callback reads the run's data dir when it is
-      imported, so a name that finds another plugin first is left to the child.
+      imported, so a name that finds another plugin first is left to the child, and so is a name the
+      playbook's own directory has a plugin of (``callback_plugins/`` beside the playbook, which a run
+      searches first: the child must read that plugin's documentation, not find ansible-core's read).
     """
     import ansible
     from ansible import constants
@@ -134,6 +136,7 @@ def _preload() -> None:
         list(loader.all(class_only=True))
     core = Path(ansible.__file__).parent
     callbacks = sorted(path.stem for path in Path(callback.__file__).parent.glob("*.py"))
+    beside = [Path(path) for path in _playbook_dirs(request)]
     for loader, names in (
         (inventory_loader, list(constants.INVENTORY_ENABLED)),
         (callback_loader, [name for name in callbacks if name != "__init__"]),
@@ -143,6 +146,9 @@ def _preload() -> None:
         (action_loader, ["ansible.legacy.normal"]),
     ):
         for name in names:
+            own = f"{name.rsplit('.', 1)[-1]}.py"
+            if any((directory / loader.subdir / own).exists() for directory in beside):
+                continue
             found = loader.find_plugin_with_context(name)
             path = found.plugin_resolved_path if found.resolved else None
             if path and Path(path).resolve().is_relative_to(core):
@@ -196,14 +202,20 @@ def _python_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("PYTHON")}
 
 
+def _playbook_dirs(request: dict[str, Any]) -> list[str]:
+    """The directories of the playbooks on the request's command line (relative to its cwd)."""
+    return [
+        str(Path(arg).absolute().parent)
+        for arg in request["argv"]
+        if str(arg).endswith((".yml", ".yaml")) and Path(arg).is_file()
+    ]
+
+
 def _trees(request: dict[str, Any]) -> tuple[str, ...]:
     """Where module code may come from: the playbook's directory, the config file's, and the roles,
     library and module_utils paths of the environment."""
     env: dict[str, str] = request["env"]
-    trees: list[str] = []
-    for arg in request["argv"]:
-        if str(arg).endswith((".yml", ".yaml")) and Path(arg).is_file():
-            trees.append(str(Path(arg).absolute().parent))
+    trees: list[str] = _playbook_dirs(request)
     cfg = env.get("ANSIBLE_CONFIG")
     if cfg:
         trees.append(str(Path(cfg).absolute().parent))

@@ -354,7 +354,7 @@ def test_a_child_whose_settings_differ_runs_a_fresh_ansible_playbook(
 PRELOAD_PROBE = """\
 import json, sys
 from inplace_extension.plays import forkserver
-forkserver._preload()
+forkserver._preload({"argv": sys.argv[1:], "env": {}})
 from ansible import constants as C
 from ansible.utils.collection_loader import AnsibleCollectionConfig
 asked = [("inventory", "yaml"), ("inventory", "script"), ("callback", "default"), ("callback", "junit"),
@@ -373,14 +373,20 @@ def test_the_server_preloads_only_ansible_cores_own_plugins(tmp_path: Path) -> N
     loader with ansible.builtin's routing, and the documentation of ansible-core's inventory, callback,
     cache, strategy and lookup plugins the play loads by name. A plugin of a configured directory is never
     loaded there (the server does not watch its files), nor ansible-runner's callback (it reads the
-    run's data dir when imported): here a callback of a configured directory named as one of ansible-core's
-    (``minimal``) and ansible-runner's ``awx_display`` are on the callback path, and stay the child's."""
+    run's data dir when imported), nor a plugin the playbook's directory has one of its own of (a run
+    searches there first): here a callback of a configured directory named as one of ansible-core's
+    (``minimal``), ansible-runner's ``awx_display`` on the callback path and a ``junit`` beside the
+    playbook stay the child's."""
     import ansible_runner
 
     own = tmp_path / "callbacks"
     own.mkdir()
     (own / "minimal.py").write_text("raise SystemExit('the server loaded a configured callback')\n")
     runner_callbacks = Path(ansible_runner.__file__).parent / "display_callback" / "callback"
+    playbooks = tmp_path / "playbooks"
+    (playbooks / "callback_plugins").mkdir(parents=True)
+    (playbooks / "callback_plugins" / "junit.py").write_text("raise SystemExit('the server loaded it')\n")
+    (playbooks / "site.yml").write_text("- hosts: all\n  tasks: []\n")
     env = {
         **os.environ,
         "ANSIBLE_CALLBACK_PLUGINS": os.pathsep.join([str(own), str(runner_callbacks)]),
@@ -390,7 +396,7 @@ def test_the_server_preloads_only_ansible_cores_own_plugins(tmp_path: Path) -> N
         "PYTHONWARNINGS": "ignore",
     }
     probe = subprocess.run(
-        [sys.executable, "-c", PRELOAD_PROBE],
+        [sys.executable, "-c", PRELOAD_PROBE, "--skip-tags", "x", str(playbooks / "site.yml")],
         env=env,
         capture_output=True,
         text=True,
@@ -400,14 +406,13 @@ def test_the_server_preloads_only_ansible_cores_own_plugins(tmp_path: Path) -> N
     assert probe.returncode == 0, probe.stderr
     seen = json.loads(probe.stdout.splitlines()[-1])
     assert seen["finder"] and seen["builtin"]
-    # minimal: found in the configured directory first; awx_display: ansible-runner's
+    # minimal: found in the configured directory first; awx_display: ansible-runner's; junit: the playbook's
     assert seen["defined"] == [
         "cache/jsonfile",
         "callback/default",
-        "callback/junit",
         "callback/tree",
         "inventory/script",
         "inventory/yaml",
         "lookup/ansible_collections.ansible.builtin.plugins.lookup.file",
     ]
-    assert not [f for f in seen["files"] if f.startswith((str(own), str(runner_callbacks)))]
+    assert not [f for f in seen["files"] if f.startswith((str(own), str(runner_callbacks), str(playbooks)))]
