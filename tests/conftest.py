@@ -44,7 +44,8 @@ from contextlib import contextmanager
 import pytest
 from kubelab.config import Config
 
-pytest_plugins = ["hostlab.pytest_plugin", "kubelab.pytest_plugin"]
+# run_timeline: where a run's time goes, when INPLACE_TEST_TIMELINE names a file (scripts/test)
+pytest_plugins = ["hostlab.pytest_plugin", "kubelab.pytest_plugin", "run_timeline"]
 
 # the lab units, in this order at the start of the collection (the longest first); "capi-lab" stands
 # for every "capi-lab:<module>" unit
