@@ -373,13 +373,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 # INPLACE_* variables that are no command's: other tools' of the project (scripts/release and
-# clusterctl's INPLACE_NAMESPACE and INPLACE_IMAGE, the tests' INPLACE_TEST_WORKERS and caches) and the
-# one the service sets for its own plays (plays/artifacts.py): neither refused nor warned about
+# clusterctl's INPLACE_NAMESPACE and INPLACE_IMAGE, the tests' INPLACE_TEST_WORKERS, INPLACE_TEST_TIMELINE
+# and caches) and the one the service sets for its own plays (plays/artifacts.py): neither refused nor
+# warned about
 OTHER_VARIABLES: frozenset[str] = frozenset(
     {
         "INPLACE_NAMESPACE",
         "INPLACE_IMAGE",
         "INPLACE_TEST_WORKERS",
+        "INPLACE_TEST_TIMELINE",
         "INPLACE_IMAGE_CACHE_DIR",
         "INPLACE_VAGRANT_CACHE_DIR",
         "INPLACE_EXTENSION_PLAY_LEASE",

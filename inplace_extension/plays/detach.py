@@ -114,6 +114,10 @@ def _through_server(path: str, argv: list[str], env: dict[str, str], lease: tupl
         os.close(stdin)
         os.close(write_end)  # the child has its own; the pipe ends when the play's last process is gone
     first, _, rest = received.partition(b"\n")
+    if first == b"fresh":  # the server forked nothing (it may still hold its copy of the pipe a moment)
+        conn.close()
+        os.close(read_end)
+        return None
     if not first.startswith(b"pid "):
         conn.close()
         if _writers_gone(read_end):

@@ -377,8 +377,10 @@ class Server:
                 others += [c.fileno() for c in self.children.values()]
                 _child(self.warm, request, fds, others, self.log)
             self.children[pid] = conn
-            conn.sendall(f"pid {pid}\n".encode())
+            with contextlib.suppress(OSError):  # the client is gone: the play goes on, never "fresh" now
+                conn.sendall(f"pid {pid}\n".encode())
         except Refused:
+            _close(fds)  # before the answer: the client's pipe has no writer of ours left when it reads it
             _answer(conn, b"fresh\n")
         except Exception as exc:  # a bad request or a failed import: this client runs a fresh process
             print(
@@ -386,12 +388,12 @@ class Server:
                 file=sys.stderr,
                 flush=True,
             )
+            _close(fds)
             _answer(conn, b"fresh\n")
             if self.warm is None:
                 self.retire()  # ansible-core did not import: nothing to fork from
         finally:
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
 
     def _bound(self) -> bool:
         try:
@@ -415,6 +417,12 @@ class Server:
             conn = self.children.pop(pid, None)
             if conn is not None:
                 _answer(conn, f"exit {status}\n".encode())
+
+
+def _close(fds: list[int]) -> None:
+    """Close the descriptors a request passed us, once (the list is emptied)."""
+    while fds:
+        os.close(fds.pop())
 
 
 def _answer(conn: socket.socket, message: bytes) -> None:

@@ -104,3 +104,45 @@ def _cmdline(pid_dir: Path) -> str:
         return (pid_dir / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+def test_a_fresh_answer_runs_the_play_here_even_while_the_server_still_holds_its_copy_of_the_pipe(
+    tmp_path: Path,
+) -> None:
+    """A server that retires answers ``fresh``: it forked nothing, so the client runs ansible-playbook
+    itself at once, even when the server closes the descriptors it was passed only after its answer
+    (that order once made the client take the answer for a server dead mid-play: the play "killed")."""
+    import array
+    import socket
+    import threading
+
+    from inplace_extension.plays import detach
+
+    path = str(tmp_path / "server.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    release = threading.Event()
+
+    def server() -> None:
+        conn, _ = listener.accept()
+        fds = array.array("i")
+        _, ancdata, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(8 * fds.itemsize))
+        for _, _, data in ancdata:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+        conn.sendall(b"fresh\n")
+        conn.close()
+        release.wait(10)  # still holding the client's pipe after the answer
+        for fd in fds:
+            os.close(fd)
+
+    thread = threading.Thread(target=server, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        assert detach._through_server(path, ["ansible-playbook"], {}, ()) is None
+        assert time.monotonic() - started < 5, "the client waited for the server's copy of the pipe"
+    finally:
+        release.set()
+        thread.join(10)
+        listener.close()
