@@ -127,9 +127,12 @@ def test_a_fresh_answer_runs_the_play_here_even_while_the_server_still_holds_its
     def server() -> None:
         conn, _ = listener.accept()
         fds = array.array("i")
-        _, ancdata, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(8 * fds.itemsize))
+        head, ancdata, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(8 * fds.itemsize))
         for _, _, data in ancdata:
             fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+        body = b""
+        while len(body) < int.from_bytes(head, "big"):  # the whole request read, as the server does
+            body += conn.recv(65536)
         conn.sendall(b"fresh\n")
         conn.close()
         release.wait(10)  # still holding the client's pipe after the answer
