@@ -24,7 +24,7 @@ import httpx
 from hostlab.errors import LabError
 from hostlab.proc import file_lock, kill_and_wait, not_ours_because, spawn, wait_until
 
-from kubelab import build, core, flavours, ports, state
+from kubelab import build, core, flavours, ports, reads, state
 from kubelab.config import APISERVER_NAME, NAME_RE, Config
 from kubelab.pki import CertificateAuthority
 from kubelab.state import Component, LabState
@@ -156,6 +156,7 @@ class Lab:
 
     def down(self) -> None:
         """Stop every process (reverse start order, by PID), keep the logs, remove the lab directory."""
+        reads.close(self)
         current = state.load(self.dir)
         if current is not None:
             for component in reversed(current.components):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from hostlab.errors import LabError
 from hostlab.proc import wait_until
 
-from kubelab import manifests
+from kubelab import manifests, reads
 from kubelab.config import KWOK_NODE_LABEL
 
 if TYPE_CHECKING:
@@ -30,15 +30,9 @@ def apply(lab: Lab, *objects: Mapping[str, Any]) -> None:
 
 
 def get(lab: Lab, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
-    """The object as JSON, or None if it does not exist."""
-    args = ["get", kind, name, "-o", "json", *(["-n", namespace] if namespace else [])]
-    proc = lab.kubectl(*args, check=False)
-    if proc.returncode != 0:
-        if "NotFound" in proc.stderr:
-            return None
-        raise LabError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
-    result: dict[str, Any] = json.loads(proc.stdout)
-    return result
+    """The object as JSON (as ``kubectl get -o json`` gives it), or None if it does not exist; read over
+    the lab's HTTP client (:mod:`kubelab.reads`): the waits below poll it."""
+    return reads.get(lab, kind, name, namespace)
 
 
 def ensure_namespace(lab: Lab, name: str) -> None:

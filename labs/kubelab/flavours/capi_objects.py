@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from hostlab.errors import LabError
 
-from kubelab import objects
+from kubelab import objects, reads
 from kubelab.objects import condition
 
 if TYPE_CHECKING:
@@ -188,10 +188,9 @@ def extension_config(
 
 
 def list_objects(lab: Lab, kind: str, namespace: str, selector: Mapping[str, str] | None = None) -> list[Obj]:
-    args = ["get", kind, "-n", namespace, "-o", "json"]
-    if selector:
-        args.append("--selector=" + ",".join(f"{k}={v}" for k, v in selector.items()))
-    items: list[Obj] = json.loads(lab.kubectl(*args).stdout)["items"]
+    """The ``kind`` objects in ``namespace`` carrying the labels ``selector``, sorted by name."""
+    labels = ",".join(f"{k}={v}" for k, v in selector.items()) if selector else None
+    items = reads.list_objects(lab, kind, namespace, labels)
     return sorted(items, key=lambda o: str(o["metadata"]["name"]))
 
 

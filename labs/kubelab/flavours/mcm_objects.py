@@ -14,11 +14,10 @@ still backs its Machines by lab hosts.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kubelab import objects
+from kubelab import objects, reads
 from kubelab.flavours.mcm import NAMESPACE
 
 if TYPE_CHECKING:
@@ -110,10 +109,7 @@ def machine_deployment(
 
 def listed(lab: Lab, kind: str, selector: str, namespace: str | None = NAMESPACE) -> list[dict[str, Any]]:
     """Objects of ``kind`` matching the label ``selector`` (in ``namespace``; None: cluster-scoped)."""
-    where = ["-n", namespace] if namespace else []
-    out = lab.kubectl("get", kind, *where, "-l", selector, "-o", "json").stdout
-    items: list[dict[str, Any]] = json.loads(out)["items"]
-    return items
+    return reads.list_objects(lab, kind, namespace, selector)
 
 
 def machines(lab: Lab, deployment: str) -> list[dict[str, Any]]:
