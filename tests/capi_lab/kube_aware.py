@@ -31,7 +31,7 @@ from hostlab.inventory import defaults_only_inventory, service_inventory
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.proc import stop_child
-from kubelab import objects
+from kubelab import objects, reads
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 
@@ -236,9 +236,8 @@ class Worker(TemplateChanges):
         )
 
     def events(self) -> dict[str, list[str]]:
-        listed = json.loads(self.kube.kubectl("get", "events", "-n", self.namespace, "-o", "json").stdout)
         found: dict[str, list[str]] = {}
-        for event in listed["items"]:
+        for event in reads.list_objects(self.kube, "events", self.namespace):
             if event["involvedObject"].get("uid") == self.uid:
                 found.setdefault(event["reason"], []).append(event["message"])
         return found

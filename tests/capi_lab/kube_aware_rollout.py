@@ -34,7 +34,7 @@ import yaml
 from e2e.conftest import START_VERSION
 from hostlab.inventory import service_inventory
 from hostlab.lab import Host
-from kubelab import objects
+from kubelab import objects, reads
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 
@@ -132,9 +132,8 @@ class Rollout(TemplateChanges):
         return found
 
     def events(self, machine: str) -> dict[str, list[str]]:
-        listed = json.loads(self.kube.kubectl("get", "events", "-n", self.namespace, "-o", "json").stdout)
         found: dict[str, list[str]] = {}
-        for event in listed["items"]:
+        for event in reads.list_objects(self.kube, "events", self.namespace):
             if event["involvedObject"].get("uid") == self.uids[machine]:
                 found.setdefault(event["reason"], []).append(event["message"])
         return found

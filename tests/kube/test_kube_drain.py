@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from hostlab.proc import wait_until
-from kubelab import objects
+from kubelab import objects, reads
 from kubelab.lab import Lab
 
 from inplace_extension.kube import drain
@@ -95,11 +95,7 @@ def test_drain_evicts_workloads_skips_daemonset_and_mirror_pods_and_uncordons_on
 
 
 def _pods(lab: Lab, namespace: str) -> list[dict[str, Any]]:
-    import json
-
-    out = lab.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout
-    items: list[dict[str, Any]] = json.loads(out)["items"]
-    return items
+    return reads.list_objects(lab, "pods", namespace)
 
 
 def test_a_node_cordoned_by_someone_else_is_drained_but_never_uncordoned(kubelab: Lab, client: Any) -> None:

@@ -4,7 +4,6 @@ bootstrap left on it)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from typing import Any
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.proc import wait_until
-from kubelab import labprovider, objects
+from kubelab import labprovider, objects, reads
 from kubelab.lab import Lab as KubeLab
 from kubelab.labprovider import crds
 
@@ -39,9 +38,7 @@ class LabMachines:
     namespace: str
 
     def all(self) -> list[dict[str, Any]]:
-        out = self.kube.kubectl("get", LAB_MACHINE, "-n", self.namespace, "-o", "json").stdout
-        items: list[dict[str, Any]] = json.loads(out)["items"]
-        return items
+        return reads.list_objects(self.kube, LAB_MACHINE, self.namespace)
 
     def get(self, name: str) -> dict[str, Any]:
         found = objects.get(self.kube, LAB_MACHINE, name, self.namespace)

@@ -24,7 +24,7 @@ from hostlab import faults
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.proc import wait_until
-from kubelab import objects
+from kubelab import objects, reads
 from kubelab.flavours import mcm, mcm_objects
 from kubelab.lab import Lab
 
@@ -212,10 +212,9 @@ BLOCKED = f"blocked after {BUDGET} failed attempts: {UNREACHABLE}"
 def node_events(lab: Lab, node: str) -> list[tuple[str, str, str]]:
     """The Events about a Node: (type, reason, message)."""
     selector = f"involvedObject.kind=Node,involvedObject.name={node}"
-    out = lab.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
     return [
         (e.get("type", ""), e.get("reason", ""), e.get("message", ""))
-        for e in json.loads(out.stdout)["items"]
+        for e in reads.list_objects(lab, "events", "default", fields=selector)
     ]
 
 
@@ -418,8 +417,10 @@ PAUSE = "inplace-extension.io/pause"
 
 def node_event_messages(lab: Lab, node: str) -> list[str]:
     selector = f"involvedObject.kind=Node,involvedObject.name={node}"
-    out = lab.kubectl("get", "events", "-n", "default", "--field-selector", selector, "-o", "json")
-    return [str(event.get("message", "")) for event in json.loads(out.stdout)["items"]]
+    return [
+        str(event.get("message", ""))
+        for event in reads.list_objects(lab, "events", "default", fields=selector)
+    ]
 
 
 def test_a_window_a_pause_a_cancel_and_a_resume_in_one_rollout(

@@ -34,7 +34,7 @@ import pytest
 from e2e.capi import NodeSpec, poll_update_machine, update_machine_request
 from e2e.service import Service
 from hostlab.lab import Host
-from kubelab import objects
+from kubelab import objects, reads
 
 from inplace_extension.kubejobs.manifest import (
     ATTEMPT_LABEL,
@@ -115,17 +115,12 @@ def _record(cluster: Cluster, machine: str) -> dict[str, Any]:
 
 
 def _jobs(cluster: Cluster, namespace: str, machine: str) -> list[dict[str, Any]]:
-    listed = cluster.kube.kubectl(
-        "get", "jobs", "-n", namespace, "-l", f"{MACHINE_LABEL}={machine}", "-o", "json"
-    )
-    items: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+    items = reads.list_objects(cluster.kube, "jobs", namespace, f"{MACHINE_LABEL}={machine}")
     return sorted(items, key=lambda job: int(job["metadata"]["labels"][ATTEMPT_LABEL]))
 
 
 def _pods(cluster: Cluster, namespace: str, job: str) -> list[dict[str, Any]]:
-    listed = cluster.kube.kubectl("get", "pods", "-n", namespace, "-l", f"job-name={job}", "-o", "json")
-    items: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
-    return items
+    return reads.list_objects(cluster.kube, "pods", namespace, f"job-name={job}")
 
 
 def _diagnosis(cluster: Cluster, namespace: str) -> str:

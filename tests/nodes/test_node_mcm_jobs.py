@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import yaml
 from hostlab.proc import wait_until
-from kubelab import objects
+from kubelab import objects, reads
 from kubelab.flavours import mcm
 from kubelab.lab import Lab as KubeLab
 from mcm_lab.agentproc import AgentProcess, Pool, agent_argv, write_inventory
@@ -203,20 +203,16 @@ def replicas(
 
 
 def _pods(kube: KubeLab, namespace: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = json.loads(
-        kube.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout
-    )["items"]
-    return items
+    return reads.list_objects(kube, "pods", namespace)
 
 
 def _jobs(kube: KubeLab, namespace: str, node: str) -> list[dict[str, Any]]:
-    listed = kube.kubectl("get", "jobs", "-n", namespace, "-l", f"{MACHINE_LABEL}={node}", "-o", "json")
-    items: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+    items = reads.list_objects(kube, "jobs", namespace, f"{MACHINE_LABEL}={node}")
     return sorted(items, key=lambda job: job["metadata"]["name"])
 
 
 def _active_jobs(kube: KubeLab, namespace: str) -> list[str]:
-    listed = json.loads(kube.kubectl("get", "jobs", "-n", namespace, "-o", "json").stdout)["items"]
+    listed = reads.list_objects(kube, "jobs", namespace)
     return [job["metadata"]["name"] for job in listed if job.get("status", {}).get("active")]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from hostlab.lab import Host
-from kubelab import objects
+from kubelab import objects, reads
 from kubelab.lab import Lab as KubeLab
 
 from inplace_extension.cli import installed_version
@@ -99,8 +99,7 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _job_pod(kube: KubeLab, namespace: str, job: str) -> dict[str, Any]:
-    listed = kube.kubectl("get", "pods", "-n", namespace, "-l", f"job-name={job}", "-o", "json")
-    pods: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+    pods = reads.list_objects(kube, "pods", namespace, f"job-name={job}")
     assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
     return pods[0]
 
