@@ -293,12 +293,10 @@ class Lab:
 
     def _default_service_account(self) -> bool:
         # the serviceaccount controller made it: the controller-manager runs and reaches the API
-        return (
-            self.kubectl(
-                "get", "serviceaccount", "default", "-n", "default", check=False, timeout=30
-            ).returncode
-            == 0
-        )
+        try:
+            return reads.get(self, "serviceaccount", "default", "default") is not None
+        except LabError:
+            return False
 
 
 def _tail(log: Path, lines: int = 20) -> str:
