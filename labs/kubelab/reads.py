@@ -142,7 +142,12 @@ class Reader:
 
     def _request(self, path: str, params: Mapping[str, str] | None = None) -> httpx.Response:
         try:
-            return self.client.get(path, params=params)
+            try:
+                return self.client.get(path, params=params)
+            except httpx.TransportError:
+                # a kept connection the server closed as we sent (idle, or the API server restarted):
+                # once more on a new one, as a new kubectl would have used
+                return self.client.get(path, params=params)
         except httpx.HTTPError as exc:
             raise LabError(f"kubelab: GET {self.server}{path} failed: {exc!r}") from exc
 

@@ -252,3 +252,23 @@ def test_one_client_per_lab_closed_when_the_lab_goes(api: Api, fake: Any) -> Non
     assert second is not first and first.client.is_closed
     reads.close(fake)
     assert second.client.is_closed
+
+
+def test_a_dropped_connection_is_tried_once_more_then_named(api: Api, fake: Any) -> None:
+    api.objects["/api/v1/nodes/n1"] = {"kind": "Node", "metadata": {"name": "n1"}}
+    drops = {"left": 1}
+    served = api.__call__
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/api/v1/nodes/n1" and drops["left"] > 0:
+            drops["left"] -= 1
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return served(request)
+
+    fake.http = lambda: httpx.Client(base_url=fake.server, transport=httpx.MockTransport(flaky))
+    assert reads.get(fake, "node", "n1") == {"kind": "Node", "metadata": {"name": "n1"}}
+    drops["left"] = 2
+    with pytest.raises(
+        LabError, match=r"GET https://127.0.0.1:6443/api/v1/nodes/n1 failed: RemoteProtocolError"
+    ):
+        reads.get(fake, "node", "n1")
