@@ -105,8 +105,7 @@ def resolve(known: list[Resource], name: str) -> Resource | None:
 class Reader:
     """One lab's reads: its HTTP client (shared by threads: httpx's Client is) and its discovery."""
 
-    def __init__(self, lab: Lab, client: httpx.Client) -> None:
-        self.lab = lab
+    def __init__(self, client: httpx.Client) -> None:
         self.server = str(client.base_url)
         self.client = client
         self._lock = threading.Lock()
@@ -217,7 +216,7 @@ def reader(lab: Lab) -> Reader:
             return current
         if current is not None:
             current.close()
-        current = _readers[key] = Reader(lab, lab.http())
+        current = _readers[key] = Reader(lab.http())
         return current
 
 
