@@ -39,6 +39,7 @@ from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.proc import wait_until
 
+from kubelab import reads
 from kubelab.config import APISERVER_NAME
 from kubelab.flavours import nodes
 from kubelab.lab import Lab
@@ -167,10 +168,13 @@ def install_kube_proxy_stand_in(kube: Lab, hosts: HostLab, host: Host) -> None:
 
 
 def node_ready(kube: Lab, name: str) -> bool:
-    proc = kube.kubectl("get", "node", name, "-o", "json", check=False, timeout=30)
-    if proc.returncode != 0:
+    try:
+        node = reads.get(kube, "node", name)
+    except LabError:
         return False
-    conditions = json.loads(proc.stdout).get("status", {}).get("conditions", [])
+    if node is None:
+        return False
+    conditions = node.get("status", {}).get("conditions", [])
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from hostlab.errors import LabError
 from hostlab.proc import wait_until
 
-from kubelab import build, core
+from kubelab import build, core, reads
 from kubelab.config import APISERVER_NAME
 
 if TYPE_CHECKING:
@@ -160,10 +160,13 @@ def _kubeadm(lab: Lab, *args: str) -> None:
 def _signature(lab: Lab) -> str | None:
     """bootstrapsigner's signature of cluster-info for the lab's token (what ``kubeadm join`` checks)."""
     token_id = token(lab).split(".")[0]
-    proc = lab.kubectl("get", "configmap", "cluster-info", "-n", "kube-public", "-o", "json", check=False)
-    if proc.returncode != 0:
+    try:
+        info = reads.get(lab, "configmap", "cluster-info", "kube-public")
+    except LabError:
         return None
-    signature = json.loads(proc.stdout).get("data", {}).get(f"jws-kubeconfig-{token_id}")
+    if info is None:
+        return None
+    signature = info.get("data", {}).get(f"jws-kubeconfig-{token_id}")
     return signature if isinstance(signature, str) else None
 
 
