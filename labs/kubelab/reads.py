@@ -105,8 +105,9 @@ def resolve(known: list[Resource], name: str) -> Resource | None:
 class Reader:
     """One lab's reads: its HTTP client (shared by threads: httpx's Client is) and its discovery."""
 
-    def __init__(self, client: httpx.Client) -> None:
+    def __init__(self, client: httpx.Client, identity: tuple[str, int] = ("", 0)) -> None:
         self.server = str(client.base_url)
+        self.identity = identity
         self.client = client
         self._lock = threading.Lock()
         self._known: list[Resource] | None = None
@@ -207,17 +208,25 @@ _readers_lock = threading.Lock()
 
 
 def reader(lab: Lab) -> Reader:
-    """The lab's reader, made at first use; a lab that came up again (another server) gets a new one."""
-    key = str(lab.dir)
-    server = lab.server
+    """The lab's reader, made at first use; a lab that came up again (another server or CA) gets a new one."""
+    key, identity = str(lab.dir), _identity(lab)
     with _readers_lock:
         current = _readers.get(key)
-        if current is not None and current.server.rstrip("/") == server.rstrip("/"):
+        if current is not None and current.identity == identity:
             return current
         if current is not None:
             current.close()
-        current = _readers[key] = Reader(lab.http())
+        current = _readers[key] = Reader(lab.http(), identity)
         return current
+
+
+def _identity(lab: Lab) -> tuple[str, int]:
+    """The lab's server and its CA's mtime: a lab brought up again has a new CA, perhaps on the same port."""
+    try:
+        ca = lab.ca.stat().st_mtime_ns
+    except OSError:
+        ca = 0
+    return lab.server, ca
 
 
 def close(lab: Lab) -> None:

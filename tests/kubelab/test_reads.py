@@ -5,6 +5,7 @@ an httpx MockTransport, the refresh on a miss, the ties, and GET/LIST answering 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +97,8 @@ class FakeLab:
     def __init__(self, api: Api, tmp: Path) -> None:
         self.dir = tmp / "lab"
         self.server = "https://127.0.0.1:6443"
+        self.ca = tmp / "ca.crt"
+        self.ca.write_text("CA 1")
         self.api = api
         self.kubectl_calls: list[tuple[str, ...]] = []
         self.kubectl_answer = subprocess.CompletedProcess[str]([], 0, json.dumps({"items": []}), "")
@@ -250,8 +253,11 @@ def test_one_client_per_lab_closed_when_the_lab_goes(api: Api, fake: Any) -> Non
     fake.server = "https://127.0.0.1:7443"  # the lab came up again: a new server, a new client
     second = reads.reader(fake)
     assert second is not first and first.client.is_closed
+    os.utime(fake.ca, ns=(0, 1))  # a new CA on the same server (the lab came up again on that port)
+    third = reads.reader(fake)
+    assert third is not second and second.client.is_closed
     reads.close(fake)
-    assert second.client.is_closed
+    assert third.client.is_closed
 
 
 def test_a_dropped_connection_is_tried_once_more_then_named(api: Api, fake: Any) -> None:
