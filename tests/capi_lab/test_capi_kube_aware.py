@@ -26,7 +26,7 @@ from hostlab import faults
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
 from hostlab.proc import wait_until
-from kubelab import objects
+from kubelab import objects, reads
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 from playbooks.standins import install_standins, lab_run_on_host
@@ -213,9 +213,8 @@ def test_a_pause_mid_rollout_of_three_holds_the_next_machine_a_cancel_fails_it_a
         return run_attempts(kube_extension, f"{namespace}/{machine}")
 
     def events(machine: str) -> dict[str, list[str]]:
-        listed = json.loads(kube.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)
         found: dict[str, list[str]] = {}
-        for event in listed["items"]:
+        for event in reads.list_objects(kube, "events", namespace):
             if event["involvedObject"].get("uid") == fleet.uids[machine]:
                 found.setdefault(event["reason"], []).append(event["message"])
         return found

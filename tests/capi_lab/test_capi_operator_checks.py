@@ -35,7 +35,7 @@ from e2e.hostcheck import stamp_writes
 from hostlab import faults
 from hostlab.lab import Host
 from hostlab.lab import Lab as HostLab
-from kubelab import objects
+from kubelab import objects, reads
 from kubelab.flavours import capi_objects as co
 from kubelab.lab import Lab
 from playbooks.standins import install_standins, lab_run_on_host
@@ -421,9 +421,8 @@ def test_the_pause_annotation_on_a_kubeadm_control_plane_holds_its_in_place_upgr
     paused = f"paused by KubeadmControlPlane {namespace}/{kcp} (annotation inplace-extension.io/pause)"
 
     def machine_events() -> dict[str, dict[str, list[str]]]:
-        listed = json.loads(kube.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)
         found: dict[str, dict[str, list[str]]] = {}
-        for event in listed["items"]:
+        for event in reads.list_objects(kube, "events", namespace):
             involved = event["involvedObject"]
             if involved.get("uid") in before.values():
                 found.setdefault(involved["name"], {}).setdefault(event["reason"], []).append(
