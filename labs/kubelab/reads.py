@@ -21,6 +21,7 @@ import atexit
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -141,6 +142,15 @@ class Reader:
         return body
 
     def _request(self, path: str, params: Mapping[str, str] | None = None) -> httpx.Response:
+        for tried in range(1, RETRIES + 1):
+            response = self._send(path, params)
+            wait = _retry_after(response)
+            if wait is None or tried == RETRIES:
+                return response
+            time.sleep(wait)
+        raise AssertionError("unreachable: the last try returns")
+
+    def _send(self, path: str, params: Mapping[str, str] | None) -> httpx.Response:
         try:
             try:
                 return self.client.get(path, params=params)
@@ -191,6 +201,24 @@ class Reader:
             )
         body: Obj = response.json()
         return body
+
+
+# kubectl (client-go) sends a request again when the API server answers 429, or a 5xx with Retry-After
+# ("storage is (re)initializing" while it starts again), after the seconds it names, up to 10 times
+RETRIES = 10
+RETRY_AFTER_CAP = 5.0  # seconds; the API server names 1
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The seconds to wait before sending again, or None when the answer is final."""
+    header = response.headers.get("Retry-After")
+    if response.status_code != 429 and not (response.status_code >= 500 and header):
+        return None
+    try:
+        seconds = float(header) if header else 1.0
+    except ValueError:
+        seconds = 1.0
+    return min(max(seconds, 0.1), RETRY_AFTER_CAP)
 
 
 def _not_found(response: httpx.Response, name: str) -> bool:

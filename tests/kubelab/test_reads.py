@@ -278,3 +278,36 @@ def test_a_dropped_connection_is_tried_once_more_then_named(api: Api, fake: Any)
         LabError, match=r"GET https://127.0.0.1:6443/api/v1/nodes/n1 failed: RemoteProtocolError"
     ):
         reads.get(fake, "node", "n1")
+
+
+def test_a_429_or_a_5xx_with_retry_after_is_sent_again_as_kubectl_does(
+    api: Api, fake: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API server answers 429 "storage is (re)initializing" while it starts again (a test restarting
+    it mid-rollout met it); kubectl waits the Retry-After and asks again, and so does the reader."""
+    api.objects["/api/v1/nodes/n1"] = {"kind": "Node", "metadata": {"name": "n1"}}
+    answers = [
+        httpx.Response(429, headers={"Retry-After": "1"}, json={"reason": "TooManyRequests"}),
+        httpx.Response(503, headers={"Retry-After": "1"}, json={"reason": "ServiceUnavailable"}),
+    ]
+    served = api.__call__
+    slept: list[float] = []
+    monkeypatch.setattr("kubelab.reads.time.sleep", slept.append)
+
+    def starting(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/api/v1/nodes/n1" and answers:
+            return answers.pop(0)
+        return served(request)
+
+    fake.http = lambda: httpx.Client(base_url=fake.server, transport=httpx.MockTransport(starting))
+    assert reads.get(fake, "node", "n1") == {"kind": "Node", "metadata": {"name": "n1"}}
+    assert slept == [1.0, 1.0]
+    # a 5xx without Retry-After is final, and a server that keeps answering 429 is named after 10 tries
+    answers[:] = [httpx.Response(500, json={"reason": "InternalError"})]
+    with pytest.raises(LabError, match=r"GET /api/v1/nodes/n1: 500"):
+        reads.get(fake, "node", "n1")
+    answers[:] = [httpx.Response(429, headers={"Retry-After": "1"})] * reads.RETRIES
+    slept.clear()
+    with pytest.raises(LabError, match=r"GET /api/v1/nodes/n1: 429"):
+        reads.get(fake, "node", "n1")
+    assert len(slept) == reads.RETRIES - 1
