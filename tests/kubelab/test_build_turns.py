@@ -107,4 +107,8 @@ def test_kubelab_build_all_builds_every_binary_once_in_the_build_order() -> None
     assert max(order(name) for name in build.CORE_BINARIES) < min(
         order(name) for name in build.BINARIES if name not in build.CORE_BINARIES and name != "kube-scheduler"
     )
-    assert build.BUILD_ORDER[-3:] == ("capa-lab-manager", "clusterctl", "promtool")
+    assert build.BUILD_ORDER[-2:] == ("clusterctl", "promtool")
+    # the CAPA module is the first CAPI unit handed out: its manager before the nodes' set, which only the
+    # node unit and the CAPI modules on real nodes wait for
+    assert order("capa-lab-manager") < min(order(name) for name in build.NODE_BINARIES)
+    assert order("capa-lab-manager") > max(order(n) for n in ("capi-core", "capi-kcp", "capi-cabpk", "capd"))
