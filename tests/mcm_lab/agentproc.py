@@ -216,7 +216,13 @@ class Pool:
 
     def finished(self) -> bool:
         """MCM is done: 3/3 updated and available, every Node cleaned up and back to Running Machines."""
-        status = self.deployment().get("status", {})
+        deployment = self.deployment()
+        status = deployment.get("status", {})
+        # the counts are of the template MCM has seen: right after a switch they are still the old
+        # template's 3/3 until MCM observes the new generation (a poll within milliseconds of the patch,
+        # as the lab's HTTP reads make it, took the rollout for done before it started)
+        if status.get("observedGeneration") != deployment.get("metadata", {}).get("generation"):
+            return False
         count = len(self.hosts)
         if status.get("updatedReplicas") != count or status.get("availableReplicas") != count:
             return False
