@@ -142,13 +142,14 @@ class Reader:
         return body
 
     def _request(self, path: str, params: Mapping[str, str] | None = None) -> httpx.Response:
-        for tried in range(1, RETRIES + 1):
-            response = self._send(path, params)
+        response = self._send(path, params)
+        for _ in range(RETRIES - 1):
             wait = _retry_after(response)
-            if wait is None or tried == RETRIES:
-                return response
+            if wait is None:
+                break
             time.sleep(wait)
-        raise AssertionError("unreachable: the last try returns")
+            response = self._send(path, params)
+        return response
 
     def _send(self, path: str, params: Mapping[str, str] | None) -> httpx.Response:
         try:

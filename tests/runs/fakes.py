@@ -81,11 +81,13 @@ class FakeRunner:
     """Stands in for ``runner.start``: writes the artifacts a real batch would and records every host run.
 
     ``scripts`` maps a Machine name to the outcomes of its successive attempts (default: success).
-    ``gate``, when set, holds every batch inside ``wait()`` until the test releases it.
+    ``gate``, when set, holds every batch inside ``wait()`` until the test releases it; ``at_gate`` is set
+    once a batch has announced all its tasks and waits there.
     """
 
     scripts: dict[str, list[Script]] = field(default_factory=dict)
     gate: threading.Event | None = None
+    at_gate: threading.Event = field(default_factory=threading.Event)
     started: list[runner.HostRun] = field(default_factory=list)
     batches: list[runner.BatchSpec] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -123,6 +125,7 @@ class _FakeHandle:
                     break
                 self.on_task(run.host_name, cap, "Do it")
         if self.fake.gate is not None:
+            self.fake.at_gate.set()
             self.fake.gate.wait(30)
         statuses, events = [], []
         for run, script in zip(self.spec.hosts, self.scripts, strict=True):
