@@ -1,9 +1,10 @@
 """scripts/test's cold run: with kubelab binaries missing, the build runs in the background while the
 static checks, scripts/test-lowest and the tests that need none of its binaries run (pytest's first part,
 ``--kube-tests=deselect``); the tests marked kube (``--kube-tests=only``) start after that while the build
-goes on, each lab waiting for its own binaries; the run waits for the build at the end. The order is read
-from the script; its exit-status rule, its end of the build (failed or not) and the stopping of the build
-are run in bash, the build a fake ``kubelab`` on PATH."""
+goes on, each lab waiting for its own binaries; the run waits for the build at the end. A warm run (every
+binary built) runs the static checks, go vet + go test and scripts/test-lowest in the background beside its
+one pytest run. The order is read from the script; its exit-status rule, its end of the build (failed or
+not), the checks beside pytest and the stopping of either are run in bash, with fakes for what they call."""
 
 from __future__ import annotations
 
@@ -50,7 +51,11 @@ def test_the_build_starts_in_the_background_before_the_checks_and_the_kube_tests
     assert cold < lowest < first < failed_early < second < waited < vet < warm, (
         "cold: beside the build, the kube part too, then the build's end"
     )
-    assert _at('run_pytest "$@"', warm) > warm, "warm: one pytest run of everything, as before"
+    assert _at("static_checks", cold) < lowest, "cold: the static checks beside the build, first"
+    beside = _at("checks_start", warm)
+    assert beside < _at('run_pytest "$@"', warm) < _at("checks_ended", beside), (
+        "warm: the checks start in the background, then one pytest run of everything, then their end"
+    )
     assert _at('not_built="$(kubelab build --all --not-built)"') < started, (
         "cold only when a binary is missing"
     )
@@ -161,3 +166,101 @@ def test_go_vet_and_go_test_use_kubelabs_own_go_flags() -> None:
     assert found is not None, "go_checks sets no goflags"
     assert found.group(1) == GOFLAGS
     assert _function("go_checks").count('GOFLAGS="$goflags"') == 2, "both go vet and go test"
+
+
+def _run_checks(tmp_path: Path, failing: str) -> subprocess.CompletedProcess[str]:
+    """scripts/test's checks beside pytest, started and ended, in a checkout of fakes: static_checks and
+    go_checks say their name, scripts/test-lowest too; the one named ``failing`` exits 3 instead."""
+    lowest = tmp_path / "scripts" / "test-lowest"
+    lowest.parent.mkdir()
+    lowest.write_text(f'#!/bin/sh\necho test-lowest\n[ "{failing}" != test-lowest ] || exit 3\n')
+    lowest.chmod(0o755)
+    fakes = "\n".join(
+        f'{name}() {{ echo {name}; [ "{failing}" != {name} ] || return 3; }}'
+        for name in ("static_checks", "go_checks")
+    )
+    script = f"""
+set -euo pipefail
+cd {tmp_path}
+export TMPDIR={tmp_path}
+step() {{ echo "== $*"; }}
+go=go
+have_go=true
+{fakes}
+{_function("stop_checks")}
+{_function("checks_start")}
+{_function("checks_ended")}
+trap stop_checks EXIT
+checks_start
+echo "pytest runs meanwhile"
+checks_ended
+echo "checks_rc=$checks_rc"
+"""
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_checks_beside_pytest_run_in_order_and_print_their_output_after_it(tmp_path: Path) -> None:
+    out = _run_checks(tmp_path, failing="none")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["pytest runs meanwhile", "checks_rc=0"]
+    assert (
+        "static_checks\ngo_checks\n== lowest dependency versions (scripts/test-lowest)\ntest-lowest"
+        in out.stderr
+    )
+    assert not list(tmp_path.glob("test-checks.*")) and "a check beside pytest failed" not in out.stderr
+
+
+@pytest.mark.parametrize(("failing", "ran"), [("static_checks", 1), ("go_checks", 2), ("test-lowest", 3)])
+def test_a_failed_check_beside_pytest_stops_the_checks_and_is_said(
+    tmp_path: Path, failing: str, ran: int
+) -> None:
+    out = _run_checks(tmp_path, failing=failing)
+    assert out.returncode == 0, "the script goes on to its end; the run's status takes checks_rc"
+    assert out.stdout.split("\n")[1] == "checks_rc=3"
+    said = [line for line in out.stderr.split("\n") if line in ("static_checks", "go_checks", "test-lowest")]
+    assert len(said) == ran, f"set -e stops at the failed check: {said}"
+    assert "a check beside pytest failed (exit 3" in out.stderr
+
+
+def test_stopping_the_checks_kills_their_whole_process_group(tmp_path: Path) -> None:
+    """As the EXIT trap stops them when the script ends early (Ctrl-C, a failed step): mypy or
+    test-lowest's pytest, started by the checks' bash, go too."""
+    pids = tmp_path / "pids"
+    script = f"""
+{_function("stop_checks")}
+checks_log={tmp_path / "log"}
+touch "$checks_log"
+setsid bash -c 'sleep 300 & echo $$ $! >{pids}; wait' >/dev/null 2>&1 &
+checks_pid=$!
+for _ in $(seq 100); do [ -s {pids} ] && break; sleep 0.1; done
+stop_checks
+echo stopped
+"""
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "stopped", out.stderr
+    leader, child = (int(p) for p in pids.read_text().split())
+    assert wait_until(lambda: not alive(leader) and not alive(child), 10, 0.05), "the checks' group lives on"
+    assert not (tmp_path / "log").exists(), "the checks' log file is removed"
+
+
+def test_a_failed_ruff_check_stops_the_static_checks(tmp_path: Path) -> None:
+    """Each check is a command of its own: in ``ruff check . && ruff format --check .`` a failed
+    ``ruff check`` would not stop a ``set -e`` script (a failure left of ``&&`` never does), and a run
+    whose other steps passed would have passed with it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("ruff", '[ "$1" != check ] || exit 1'), ("mypy", ""), ("lint-imports", "")):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*"\n{body}\n')
+        (bin_dir / name).chmod(0o755)
+    script = f"""
+set -euo pipefail
+cd {tmp_path}
+export PATH={bin_dir}:$PATH
+step() {{ :; }}
+{_function("static_checks")}
+static_checks
+echo "went on"
+"""
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 1
+    assert out.stdout.split("\n") == ["ruff check .", ""], "nothing after the failed ruff check"
