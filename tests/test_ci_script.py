@@ -88,25 +88,27 @@ def test_the_whole_exit_status_fails_on_any_failed_part_and_on_no_test_in_either
     assert out.stdout.strip() == whole
 
 
-def test_stopping_the_build_kills_its_whole_process_group(tmp_path: Path) -> None:
-    """As scripts/test starts it (setsid, in the background) and stops it on exit: the build's children,
-    go build and its compilers, go too, not only kubelab's process."""
+@pytest.mark.parametrize("part", ["build", "checks"])
+def test_stopping_a_background_part_kills_its_whole_process_group(tmp_path: Path, part: str) -> None:
+    """As scripts/test starts them (setsid, in the background) and stops them on exit (a failed step,
+    Ctrl-C): the build's children (go build and its compilers) or the checks' (mypy, test-lowest's pytest)
+    go too, not only the process the script started."""
     pids = tmp_path / "pids"
     script = f"""
-{_function("stop_build")}
-build_log={tmp_path / "log"}
-touch "$build_log"
+{_function(f"stop_{part}")}
+{part}_log={tmp_path / "log"}
+touch "${part}_log"
 setsid bash -c 'sleep 300 & echo $$ $! >{pids}; wait' >/dev/null 2>&1 &
-build_pid=$!
+{part}_pid=$!
 for _ in $(seq 100); do [ -s {pids} ] && break; sleep 0.1; done
-stop_build
+stop_{part}
 echo stopped
 """
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "stopped", out.stderr
     leader, child = (int(p) for p in pids.read_text().split())
-    assert wait_until(lambda: not alive(leader) and not alive(child), 10, 0.05), "the build's group lives on"
-    assert not (tmp_path / "log").exists(), "the build's log file is removed"
+    assert wait_until(lambda: not alive(leader) and not alive(child), 10, 0.05), f"the {part} group lives on"
+    assert not (tmp_path / "log").exists(), f"the {part} log file is removed"
 
 
 def _start_lines() -> str:
@@ -220,27 +222,6 @@ def test_a_failed_check_beside_pytest_stops_the_checks_and_is_said(
     said = [line for line in out.stderr.split("\n") if line in ("static_checks", "go_checks", "test-lowest")]
     assert len(said) == ran, f"set -e stops at the failed check: {said}"
     assert "a check beside pytest failed (exit 3" in out.stderr
-
-
-def test_stopping_the_checks_kills_their_whole_process_group(tmp_path: Path) -> None:
-    """As the EXIT trap stops them when the script ends early (Ctrl-C, a failed step): mypy or
-    test-lowest's pytest, started by the checks' bash, go too."""
-    pids = tmp_path / "pids"
-    script = f"""
-{_function("stop_checks")}
-checks_log={tmp_path / "log"}
-touch "$checks_log"
-setsid bash -c 'sleep 300 & echo $$ $! >{pids}; wait' >/dev/null 2>&1 &
-checks_pid=$!
-for _ in $(seq 100); do [ -s {pids} ] && break; sleep 0.1; done
-stop_checks
-echo stopped
-"""
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.strip() == "stopped", out.stderr
-    leader, child = (int(p) for p in pids.read_text().split())
-    assert wait_until(lambda: not alive(leader) and not alive(child), 10, 0.05), "the checks' group lives on"
-    assert not (tmp_path / "log").exists(), "the checks' log file is removed"
 
 
 def test_a_failed_ruff_check_stops_the_static_checks(tmp_path: Path) -> None:
