@@ -16,11 +16,11 @@ one worker, in order, as in a serial run:
   node lab (four booted nodes with kubelets) per run, and the kubeadm cluster's two nodes;
 - every other test is in the unit of its module, so a module-scoped fixture is made once.
 
-The lab units come first in the collection, longest first (``LAB_UNITS``), then the modules that use a
-lab, then the rest (``--no-loadscope-reorder`` keeps this order): xdist hands the first units to the
-workers as they start, so the node unit and the MCM unit (12-27 minutes each) start at once, the longest
-CAPI modules on the other workers and the rest on each worker that frees (several at a time, on the
-shared CAPI lab), and the quick modules fill the end.
+The lab units come first in the collection, then the modules that use a lab, then the rest
+(``--no-loadscope-reorder`` keeps this order): xdist hands the first units to the workers as they start,
+so the node unit (the longest since its kubeadm control plane and MCM Jobs tests: about 20 minutes) and
+the MCM unit (about 15) start at once, the CAPI modules on the third worker and on each worker that
+frees (several at a time, on the shared CAPI lab), and the quick modules fill the end.
 
 On a machine whose kubelab binaries are not all built, ``scripts/test`` runs the suite in two parts, split
 by ``--kube-tests``: ``deselect`` (every test not marked ``kube``: they need no kubelab binary) while the
@@ -47,20 +47,9 @@ from kubelab.config import Config
 # run_timeline: where a run's time goes, when INPLACE_TEST_TIMELINE names a file (scripts/test)
 pytest_plugins = ["hostlab.pytest_plugin", "kubelab.pytest_plugin", "run_timeline"]
 
-# The lab units, in this order at the start of the collection: the longest first, as the whole runs
-# measured them (docs/development.md "CI time": 10 to 27 minutes each). "capi-lab" stands for every
-# other "capi-lab:<module>" unit (a new CAPI module needs no entry). The four CAPI modules named are the
-# longest; in alphabetical order one of them, test_capi_workload.py (14-16 minutes), came last of the
-# CAPI modules and set the end of the run on its worker.
-LAB_UNITS = (
-    "node-lab",
-    "mcm-lab",
-    "capi-lab:tests/capi_lab/test_capi_kube_aware.py",
-    "capi-lab:tests/capi_lab/test_capi_workload.py",
-    "capi-lab:tests/capi_lab/test_capi_jobs.py",
-    "capi-lab:tests/capi_lab/test_capi_operator_checks.py",
-    "capi-lab",
-)
+# the lab units, in this order at the start of the collection (the longest first); "capi-lab" stands
+# for every "capi-lab:<module>" unit
+LAB_UNITS = ("node-lab", "mcm-lab", "capi-lab")
 LAB_MARKERS = ("lab", "kube", "image")  # tests that start hosts, a control plane or a container
 # the fixtures of the real nodes' unit: the shared node lab, and the kubeadm cluster of
 # test_node_control_plane.py (two nodes of its own); one unit, so their tests run one after another
@@ -132,15 +121,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _start_rank(item: pytest.Item) -> int:
+    """Longest first: the lab units, then modules that use a lab, then the rest (seconds each)."""
+    unit = _lab_unit(item)
+    if unit is not None:
+        return LAB_UNITS.index(unit.split(":", 1)[0])
     uses_lab = any(item.get_closest_marker(m) is not None for m in LAB_MARKERS)
-    return start_rank(_lab_unit(item), uses_lab)
-
-
-def start_rank(lab_unit: str | None, uses_lab: bool) -> int:
-    """Longest first: the lab units in LAB_UNITS's order (a unit it names, else its lab's entry), then
-    the modules that use a lab, then the rest (seconds each)."""
-    if lab_unit is not None:
-        return LAB_UNITS.index(lab_unit if lab_unit in LAB_UNITS else lab_unit.split(":", 1)[0])
     return len(LAB_UNITS) + (0 if uses_lab else 1)
 
 

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hostlab.proc import wait_until
@@ -251,29 +250,3 @@ def test_the_two_parts_split_the_suite_by_the_kube_marker(
     # a part that keeps no test is pytest's "no tests collected" (5), which whole_rc weighs with the other
     result = inner_pytest(tmp_path, {}, f"--kube-tests={choice}", "-k", "no_lab and not no_lab")
     assert result.returncode == 5, result.stdout + result.stderr
-
-
-def _suite_module() -> ModuleType:
-    """The suite's conftest as a module of its own (its tables and rank function)."""
-    spec = importlib.util.spec_from_file_location("suite_conftest_ranks", SUITE_CONFTEST)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_longest_capi_modules_start_before_the_other_capi_modules_and_a_new_one_needs_no_entry() -> None:
-    suite = _suite_module()
-    rank = suite.start_rank
-    workload = rank("capi-lab:tests/capi_lab/test_capi_workload.py", True)
-    assert rank("node-lab", True) < rank("mcm-lab", True) < workload
-    assert workload < rank("capi-lab:tests/capi_lab/test_capi_capa.py", True), "alphabetically it is last"
-    assert rank("capi-lab:tests/capi_lab/test_capi_new_module.py", True) == rank("capi-lab:x", True)
-    assert rank("capi-lab:x", True) < rank(None, True) < rank(None, False)
-
-
-def test_every_capi_module_the_start_order_names_exists() -> None:
-    """A renamed or removed module would silently lose its place in the order."""
-    root = SUITE_CONFTEST.parents[1]
-    named = [unit.split(":", 1)[1] for unit in _suite_module().LAB_UNITS if ":" in unit]
-    assert named and all((root / module).is_file() for module in named), named
