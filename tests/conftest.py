@@ -50,7 +50,7 @@ pytest_plugins = ["hostlab.pytest_plugin", "kubelab.pytest_plugin", "run_timelin
 # the lab units, in this order at the start of the collection (the longest first); "capi-lab" stands
 # for every "capi-lab:<module>" unit
 # (Not the CAPI workload module earlier, though it is one of the longest: it would meet the node unit at
-# the start, and their ten nodes' writable layers are tmpfs of 1-2 GiB each: 16.6 GiB measured.)
+# the start, and their ten nodes' writable layers are tmpfs of 1-2 GiB each: 16.5 GiB measured.)
 LAB_UNITS = ("node-lab", "mcm-lab", "capi-lab")
 LAB_MARKERS = ("lab", "kube", "image")  # tests that start hosts, a control plane or a container
 # the fixtures of the real nodes' unit: the shared node lab, and the kubeadm cluster of
